@@ -1,0 +1,381 @@
+// Package postgres is the PostgreSQL event store, on pgx/v5.
+//
+// Events live in the table nudge_events, one row per event, and streams in nudge_streams; create
+// them with Store.Migrate. Appending locks the stream's row, so writers of one stream queue up
+// while writers of different streams run in parallel.
+//
+// # Never skipping an event
+//
+// Global positions come from a sequence when a row is inserted, but transactions commit in any
+// order: a reader that takes "everything after global position P" misses the events of a
+// transaction that was given a smaller position and committed after the reader passed it. This
+// store records the writing transaction's id on every event, orders reads by (transaction_id,
+// global_position) and returns only events of transactions older than the oldest transaction
+// still running (pg_snapshot_xmin). Nothing in flight can later appear behind such a reader, and
+// no gap timeout is needed.
+//
+// The price: a long-running writing transaction anywhere in the PostgreSQL cluster (it need not
+// touch these tables) holds readers back until it ends. They wait; they never skip.
+//
+// # Order within a stream
+//
+// A transaction that was given its id by an earlier write and then appends to a stream after a
+// younger transaction committed to the same stream would, in read order, put its event before
+// the earlier version. AppendTx detects that case and returns an *eventstore.ConflictError with
+// reason eventstore.ConflictStreamOrder: roll back and retry; the retry gets a newer id.
+package postgres
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"regexp"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/puddle/v2"
+
+	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/pgmigrate"
+)
+
+// DB is what the store needs of PostgreSQL; *pgxpool.Pool satisfies it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// querier is the part of DB and pgx.Tx that reads use.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// AppendAttemptsDefault is how often Store.Append runs an append that hits an
+// eventstore.ErrConflict before it returns the conflict.
+const AppendAttemptsDefault = 10
+
+// Config configures a Store.
+type Config struct {
+	// Schema holds the store's tables. Defaults to "", which means the connection's
+	// search_path (usually public). A schema name is lowercase letters, digits and _.
+	Schema string
+	// AppendAttempts is how often Append tries an append that conflicts with a concurrent one.
+	// Defaults to AppendAttemptsDefault.
+	AppendAttempts int
+}
+
+// Store is the PostgreSQL event store. It is safe for concurrent use.
+type Store struct {
+	db       DB
+	schema   string
+	attempts int
+	sql      statements
+}
+
+var _ eventstore.Store = (*Store)(nil)
+
+var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// New returns a store on db. It does not touch the database; call Migrate once at start-up.
+func New(db DB, cfg Config) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("postgres: New needs a database handle (a *pgxpool.Pool), got nil")
+	}
+	if cfg.Schema != "" && !schemaName.MatchString(cfg.Schema) {
+		return nil, fmt.Errorf("%w: Schema %q: use lowercase letters, digits and _ (at most 63, not starting with a digit)", eventstore.ErrInvalidInput, cfg.Schema)
+	}
+	if cfg.AppendAttempts < 0 {
+		return nil, fmt.Errorf("%w: AppendAttempts %d: must be 1 or more (0 means %d)", eventstore.ErrInvalidInput, cfg.AppendAttempts, AppendAttemptsDefault)
+	}
+	if cfg.AppendAttempts == 0 {
+		cfg.AppendAttempts = AppendAttemptsDefault
+	}
+	return &Store{db: db, schema: cfg.Schema, attempts: cfg.AppendAttempts, sql: newStatements(cfg.Schema)}, nil
+}
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// migrationComponent names the store's migrations in nudge_schema_migrations.
+const migrationComponent = "eventstore"
+
+// Migrate creates or upgrades the store's tables. It is safe to run at every start and from
+// several processes at once.
+func (s *Store) Migrate(ctx context.Context) error {
+	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error { return s.MigrateTx(ctx, tx) })
+}
+
+// MigrateTx is Migrate inside the caller's transaction.
+func (s *Store) MigrateTx(ctx context.Context, tx pgx.Tx) error {
+	migs, err := pgmigrate.Load(migrationFiles, "migrations")
+	if err != nil {
+		return err
+	}
+	if _, err := pgmigrate.Run(ctx, tx, migrationComponent, s.schema, migs); err != nil {
+		return fmt.Errorf("postgres: migrate event store: %w", translate(err))
+	}
+	return nil
+}
+
+// Append implements eventstore.Store: it appends in a transaction of its own and retries an
+// eventstore.ErrConflict up to Config.AppendAttempts times.
+//
+// Append is idempotent for events with IDs: if every event of the call is already stored as
+// the same stream's consecutive events (a retry after a lost reply, say), it writes nothing and
+// returns the stored events with AppendResult.Idempotent set, whatever the expected version.
+func (s *Store) Append(ctx context.Context, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error) {
+	if err := eventstore.ValidateAppend(streamID, expected, events); err != nil {
+		return eventstore.AppendResult{}, err
+	}
+	for attempt := 1; ; attempt++ {
+		var res eventstore.AppendResult
+		err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+			var err error
+			res, err = s.appendTx(ctx, tx, streamID, expected, events)
+			return err
+		})
+		if err == nil {
+			return res, nil
+		}
+		err = translate(err)
+		if !errors.Is(err, eventstore.ErrConflict) || attempt >= s.attempts {
+			return eventstore.AppendResult{}, err
+		}
+		// Back off a little, with jitter, so two racing appenders do not race again.
+		pause := time.Duration(attempt) * time.Duration(1+rand.IntN(5)) * time.Millisecond
+		select {
+		case <-ctx.Done():
+			return eventstore.AppendResult{}, ctx.Err()
+		case <-time.After(pause):
+		}
+	}
+}
+
+// AppendTx appends inside the caller's transaction, so a command handler can write its own rows
+// and the events atomically. The events become readable when tx commits.
+//
+// It checks everything before it writes, so an error other than a database failure leaves tx
+// untouched. On an eventstore.ErrConflict, roll tx back and run the whole transaction again. An
+// exact repeat of an earlier append is idempotent as in Append.
+func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error) {
+	if tx == nil {
+		return eventstore.AppendResult{}, &eventstore.ValidationError{Field: "tx", Index: -1, Reason: "nil transaction; use Append to append in a transaction of the store's own"}
+	}
+	if err := eventstore.ValidateAppend(streamID, expected, events); err != nil {
+		return eventstore.AppendResult{}, err
+	}
+	res, err := s.appendTx(ctx, tx, streamID, expected, events)
+	return res, translate(err)
+}
+
+func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expected eventstore.ExpectedVersion, events []eventstore.EventData) (eventstore.AppendResult, error) {
+	var ids []uuid.UUID
+	for _, e := range events {
+		if e.ID != uuid.Nil {
+			ids = append(ids, e.ID)
+		}
+	}
+
+	// Lock the stream's row (if the stream exists) and read its state; in the same round trip,
+	// look for stored events with the given ids.
+	var (
+		version  int64
+		lastTx   uint64
+		ownTx    uint64
+		exists   bool
+		found    []eventstore.Event
+		batch    pgx.Batch
+		lockErr  error
+		foundErr error
+	)
+	batch.Queue(s.sql.lockStream, streamID).QueryRow(func(row pgx.Row) error {
+		lockErr = row.Scan(&version, &lastTx, &ownTx)
+		if errors.Is(lockErr, pgx.ErrNoRows) {
+			lockErr = nil
+			return nil
+		}
+		exists = lockErr == nil
+		return lockErr
+	})
+	if len(ids) > 0 {
+		batch.Queue(s.sql.eventsByID, ids).Query(func(rows pgx.Rows) error {
+			found, foundErr = collectEvents(rows)
+			return foundErr
+		})
+	}
+	if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
+		return eventstore.AppendResult{}, err
+	}
+
+	if len(found) > 0 {
+		if err := eventstore.CheckRepeat(streamID, events, found); err != nil {
+			return eventstore.AppendResult{}, err
+		}
+		return eventstore.AppendResult{Events: found, StreamVersion: found[len(found)-1].StreamVersion, Idempotent: true}, nil
+	}
+	if !expected.Check(version) {
+		return eventstore.AppendResult{}, &eventstore.WrongExpectedVersionError{StreamID: streamID, Expected: expected, Actual: version}
+	}
+	if exists && lastTx > ownTx {
+		return eventstore.AppendResult{}, &eventstore.ConflictError{StreamID: streamID, Reason: eventstore.ConflictStreamOrder}
+	}
+
+	n := len(events)
+	newIDs := make([]uuid.UUID, n)
+	types := make([]string, n)
+	payloads := make([]string, n)
+	metadata := make([]*string, n)
+	for i, e := range events {
+		newIDs[i] = e.ID
+		if newIDs[i] == uuid.Nil {
+			newIDs[i] = uuid.Must(uuid.NewV7())
+		}
+		types[i] = e.Type
+		payloads[i] = string(e.Payload)
+		if e.Metadata != nil {
+			m := string(e.Metadata)
+			metadata[i] = &m
+		}
+	}
+	rows, err := tx.Query(ctx, s.sql.insertEvents, streamID, version, newIDs, types, payloads, metadata)
+	if err != nil {
+		return eventstore.AppendResult{}, conflictOn(err, streamID)
+	}
+	res := eventstore.AppendResult{Events: make([]eventstore.Event, 0, n), StreamVersion: version + int64(n)}
+	for i := 0; rows.Next(); i++ {
+		e := eventstore.Event{
+			ID:            newIDs[i],
+			StreamID:      streamID,
+			StreamVersion: version + int64(i) + 1,
+			Type:          types[i],
+			Payload:       events[i].Payload,
+			Metadata:      events[i].Metadata,
+		}
+		if err := rows.Scan(&e.Position.GlobalPosition, &e.Position.TransactionID, &e.RecordedAt); err != nil {
+			rows.Close()
+			return eventstore.AppendResult{}, err
+		}
+		res.Events = append(res.Events, e)
+	}
+	if err := rows.Err(); err != nil {
+		return eventstore.AppendResult{}, conflictOn(err, streamID)
+	}
+	if len(res.Events) != n {
+		return eventstore.AppendResult{}, fmt.Errorf("postgres: append to %q wrote %d events, want %d", streamID, len(res.Events), n)
+	}
+	return res, nil
+}
+
+// Read implements eventstore.Store. It reads outside any transaction of the caller's; see
+// ReadTx to read inside one.
+func (s *Store) Read(ctx context.Context, after eventstore.Position, opts eventstore.ReadOptions) ([]eventstore.Event, error) {
+	return s.read(ctx, s.db, after, opts)
+}
+
+// ReadTx is Read inside the caller's transaction; a projection uses it to read a batch in the
+// transaction that also writes its read model and position.
+//
+// While tx holds a transaction id (it has written something), its own id is part of the horizon:
+// events of transactions that started after it are left for a later read.
+func (s *Store) ReadTx(ctx context.Context, tx pgx.Tx, after eventstore.Position, opts eventstore.ReadOptions) ([]eventstore.Event, error) {
+	if tx == nil {
+		return nil, &eventstore.ValidationError{Field: "tx", Index: -1, Reason: "nil transaction; use Read"}
+	}
+	return s.read(ctx, tx, after, opts)
+}
+
+func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, opts eventstore.ReadOptions) ([]eventstore.Event, error) {
+	limit, err := eventstore.ValidateReadOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	var rows pgx.Rows
+	if len(opts.Types) == 0 {
+		rows, err = q.Query(ctx, s.sql.read, after.TransactionID, after.GlobalPosition, limit)
+	} else {
+		rows, err = q.Query(ctx, s.sql.readTypes, after.TransactionID, after.GlobalPosition, limit, opts.Types)
+	}
+	if err != nil {
+		return nil, translate(err)
+	}
+	events, err := collectEvents(rows)
+	return events, translate(err)
+}
+
+// ReadStream implements eventstore.Store. Stream reads do not wait for the horizon: versions of
+// one stream commit in order, so every committed version is returned.
+func (s *Store) ReadStream(ctx context.Context, streamID string, afterVersion int64, limit int) ([]eventstore.Event, error) {
+	if err := eventstore.ValidateStreamID(streamID); err != nil {
+		return nil, err
+	}
+	limit, err := eventstore.ValidateLimit(limit)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.db.Query(ctx, s.sql.readStream, streamID, max(afterVersion, 0), limit)
+	if err != nil {
+		return nil, translate(err)
+	}
+	events, err := collectEvents(rows)
+	return events, translate(err)
+}
+
+// Head implements eventstore.Store.
+func (s *Store) Head(ctx context.Context) (eventstore.Position, error) {
+	var p eventstore.Position
+	err := s.db.QueryRow(ctx, s.sql.head).Scan(&p.TransactionID, &p.GlobalPosition)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return eventstore.Position{}, nil
+	}
+	return p, translate(err)
+}
+
+func collectEvents(rows pgx.Rows) ([]eventstore.Event, error) {
+	defer rows.Close()
+	var events []eventstore.Event
+	for rows.Next() {
+		var e eventstore.Event
+		if err := rows.Scan(&e.Position.GlobalPosition, &e.Position.TransactionID, &e.ID, &e.StreamID,
+			&e.StreamVersion, &e.Type, &e.Payload, &e.Metadata, &e.RecordedAt); err != nil {
+			return nil, err
+		}
+		events = append(events, e)
+	}
+	return events, rows.Err()
+}
+
+// conflictOn turns the errors a racing append causes into retryable conflicts.
+func conflictOn(err error, streamID string) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "23505", // unique_violation: another transaction created the stream or stored the ids first
+			"40001", // serialization_failure (REPEATABLE READ or SERIALIZABLE callers)
+			"40P01": // deadlock_detected
+			return &eventstore.ConflictError{StreamID: streamID, Reason: eventstore.ConflictConcurrentAppend, Err: err}
+		}
+	}
+	return err
+}
+
+// translate maps driver errors to the store's: a closed pool becomes eventstore.ErrClosed.
+// Context errors keep matching context.Canceled and context.DeadlineExceeded.
+func translate(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, puddle.ErrClosedPool) && !errors.Is(err, eventstore.ErrClosed) {
+		return fmt.Errorf("%w: %w", eventstore.ErrClosed, err)
+	}
+	return err
+}
+
+// Schema returns the schema the store's tables are in ("" for the search path).
+func (s *Store) Schema() string { return s.schema }

@@ -1,0 +1,67 @@
+package postgres
+
+import (
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// statements are the store's SQL with its table names qualified by the configured schema.
+type statements struct {
+	lockStream   string
+	eventsByID   string
+	insertEvents string
+	read         string
+	readTypes    string
+	readStream   string
+	head         string
+}
+
+const eventColumns = `global_position, transaction_id, event_id, stream_id, stream_version, event_type, payload, metadata, recorded_at`
+
+// horizon is the read-order condition that never skips: only transactions older than every
+// transaction still running can be read, so nothing can commit behind the reader later.
+const horizon = `transaction_id < pg_snapshot_xmin(pg_current_snapshot())`
+
+func newStatements(schema string) statements {
+	table := func(name string) string {
+		if schema == "" {
+			return name
+		}
+		return pgx.Identifier{schema, name}.Sanitize()
+	}
+	r := strings.NewReplacer("{events}", table("nudge_events"), "{streams}", table("nudge_streams"), "{columns}", eventColumns, "{horizon}", horizon)
+	return statements{
+		// The row lock serialises appenders of one stream; FOR UPDATE re-reads the newest
+		// committed row after waiting, so the version seen is current.
+		lockStream: r.Replace(`SELECT version, last_transaction_id, pg_current_xact_id()
+			FROM {streams} WHERE stream_id = $1 FOR UPDATE`),
+		eventsByID: r.Replace(`SELECT {columns} FROM {events} WHERE event_id = ANY($1::uuid[])
+			ORDER BY stream_id, stream_version`),
+		// Rows are inserted in stream order, so global positions rise with the version.
+		insertEvents: r.Replace(`WITH ins AS (
+				INSERT INTO {events} (event_id, stream_id, stream_version, event_type, payload, metadata)
+				SELECT e.id, $1, $2::bigint + e.ord, e.type, e.payload::jsonb, e.metadata::jsonb
+				FROM unnest($3::uuid[], $4::text[], $5::text[], $6::text[]) WITH ORDINALITY AS e(id, type, payload, metadata, ord)
+				ORDER BY e.ord
+				RETURNING global_position, transaction_id, recorded_at, stream_version
+			), stream AS (
+				INSERT INTO {streams} (stream_id, version, last_transaction_id)
+				VALUES ($1, $2::bigint + cardinality($3::uuid[]), pg_current_xact_id())
+				ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version,
+					last_transaction_id = EXCLUDED.last_transaction_id, updated_at = EXCLUDED.updated_at
+			)
+			SELECT global_position, transaction_id, recorded_at FROM ins ORDER BY stream_version`),
+		read: r.Replace(`SELECT {columns} FROM {events}
+			WHERE (transaction_id, global_position) > ($1::xid8, $2::bigint) AND {horizon}
+			ORDER BY transaction_id, global_position LIMIT $3`),
+		readTypes: r.Replace(`SELECT {columns} FROM {events}
+			WHERE (transaction_id, global_position) > ($1::xid8, $2::bigint) AND {horizon}
+				AND event_type = ANY($4::text[])
+			ORDER BY transaction_id, global_position LIMIT $3`),
+		readStream: r.Replace(`SELECT {columns} FROM {events}
+			WHERE stream_id = $1 AND stream_version > $2 ORDER BY stream_version LIMIT $3`),
+		head: r.Replace(`SELECT transaction_id, global_position FROM {events} WHERE {horizon}
+			ORDER BY transaction_id DESC, global_position DESC LIMIT 1`),
+	}
+}

@@ -1,0 +1,169 @@
+// Package pgtest gives each test a fresh PostgreSQL database of its own, dropped when the test
+// ends, so tests run in parallel and leave nothing behind.
+//
+// The server comes from NUDGE_TEST_POSTGRES_URL (default URLDefault). If it cannot be reached,
+// the test is skipped with a message saying how to start it — unless CI=true, where an
+// unreachable server fails the test.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// URLDefault is the server used when NUDGE_TEST_POSTGRES_URL is not set.
+const URLDefault = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// dbPrefix starts the name of every database this package creates.
+const dbPrefix = "nudge_test_"
+
+// staleAfter is the age after which a leftover test database (of a killed run) is dropped.
+const staleAfter = 2 * time.Hour
+
+// URL returns the URL of the test server's maintenance database.
+func URL() string {
+	if u := os.Getenv("NUDGE_TEST_POSTGRES_URL"); u != "" {
+		return u
+	}
+	return URLDefault
+}
+
+// DB is a database that exists for one test.
+type DB struct {
+	// Name is the database's name.
+	Name string
+	// URL connects to it.
+	URL string
+	// Pool is a connection pool on it, closed when the test ends.
+	Pool *pgxpool.Pool
+}
+
+var (
+	adminOnce sync.Once
+	admin     *pgxpool.Pool
+	adminErr  error
+)
+
+// New creates a database for t and a pool of up to 8 connections to it; both are removed when
+// t ends.
+func New(t testing.TB) *DB {
+	t.Helper()
+	pool := adminPool(t)
+	name := fmt.Sprintf("%s%d_%s", dbPrefix, time.Now().Unix(), randomHex(4))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := pool.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatalf("pgtest: create database %s: %v", name, err)
+	}
+	db := &DB{Name: name, URL: withDatabase(t, URL(), name)}
+	// Registered first, so it runs after every pool of the test has been closed.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("pgtest: drop database %s: %v", name, err)
+		}
+	})
+	db.Pool = db.NewPool(t, 8)
+	return db
+}
+
+// NewPool opens another pool of up to maxConns connections on the database, closed when t ends.
+func (db *DB) NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatalf("pgtest: parse %s: %v", Redact(db.URL), err)
+	}
+	cfg.MaxConns = maxConns
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("pgtest: connect to %s: %v", Redact(db.URL), err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func adminPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	adminOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		admin, adminErr = pgxpool.New(ctx, URL())
+		if adminErr == nil {
+			adminErr = admin.Ping(ctx)
+		}
+		if adminErr == nil {
+			dropStale(ctx, admin)
+		}
+	})
+	if adminErr != nil {
+		msg := fmt.Sprintf("pgtest: PostgreSQL at %s is not reachable: %v\n"+
+			"Start it with `make up` (or scripts/services.sh), or point NUDGE_TEST_POSTGRES_URL at a server.",
+			Redact(URL()), adminErr)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return admin
+}
+
+// dropStale removes test databases left behind by runs that were killed before their cleanup.
+func dropStale(ctx context.Context, pool *pgxpool.Pool) {
+	rows, err := pool.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE $1`, dbPrefix+"%")
+	if err != nil {
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	for _, name := range names {
+		stamp, _, _ := strings.Cut(strings.TrimPrefix(name, dbPrefix), "_")
+		sec, err := strconv.ParseInt(stamp, 10, 64)
+		if err != nil || time.Since(time.Unix(sec, 0)) < staleAfter {
+			continue
+		}
+		_, _ = pool.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	}
+}
+
+func withDatabase(t testing.TB, raw, name string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatalf("pgtest: NUDGE_TEST_POSTGRES_URL must be a postgres:// URL: %v", err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// Redact returns raw with any password replaced by "xxxxx", for messages and logs.
+func Redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
