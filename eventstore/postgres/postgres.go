@@ -109,7 +109,7 @@ const migrationComponent = "eventstore"
 // Migrate creates or upgrades the store's tables. It is safe to run at every start and from
 // several processes at once.
 func (s *Store) Migrate(ctx context.Context) error {
-	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error { return s.MigrateTx(ctx, tx) })
+	return translate(pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error { return s.MigrateTx(ctx, tx) }))
 }
 
 // MigrateTx is Migrate inside the caller's transaction.

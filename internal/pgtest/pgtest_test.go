@@ -1,0 +1,59 @@
+package pgtest_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nudgeworks/nudge/internal/pgtest"
+)
+
+func TestNewGivesAnIsolatedDatabase(t *testing.T) {
+	t.Parallel()
+	a, b := pgtest.New(t), pgtest.New(t)
+	require.NotEqual(t, a.Name, b.Name)
+	ctx := context.Background()
+	_, err := a.Pool.Exec(ctx, `CREATE TABLE only_in_a (id int)`)
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE tablename = 'only_in_a'`).Scan(&n))
+	require.Zero(t, n)
+
+	var name string
+	t.Run("dropped at the end", func(t *testing.T) {
+		name = pgtest.New(t).Name
+	})
+	require.NoError(t, a.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname = $1`, name).Scan(&n))
+	require.Zero(t, n, "the subtest's database is gone once it ended")
+}
+
+// TestUnreachableServer runs this test binary again against a port nothing listens on: without
+// CI the test is skipped with a hint, with CI=true it fails.
+func TestUnreachableServer(t *testing.T) {
+	t.Parallel()
+	if os.Getenv("PGTEST_CHILD") == "1" {
+		pgtest.New(t)
+		return
+	}
+	run := func(ci string) (string, error) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestUnreachableServer$", "-test.v")
+		cmd.Env = append(os.Environ(), "PGTEST_CHILD=1", "CI="+ci,
+			"NUDGE_TEST_POSTGRES_URL=postgres://postgres:secret@127.0.0.1:1/postgres?connect_timeout=2")
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run("")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "--- SKIP")
+	require.Contains(t, out, "make up")
+	require.NotContains(t, out, "secret", "the password is never printed")
+
+	out, err = run("true")
+	require.Error(t, err, out)
+	require.Contains(t, out, "--- FAIL")
+	require.Contains(t, out, "is not reachable")
+	require.NotContains(t, out, "secret")
+}
