@@ -17,6 +17,7 @@
 package eventstore
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -73,7 +74,7 @@ func ValidateAppend(streamID string, expected ExpectedVersion, events []EventDat
 	if len(events) == 0 {
 		return &ValidationError{Field: "events", Index: -1, Reason: "nothing to append: pass at least one event"}
 	}
-	ids := make(map[[16]byte]int, len(events))
+	var ids map[[16]byte]int
 	for i, e := range events {
 		if err := validateName("Type", i, e.Type, MaxTypeLength); err != nil {
 			return err
@@ -90,6 +91,9 @@ func ValidateAppend(streamID string, expected ExpectedVersion, events []EventDat
 			}
 		}
 		if !isZeroID(e.ID) {
+			if ids == nil {
+				ids = make(map[[16]byte]int, len(events))
+			}
 			if j, dup := ids[e.ID]; dup {
 				return &ValidationError{Field: "ID", Index: i, Reason: fmt.Sprintf("%s is also the id of events[%d]; each event needs its own id", e.ID, j)}
 			}
@@ -157,16 +161,16 @@ func validateJSON(field string, index int, raw json.RawMessage) error {
 // hasNULEscape reports whether raw holds the JSON escape \u0000 (and not an escaped backslash
 // followed by "u0000").
 func hasNULEscape(raw []byte) bool {
-	s := string(raw)
-	for i := strings.Index(s, `\u0000`); i >= 0; {
+	escape := []byte(`\u0000`)
+	for i := bytes.Index(raw, escape); i >= 0; {
 		backslashes := 0
-		for j := i; j >= 0 && s[j] == '\\'; j-- {
+		for j := i; j >= 0 && raw[j] == '\\'; j-- {
 			backslashes++
 		}
 		if backslashes%2 == 1 {
 			return true
 		}
-		next := strings.Index(s[i+1:], `\u0000`)
+		next := bytes.Index(raw[i+1:], escape)
 		if next < 0 {
 			return false
 		}

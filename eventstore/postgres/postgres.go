@@ -176,7 +176,9 @@ func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 }
 
 func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expected eventstore.ExpectedVersion, events []eventstore.EventData) (eventstore.AppendResult, error) {
-	var ids []uuid.UUID
+	// IDs travel as [16]byte: pgx encodes those natively, while uuid.UUID would go through
+	// its text form.
+	var ids [][16]byte
 	for _, e := range events {
 		if e.ID != uuid.Nil {
 			ids = append(ids, e.ID)
@@ -206,7 +208,7 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 	})
 	if len(ids) > 0 {
 		batch.Queue(s.sql.eventsByID, ids).Query(func(rows pgx.Rows) error {
-			found, foundErr = collectEvents(rows)
+			found, foundErr = collectEvents(rows, len(ids))
 			return foundErr
 		})
 	}
@@ -228,13 +230,13 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 	}
 
 	n := len(events)
-	newIDs := make([]uuid.UUID, n)
+	newIDs := make([][16]byte, n)
 	types := make([]string, n)
 	payloads := make([]string, n)
 	metadata := make([]*string, n)
 	for i, e := range events {
 		newIDs[i] = e.ID
-		if newIDs[i] == uuid.Nil {
+		if e.ID == uuid.Nil {
 			newIDs[i] = uuid.Must(uuid.NewV7())
 		}
 		types[i] = e.Type
@@ -250,6 +252,10 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 	}
 	res := eventstore.AppendResult{Events: make([]eventstore.Event, 0, n), StreamVersion: version + int64(n)}
 	for i := 0; rows.Next(); i++ {
+		if i == n {
+			rows.Close()
+			return eventstore.AppendResult{}, fmt.Errorf("postgres: append to %q returned more rows than the %d events it wrote", streamID, n)
+		}
 		e := eventstore.Event{
 			ID:            newIDs[i],
 			StreamID:      streamID,
@@ -267,7 +273,7 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 	if err := rows.Err(); err != nil {
 		return eventstore.AppendResult{}, conflictOn(err, streamID)
 	}
-	if len(res.Events) != n {
+	if len(res.Events) < n {
 		return eventstore.AppendResult{}, fmt.Errorf("postgres: append to %q wrote %d events, want %d", streamID, len(res.Events), n)
 	}
 	return res, nil
@@ -305,7 +311,7 @@ func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, 
 	if err != nil {
 		return nil, translate(err)
 	}
-	events, err := collectEvents(rows)
+	events, err := collectEvents(rows, limit)
 	return events, translate(err)
 }
 
@@ -323,7 +329,7 @@ func (s *Store) ReadStream(ctx context.Context, streamID string, afterVersion in
 	if err != nil {
 		return nil, translate(err)
 	}
-	events, err := collectEvents(rows)
+	events, err := collectEvents(rows, min(limit, 64))
 	return events, translate(err)
 }
 
@@ -337,12 +343,14 @@ func (s *Store) Head(ctx context.Context) (eventstore.Position, error) {
 	return p, translate(err)
 }
 
-func collectEvents(rows pgx.Rows) ([]eventstore.Event, error) {
+// collectEvents scans event rows; capacity is the expected number of rows.
+func collectEvents(rows pgx.Rows, capacity int) ([]eventstore.Event, error) {
 	defer rows.Close()
-	var events []eventstore.Event
+	events := make([]eventstore.Event, 0, capacity)
 	for rows.Next() {
 		var e eventstore.Event
-		if err := rows.Scan(&e.Position.GlobalPosition, &e.Position.TransactionID, &e.ID, &e.StreamID,
+		// The id scans as [16]byte, which pgx decodes natively (uuid.UUID would go through text).
+		if err := rows.Scan(&e.Position.GlobalPosition, &e.Position.TransactionID, (*[16]byte)(&e.ID), &e.StreamID,
 			&e.StreamVersion, &e.Type, &e.Payload, &e.Metadata, &e.RecordedAt); err != nil {
 			return nil, err
 		}
