@@ -1,0 +1,69 @@
+package projection
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/nudgeworks/nudge/eventstore"
+)
+
+// Backend keeps projection positions and status, and runs batches as units of work. It is a
+// plug-in point with two implementations: projection/postgres (positions in the event store's
+// database, one transaction per batch) and projection/memory (for the memory event store). The
+// shared suite in projection/projectiontest checks both.
+type Backend interface {
+	// Register creates the projection's status row if it is missing and runs its init hook.
+	Register(ctx context.Context, p *Projection) error
+	// RunBatch runs fn in one unit of work that holds the projection's lock (in PostgreSQL: one
+	// transaction with the status row locked FOR UPDATE, which serialises every worker of the
+	// projection, in any process). If fn returns nil, the unit stores fn's Outcome and commits;
+	// otherwise it rolls back and returns fn's error.
+	RunBatch(ctx context.Context, p *Projection, fn BatchFunc) error
+	// RecordFailure stores a handler failure in the status row, in a unit of its own, unless
+	// the projection has meanwhile moved past the failing event.
+	RecordFailure(ctx context.Context, p *Projection, f Failure) error
+	// Reset runs the reset hook, sets the position to the start, the state to rebuilding and
+	// clears the counters and failure, in one unit.
+	Reset(ctx context.Context, p *Projection) error
+	// SetState changes the state to to if the current state is one of from (any state when
+	// from is empty), and reports whether it changed.
+	SetState(ctx context.Context, p *Projection, to State, from ...State) (bool, error)
+	// Delete runs the delete hook and removes the status row, in one unit.
+	Delete(ctx context.Context, p *Projection) error
+	// Status returns the status row with the lag fields computed against the store.
+	Status(ctx context.Context, p *Projection) (Status, error)
+}
+
+// BatchFunc is the runner's work inside one unit.
+type BatchFunc func(ctx context.Context, u Unit) (Outcome, error)
+
+// Unit is what a Backend hands the runner for one batch.
+type Unit struct {
+	// Tx is the batch's transaction (PostgreSQL), nil in memory.
+	Tx pgx.Tx
+	// Status is the projection's row as locked for this batch (no lag fields).
+	Status Status
+	// Read reads events after a position inside the unit.
+	Read func(ctx context.Context, after eventstore.Position, opts eventstore.ReadOptions) ([]eventstore.Event, error)
+}
+
+// Outcome is what a batch stores when it commits.
+type Outcome struct {
+	// Position is the new committed position.
+	Position eventstore.Position
+	// Processed is the number of events the batch handled (added to EventsProcessed).
+	Processed int
+	// State is the new state.
+	State State
+	// ClearFailure empties the failure fields (last error, failing event, attempts, times).
+	ClearFailure bool
+}
+
+// Failure is a handler failure to record.
+type Failure struct {
+	Event eventstore.Event
+	Err   error
+	At    time.Time
+}

@@ -1,0 +1,99 @@
+package projection
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+
+	"github.com/nudgeworks/nudge/eventstore"
+)
+
+var (
+	// ErrInvalidName reports a projection name that cannot be used. The concrete error is a
+	// *NameError.
+	ErrInvalidName = errors.New("projection: invalid name")
+
+	// ErrInvalidConfig reports a projection or runner definition that cannot work: no handlers,
+	// two handlers for one event type, a batch size out of range, two projections with one name…
+	ErrInvalidConfig = errors.New("projection: invalid configuration")
+
+	// ErrUnknownProjection reports a name the runner has no projection for.
+	ErrUnknownProjection = errors.New("projection: unknown projection")
+
+	// ErrUnknownState reports a state name that is not one of States().
+	ErrUnknownState = errors.New("projection: unknown state")
+
+	// ErrNeedsTransaction reports a projection with transactional handlers (On) registered with
+	// a backend that has no database transaction (the memory backend).
+	ErrNeedsTransaction = errors.New("projection: handlers need a PostgreSQL transaction")
+
+	// ErrNotRegistered reports a projection the backend has no status row for: run Runner.Init
+	// (after migrating the backend) before catching up.
+	ErrNotRegistered = errors.New("projection: not registered; run Runner.Init first")
+
+	// ErrHandler matches every *HandlerError.
+	ErrHandler = errors.New("projection: handler failed")
+
+	// ErrDecode matches every *DecodeError.
+	ErrDecode = errors.New("projection: event payload does not decode")
+)
+
+// NameError is an invalid projection name. It matches ErrInvalidName.
+type NameError struct {
+	Name   string
+	Reason string
+}
+
+func (e *NameError) Error() string {
+	return fmt.Sprintf("projection: invalid name %q: %s", e.Name, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalidName) true.
+func (e *NameError) Is(target error) bool { return target == ErrInvalidName }
+
+// HandlerError reports the event a projection's handler failed on. The runner returns it from
+// CatchUp after it has committed the events before this one and recorded the failure in the
+// projection's status. It matches ErrHandler and unwraps to the handler's error.
+type HandlerError struct {
+	Projection string
+	EventID    uuid.UUID
+	EventType  string
+	StreamID   string
+	Position   eventstore.Position
+	Err        error
+}
+
+func (e *HandlerError) Error() string {
+	return fmt.Sprintf("projection %s: handling event %s (type %s, stream %q, position %s): %v",
+		e.Projection, e.EventID, e.EventType, e.StreamID, e.Position, e.Err)
+}
+
+// Is makes errors.Is(err, ErrHandler) true.
+func (e *HandlerError) Is(target error) bool { return target == ErrHandler }
+
+// Unwrap returns the handler's error.
+func (e *HandlerError) Unwrap() error { return e.Err }
+
+// DecodeError reports an event payload that does not decode into the handler's type. It
+// matches ErrDecode; the runner wraps it in a *HandlerError.
+type DecodeError struct {
+	EventType string
+	// Target is the Go type the handler expects, e.g. "tickets.TicketWasRegistered".
+	Target string
+	Err    error
+}
+
+func (e *DecodeError) Error() string {
+	return fmt.Sprintf("payload of %s does not decode into %s: %v", e.EventType, e.Target, e.Err)
+}
+
+// Is makes errors.Is(err, ErrDecode) true.
+func (e *DecodeError) Is(target error) bool { return target == ErrDecode }
+
+// Unwrap returns the JSON error.
+func (e *DecodeError) Unwrap() error { return e.Err }
+
+func invalidConfig(projection, format string, args ...any) error {
+	return fmt.Errorf("%w: projection %s: %s", ErrInvalidConfig, projection, fmt.Sprintf(format, args...))
+}

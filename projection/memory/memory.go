@@ -1,0 +1,234 @@
+// Package memory keeps projection positions and status in memory, for the memory event store:
+// the embedded demo and fast tests. Nothing survives the process.
+//
+// There is no database transaction, so only projections with OnIdempotent handlers can run
+// here (at-least-once delivery); Register refuses projections with On handlers.
+package memory
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nudgeworks/nudge/eventstore"
+	memstore "github.com/nudgeworks/nudge/eventstore/memory"
+	"github.com/nudgeworks/nudge/projection"
+)
+
+// Backend is the in-memory projection.Backend, safe for concurrent use.
+type Backend struct {
+	store *memstore.Store
+	now   func() time.Time
+
+	mu   sync.Mutex
+	rows map[string]*row
+}
+
+type row struct {
+	lock chan struct{} // a one-slot semaphore: the projection's lock, honouring contexts
+
+	mu     sync.Mutex // guards status, so Status can read it while a batch runs
+	status projection.Status
+}
+
+func (r *row) get() projection.Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status
+}
+
+func (r *row) update(fn func(st *projection.Status)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fn(&r.status)
+}
+
+var _ projection.Backend = (*Backend)(nil)
+
+// Config configures a Backend.
+type Config struct {
+	// NowFunc returns the current time for status timestamps. Defaults to time.Now.
+	NowFunc func() time.Time
+}
+
+// New returns a backend that reads events from store.
+func New(store *memstore.Store, cfg Config) (*Backend, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: projection/memory.New needs a memory event store", projection.ErrInvalidConfig)
+	}
+	if cfg.NowFunc == nil {
+		cfg.NowFunc = time.Now
+	}
+	return &Backend{store: store, now: cfg.NowFunc, rows: make(map[string]*row)}, nil
+}
+
+// locked runs fn holding the projection's lock.
+func (b *Backend) locked(ctx context.Context, name string, fn func(r *row) error) error {
+	b.mu.Lock()
+	r, ok := b.rows[name]
+	b.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("projection %s: %w", name, projection.ErrNotRegistered)
+	}
+	select {
+	case r.lock <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-r.lock }()
+	return fn(r)
+}
+
+// Register implements projection.Backend.
+func (b *Backend) Register(ctx context.Context, p *projection.Projection) error {
+	if p.Transactional() {
+		return fmt.Errorf("projection %s: %w: use projection.OnIdempotent handlers with the memory backend, or the PostgreSQL backend",
+			p.Name(), projection.ErrNeedsTransaction)
+	}
+	b.mu.Lock()
+	if _, ok := b.rows[p.Name()]; !ok {
+		b.rows[p.Name()] = &row{
+			lock:   make(chan struct{}, 1),
+			status: projection.Status{Name: p.Name(), State: projection.StateRunning, UpdatedAt: b.now()},
+		}
+	}
+	b.mu.Unlock()
+	if fn := p.Config().InitFunc; fn != nil {
+		return b.locked(ctx, p.Name(), func(*row) error {
+			return fn(ctx, projection.HookParams{Projection: p.Name()})
+		})
+	}
+	return nil
+}
+
+// RunBatch implements projection.Backend.
+func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn projection.BatchFunc) error {
+	return b.locked(ctx, p.Name(), func(r *row) error {
+		out, err := fn(ctx, projection.Unit{Status: r.get(), Read: b.store.Read})
+		if err != nil {
+			return err
+		}
+		r.update(func(st *projection.Status) {
+			if out.Processed == 0 && out.Position == st.Position && out.State == st.State && !out.ClearFailure {
+				return
+			}
+			st.Position, st.State = out.Position, out.State
+			st.EventsProcessed += int64(out.Processed)
+			if out.ClearFailure {
+				st.LastError, st.FailingEvent, st.Attempts = "", nil, 0
+				st.FirstFailureAt, st.LastFailureAt = time.Time{}, time.Time{}
+			}
+			st.UpdatedAt = b.now()
+		})
+		return nil
+	})
+}
+
+// RecordFailure implements projection.Backend.
+func (b *Backend) RecordFailure(ctx context.Context, p *projection.Projection, f projection.Failure) error {
+	return b.locked(ctx, p.Name(), func(r *row) error {
+		r.update(func(st *projection.Status) {
+			e := f.Event
+			if !st.Position.Less(e.Position) {
+				return // handled meanwhile
+			}
+			if st.State != projection.StatePaused {
+				st.State = projection.StateFailing
+			}
+			if st.FailingEvent != nil && st.FailingEvent.ID == e.ID {
+				st.Attempts++
+			} else {
+				st.Attempts, st.FirstFailureAt = 1, f.At
+			}
+			st.FailingEvent = &projection.FailingEvent{Position: e.Position, ID: e.ID, Type: e.Type, StreamID: e.StreamID}
+			st.LastError, st.LastFailureAt, st.UpdatedAt = f.Err.Error(), f.At, b.now()
+		})
+		return nil
+	})
+}
+
+// Reset implements projection.Backend.
+func (b *Backend) Reset(ctx context.Context, p *projection.Projection) error {
+	return b.locked(ctx, p.Name(), func(r *row) error {
+		if fn := p.Config().ResetFunc; fn != nil {
+			if err := fn(ctx, projection.HookParams{Projection: p.Name()}); err != nil {
+				return fmt.Errorf("reset hook: %w", err)
+			}
+		}
+		now := b.now()
+		r.update(func(st *projection.Status) {
+			*st = projection.Status{Name: p.Name(), State: projection.StateRebuilding, RebuildStartedAt: now, UpdatedAt: now}
+		})
+		return nil
+	})
+}
+
+// SetState implements projection.Backend.
+func (b *Backend) SetState(ctx context.Context, p *projection.Projection, to projection.State, from ...projection.State) (bool, error) {
+	var changed bool
+	err := b.locked(ctx, p.Name(), func(r *row) error {
+		r.update(func(st *projection.Status) {
+			if st.State == to || (len(from) > 0 && !slices.Contains(from, st.State)) {
+				return
+			}
+			changed = true
+			st.State, st.UpdatedAt = to, b.now()
+		})
+		return nil
+	})
+	return changed, err
+}
+
+// Delete implements projection.Backend.
+func (b *Backend) Delete(ctx context.Context, p *projection.Projection) error {
+	err := b.locked(ctx, p.Name(), func(*row) error {
+		if fn := p.Config().DeleteFunc; fn != nil {
+			if err := fn(ctx, projection.HookParams{Projection: p.Name()}); err != nil {
+				return fmt.Errorf("delete hook: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	delete(b.rows, p.Name())
+	b.mu.Unlock()
+	return nil
+}
+
+// Status implements projection.Backend.
+func (b *Backend) Status(ctx context.Context, p *projection.Projection) (projection.Status, error) {
+	b.mu.Lock()
+	r, ok := b.rows[p.Name()]
+	b.mu.Unlock()
+	if !ok {
+		return projection.Status{}, fmt.Errorf("projection %s: %w", p.Name(), projection.ErrNotRegistered)
+	}
+	// The projection's lock is not taken: a status read does not wait for a batch in flight.
+	st := r.get()
+	head, err := b.store.Head(ctx)
+	if err != nil {
+		return st, err
+	}
+	st.Head = head
+	after := st.Position
+	for {
+		page, err := b.store.Read(ctx, after, eventstore.ReadOptions{Limit: eventstore.ReadLimitMax, Types: p.Types()})
+		if err != nil {
+			return st, err
+		}
+		if len(page) == 0 {
+			break
+		}
+		if st.LagEvents == 0 {
+			st.LagTime = max(b.now().Sub(page[0].RecordedAt), 0)
+		}
+		st.LagEvents += int64(len(page))
+		after = page[len(page)-1].Position
+	}
+	return st, nil
+}

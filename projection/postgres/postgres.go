@@ -1,0 +1,250 @@
+// Package postgres keeps projection positions and status in PostgreSQL, in the event store's
+// database and schema, and runs each batch as one transaction: read models written through the
+// batch's transaction (projection.On handlers) are exactly-once.
+//
+// Status rows live in the table nudge_projections (create it with Backend.Migrate), one per
+// projection, readable by operators with plain SQL.
+//
+// # Locking
+//
+// Every batch, and every change of a projection's status, first takes a transaction-scoped
+// advisory lock keyed by the projection's name. That serialises all workers of one projection
+// in every process: a second worker waits, then reads the position the first committed, so no
+// event is handled twice and no work is duplicated. Unlike a row lock (SELECT … FOR UPDATE),
+// the advisory lock gives the transaction no transaction id, so a catch-up that finds nothing to
+// do writes nothing, and a batch holds back the store's readers (the xmin horizon) only from its
+// first write to its commit, not while it reads.
+package postgres
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/nudgeworks/nudge/eventstore"
+	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/pgmigrate"
+	"github.com/nudgeworks/nudge/projection"
+)
+
+// DB is what the backend needs of PostgreSQL; *pgxpool.Pool satisfies it.
+type DB interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Backend is the PostgreSQL projection.Backend. It is safe for concurrent use.
+type Backend struct {
+	db    DB
+	store *espg.Store
+	sql   statements
+}
+
+var _ projection.Backend = (*Backend)(nil)
+
+// New returns a backend on db that reads events from store. The status table goes into the
+// store's schema. Call Migrate once at start-up.
+func New(db DB, store *espg.Store) (*Backend, error) {
+	if db == nil || store == nil {
+		return nil, fmt.Errorf("%w: projection/postgres.New needs a database handle and an event store", projection.ErrInvalidConfig)
+	}
+	return &Backend{db: db, store: store, sql: newStatements(store.Schema())}, nil
+}
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Migrate creates or upgrades the status table. It is safe to run at every start and from
+// several processes at once.
+func (b *Backend) Migrate(ctx context.Context) error {
+	return b.inTx(ctx, func(tx pgx.Tx) error { return b.MigrateTx(ctx, tx) })
+}
+
+// MigrateTx is Migrate inside the caller's transaction.
+func (b *Backend) MigrateTx(ctx context.Context, tx pgx.Tx) error {
+	migs, err := pgmigrate.Load(migrationFiles, "migrations")
+	if err != nil {
+		return err
+	}
+	if _, err := pgmigrate.Run(ctx, tx, "projection", b.store.Schema(), migs); err != nil {
+		return fmt.Errorf("projection/postgres: migrate: %w", err)
+	}
+	return nil
+}
+
+// inTx runs fn in a READ COMMITTED transaction: every statement must see what the previous
+// holder of the projection's lock committed, whatever the server's default isolation.
+func (b *Backend) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	tx, err := b.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// lock takes the projection's advisory lock and reads its status row.
+func (b *Backend) lock(ctx context.Context, tx pgx.Tx, name string) (projection.Status, error) {
+	if _, err := tx.Exec(ctx, b.sql.lock, name); err != nil {
+		return projection.Status{}, err
+	}
+	st, err := scanStatus(tx.QueryRow(ctx, b.sql.selectStatus, name))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return st, fmt.Errorf("projection %s: %w", name, projection.ErrNotRegistered)
+	}
+	return st, err
+}
+
+// Register implements projection.Backend.
+func (b *Backend) Register(ctx context.Context, p *projection.Projection) error {
+	return b.inTx(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, b.sql.lock, p.Name()); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, b.sql.register, p.Name()); err != nil {
+			return err
+		}
+		if fn := p.Config().InitFunc; fn != nil {
+			if err := fn(ctx, projection.HookParams{Projection: p.Name(), Tx: tx}); err != nil {
+				return fmt.Errorf("init hook: %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+// RunBatch implements projection.Backend.
+func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn projection.BatchFunc) error {
+	return b.inTx(ctx, func(tx pgx.Tx) error {
+		st, err := b.lock(ctx, tx, p.Name())
+		if err != nil {
+			return err
+		}
+		out, err := fn(ctx, projection.Unit{
+			Tx:     tx,
+			Status: st,
+			Read: func(ctx context.Context, after eventstore.Position, opts eventstore.ReadOptions) ([]eventstore.Event, error) {
+				return b.store.ReadTx(ctx, tx, after, opts)
+			},
+		})
+		if err != nil {
+			return err
+		}
+		if out.Processed == 0 && out.Position == st.Position && out.State == st.State && !out.ClearFailure {
+			return nil // nothing changed: write nothing
+		}
+		_, err = tx.Exec(ctx, b.sql.advance, p.Name(), out.Position.TransactionID, out.Position.GlobalPosition,
+			out.Processed, string(out.State), out.ClearFailure)
+		return err
+	})
+}
+
+// RecordFailure implements projection.Backend.
+func (b *Backend) RecordFailure(ctx context.Context, p *projection.Projection, f projection.Failure) error {
+	return b.inTx(ctx, func(tx pgx.Tx) error {
+		if _, err := b.lock(ctx, tx, p.Name()); err != nil {
+			return err
+		}
+		e := f.Event
+		_, err := tx.Exec(ctx, b.sql.recordFailure, p.Name(), e.Position.TransactionID, e.Position.GlobalPosition,
+			[16]byte(e.ID), e.Type, e.StreamID, errorText(f.Err), f.At)
+		return err
+	})
+}
+
+// Reset implements projection.Backend.
+func (b *Backend) Reset(ctx context.Context, p *projection.Projection) error {
+	return b.inTx(ctx, func(tx pgx.Tx) error {
+		if _, err := b.lock(ctx, tx, p.Name()); err != nil {
+			return err
+		}
+		if fn := p.Config().ResetFunc; fn != nil {
+			if err := fn(ctx, projection.HookParams{Projection: p.Name(), Tx: tx}); err != nil {
+				return fmt.Errorf("reset hook: %w", err)
+			}
+		}
+		_, err := tx.Exec(ctx, b.sql.reset, p.Name())
+		return err
+	})
+}
+
+// SetState implements projection.Backend.
+func (b *Backend) SetState(ctx context.Context, p *projection.Projection, to projection.State, from ...projection.State) (bool, error) {
+	var changed bool
+	err := b.inTx(ctx, func(tx pgx.Tx) error {
+		st, err := b.lock(ctx, tx, p.Name())
+		if err != nil {
+			return err
+		}
+		if st.State == to || (len(from) > 0 && !slices.Contains(from, st.State)) {
+			return nil
+		}
+		changed = true
+		_, err = tx.Exec(ctx, b.sql.setState, p.Name(), string(to))
+		return err
+	})
+	return changed, err
+}
+
+// Delete implements projection.Backend.
+func (b *Backend) Delete(ctx context.Context, p *projection.Projection) error {
+	return b.inTx(ctx, func(tx pgx.Tx) error {
+		if _, err := b.lock(ctx, tx, p.Name()); err != nil {
+			return err
+		}
+		if fn := p.Config().DeleteFunc; fn != nil {
+			if err := fn(ctx, projection.HookParams{Projection: p.Name(), Tx: tx}); err != nil {
+				return fmt.Errorf("delete hook: %w", err)
+			}
+		}
+		_, err := tx.Exec(ctx, b.sql.delete, p.Name())
+		return err
+	})
+}
+
+// Status implements projection.Backend. It reads the status row without waiting for a batch in
+// flight.
+func (b *Backend) Status(ctx context.Context, p *projection.Projection) (projection.Status, error) {
+	st, err := scanStatus(b.db.QueryRow(ctx, b.sql.selectStatus, p.Name()))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return st, fmt.Errorf("projection %s: %w", p.Name(), projection.ErrNotRegistered)
+	}
+	if err != nil {
+		return st, err
+	}
+	var (
+		lagSeconds, openSeconds *float64
+	)
+	err = b.db.QueryRow(ctx, b.sql.lag, st.Position.TransactionID, st.Position.GlobalPosition, p.Types()).Scan(
+		&st.Head.TransactionID, &st.Head.GlobalPosition, &st.LagEvents, &lagSeconds, &st.HeldByHorizon, &openSeconds)
+	if err != nil {
+		return st, err
+	}
+	st.LagTime = seconds(lagSeconds)
+	st.OldestOpenTransaction = seconds(openSeconds)
+	return st, nil
+}
+
+// errorText is the error as stored: at most 4 KiB.
+func errorText(err error) string {
+	const maxLen = 4096
+	if err == nil {
+		return ""
+	}
+	text := strings.ReplaceAll(err.Error(), "\x00", "")
+	if len(text) > maxLen {
+		text = strings.ToValidUTF8(text[:maxLen], "") + "…"
+	}
+	return text
+}

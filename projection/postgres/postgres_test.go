@@ -1,0 +1,41 @@
+package postgres_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/projection/postgres"
+	"github.com/nudgeworks/nudge/projection/projectiontest"
+)
+
+// env is a migrated event store and backend on a database of the test's own.
+type env struct {
+	db      *pgtest.DB
+	store   *espg.Store
+	backend *postgres.Backend
+}
+
+func newEnv(t testing.TB) env {
+	t.Helper()
+	db := pgtest.New(t)
+	store, err := espg.New(db.Pool, espg.Config{})
+	require.NoError(t, err)
+	b, err := postgres.New(db.Pool, store)
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, store.Migrate(ctx))
+	require.NoError(t, b.Migrate(ctx))
+	return env{db: db, store: store, backend: b}
+}
+
+func TestSuite(t *testing.T) {
+	t.Parallel()
+	projectiontest.Run(t, func(t *testing.T) projectiontest.Env {
+		e := newEnv(t)
+		return projectiontest.Env{Store: e.store, Backend: e.backend}
+	})
+}

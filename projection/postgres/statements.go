@@ -1,0 +1,135 @@
+package postgres
+
+import (
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/nudgeworks/nudge/projection"
+)
+
+type statements struct {
+	lock, register, selectStatus, advance, recordFailure, reset, setState, delete, lag string
+}
+
+// lockClass is the first key of the advisory locks on projections ("nudg" in ASCII). Two-key
+// advisory locks live apart from single-key ones, so these cannot collide with the
+// application's own pg_advisory_xact_lock(bigint) locks.
+const lockClass = "1853187175"
+
+const statusColumns = `name, transaction_id, global_position, state, events_processed, coalesce(last_error, ''),
+	failing_transaction_id, failing_global_position, failing_event_id, failing_event_type, failing_stream_id,
+	attempts, first_failed_at, last_failed_at, rebuild_started_at, updated_at`
+
+func newStatements(schema string) statements {
+	table := func(name string) string {
+		if schema == "" {
+			return name
+		}
+		return pgx.Identifier{schema, name}.Sanitize()
+	}
+	r := strings.NewReplacer("{projections}", table("nudge_projections"), "{events}", table("nudge_events"),
+		"{columns}", statusColumns, "{class}", lockClass, "{schema}", schema)
+	return statements{
+		lock:         r.Replace(`SELECT pg_advisory_xact_lock({class}, hashtext('{schema}.' || $1))`),
+		register:     r.Replace(`INSERT INTO {projections} (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`),
+		selectStatus: r.Replace(`SELECT {columns} FROM {projections} WHERE name = $1`),
+		advance: r.Replace(`UPDATE {projections} SET
+				transaction_id = $2, global_position = $3, events_processed = events_processed + $4, state = $5,
+				last_error = CASE WHEN $6 THEN NULL ELSE last_error END,
+				failing_transaction_id = CASE WHEN $6 THEN NULL ELSE failing_transaction_id END,
+				failing_global_position = CASE WHEN $6 THEN NULL ELSE failing_global_position END,
+				failing_event_id = CASE WHEN $6 THEN NULL ELSE failing_event_id END,
+				failing_event_type = CASE WHEN $6 THEN NULL ELSE failing_event_type END,
+				failing_stream_id = CASE WHEN $6 THEN NULL ELSE failing_stream_id END,
+				attempts = CASE WHEN $6 THEN 0 ELSE attempts END,
+				first_failed_at = CASE WHEN $6 THEN NULL ELSE first_failed_at END,
+				last_failed_at = CASE WHEN $6 THEN NULL ELSE last_failed_at END,
+				updated_at = now()
+			WHERE name = $1`),
+		// Recorded only while the position is still before the failing event: another worker
+		// may have handled it meanwhile.
+		recordFailure: r.Replace(`UPDATE {projections} SET
+				state = CASE WHEN state = 'paused' THEN 'paused' ELSE 'failing' END,
+				attempts = CASE WHEN failing_event_id = $4 THEN attempts + 1 ELSE 1 END,
+				first_failed_at = CASE WHEN failing_event_id = $4 THEN first_failed_at ELSE $8 END,
+				last_failed_at = $8, last_error = $7,
+				failing_transaction_id = $2, failing_global_position = $3, failing_event_id = $4,
+				failing_event_type = $5, failing_stream_id = $6, updated_at = now()
+			WHERE name = $1 AND (transaction_id, global_position) < ($2::xid8, $3::bigint)`),
+		reset: r.Replace(`UPDATE {projections} SET
+				transaction_id = '0', global_position = 0, state = 'rebuilding', events_processed = 0,
+				last_error = NULL, failing_transaction_id = NULL, failing_global_position = NULL,
+				failing_event_id = NULL, failing_event_type = NULL, failing_stream_id = NULL, attempts = 0,
+				first_failed_at = NULL, last_failed_at = NULL, rebuild_started_at = now(), updated_at = now()
+			WHERE name = $1`),
+		setState: r.Replace(`UPDATE {projections} SET state = $2, updated_at = now() WHERE name = $1`),
+		delete:   r.Replace(`DELETE FROM {projections} WHERE name = $1`),
+		// The store's head, the projection's readable lag, whether committed events of its types
+		// wait behind the horizon, and the age of the oldest writing transaction if so.
+		lag: r.Replace(`WITH h AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin),
+			head AS (
+				SELECT e.transaction_id, e.global_position FROM {events} e, h
+				WHERE e.transaction_id < h.xmin ORDER BY e.transaction_id DESC, e.global_position DESC LIMIT 1
+			),
+			lag AS (
+				SELECT count(*) AS events, min(e.recorded_at) AS oldest FROM {events} e, h
+				WHERE (e.transaction_id, e.global_position) > ($1::xid8, $2::bigint) AND e.transaction_id < h.xmin
+					AND e.event_type = ANY($3::text[])
+			),
+			held AS (
+				SELECT EXISTS (SELECT 1 FROM {events} e, h WHERE e.transaction_id >= h.xmin AND e.event_type = ANY($3::text[])) AS held
+			)
+			SELECT coalesce((SELECT transaction_id FROM head), '0'::xid8), coalesce((SELECT global_position FROM head), 0),
+				lag.events, extract(epoch FROM clock_timestamp() - lag.oldest)::float8, held.held,
+				CASE WHEN held.held THEN (SELECT extract(epoch FROM clock_timestamp() - min(xact_start))::float8
+					FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()) END
+			FROM lag, held`),
+	}
+}
+
+// scanStatus reads a row of statusColumns.
+func scanStatus(row pgx.Row) (projection.Status, error) {
+	var (
+		st                             projection.Status
+		state                          string
+		failTx                         *uint64
+		failPos                        *int64
+		failID                         *[16]byte
+		failType, failStream           *string
+		firstFail, lastFail, rebuiltAt *time.Time
+	)
+	if err := row.Scan(&st.Name, &st.Position.TransactionID, &st.Position.GlobalPosition, &state, &st.EventsProcessed,
+		&st.LastError, &failTx, &failPos, &failID, &failType, &failStream, &st.Attempts, &firstFail, &lastFail,
+		&rebuiltAt, &st.UpdatedAt); err != nil {
+		return st, err
+	}
+	var err error
+	if st.State, err = projection.ParseState(state); err != nil {
+		return st, err
+	}
+	if failID != nil {
+		st.FailingEvent = &projection.FailingEvent{ID: *failID, Type: deref(failType), StreamID: deref(failStream)}
+		if failTx != nil && failPos != nil {
+			st.FailingEvent.Position.TransactionID, st.FailingEvent.Position.GlobalPosition = *failTx, *failPos
+		}
+	}
+	st.FirstFailureAt, st.LastFailureAt, st.RebuildStartedAt = deref(firstFail), deref(lastFail), deref(rebuiltAt)
+	return st, nil
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+func seconds(s *float64) time.Duration {
+	if s == nil || *s < 0 {
+		return 0
+	}
+	return time.Duration(*s * float64(time.Second))
+}

@@ -1,0 +1,148 @@
+package projection
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/nudgeworks/nudge/eventstore"
+)
+
+// Defaults for Config.
+const (
+	// BatchSizeDefault is the most events one batch (one transaction) handles.
+	BatchSizeDefault = 500
+	// MaxBatchDurationDefault bounds how long a batch handles events before it commits what it
+	// has, to keep transactions short: an open batch holds back every reader of the store.
+	MaxBatchDurationDefault = 2 * time.Second
+)
+
+// Config tunes a projection. Every field is optional.
+type Config struct {
+	// BatchSize is the most events one batch handles in one transaction. Defaults to
+	// BatchSizeDefault; at most eventstore.ReadLimitMax.
+	BatchSize int
+	// MaxBatchDuration ends a batch early (committing what it handled) once handling has taken
+	// this long. Defaults to MaxBatchDurationDefault.
+	MaxBatchDuration time.Duration
+
+	// InitFunc creates what the read model needs (tables, indexes). It runs when the runner
+	// starts (Runner.Init), every time, so it must be idempotent (CREATE TABLE IF NOT EXISTS).
+	InitFunc func(ctx context.Context, p HookParams) error
+	// FlushFunc runs after each batch's handlers, inside the batch's transaction, before the
+	// position is committed: the place for set-based writes of what the handlers collected.
+	FlushFunc func(ctx context.Context, p FlushParams) error
+	// ResetFunc empties the read model for a rebuild (Runner.Reset), in the transaction that
+	// sets the position back to the start.
+	ResetFunc func(ctx context.Context, p HookParams) error
+	// DeleteFunc removes the read model when the projection is deleted (Runner.Delete).
+	DeleteFunc func(ctx context.Context, p HookParams) error
+	// SkipFunc runs when an operator skips an event the projection failed on, inside the
+	// transaction that moves the position past it.
+	SkipFunc func(ctx context.Context, p SkipParams) error
+}
+
+// HookParams is passed to the init, reset and delete hooks.
+type HookParams struct {
+	Projection string
+	// Tx is the hook's transaction with the PostgreSQL backend; nil with the memory backend.
+	Tx pgx.Tx
+}
+
+// FlushParams is passed to the flush hook.
+type FlushParams struct {
+	Projection string
+	// Tx is the batch's transaction with the PostgreSQL backend; nil with the memory backend.
+	Tx pgx.Tx
+	// Events are the events the batch handled, in order.
+	Events []eventstore.Event
+}
+
+// SkipParams is passed to the on-skip hook.
+type SkipParams struct {
+	Projection string
+	Tx         pgx.Tx
+	// Event is the event being skipped.
+	Event eventstore.Event
+	// Reason and By are what the operator gave.
+	Reason string
+	By     string
+}
+
+// Projection is a validated projection definition. Create it with New; it is immutable and safe
+// to share.
+type Projection struct {
+	name          string
+	cfg           Config
+	handlers      map[string]Handler
+	types         []string
+	transactional bool
+}
+
+// New defines a projection named name that handles events with handlers, one handler per event
+// type. Events of other types are never read: the type filter runs in the event store's query.
+func New(name string, cfg Config, handlers ...Handler) (*Projection, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, err
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = BatchSizeDefault
+	}
+	if cfg.BatchSize < 0 || cfg.BatchSize > eventstore.ReadLimitMax {
+		return nil, invalidConfig(name, "BatchSize %d out of range; use 1 to %d (0 means %d)", cfg.BatchSize, eventstore.ReadLimitMax, BatchSizeDefault)
+	}
+	if cfg.MaxBatchDuration == 0 {
+		cfg.MaxBatchDuration = MaxBatchDurationDefault
+	}
+	if cfg.MaxBatchDuration < 0 {
+		return nil, invalidConfig(name, "MaxBatchDuration %s is negative", cfg.MaxBatchDuration)
+	}
+	if len(handlers) == 0 {
+		return nil, invalidConfig(name, "no handlers; pass at least one projection.On or projection.OnIdempotent")
+	}
+	p := &Projection{name: name, cfg: cfg, handlers: make(map[string]Handler, len(handlers))}
+	for i, h := range handlers {
+		if _, err := eventstore.ValidateReadOptions(eventstore.ReadOptions{Types: []string{h.eventType}}); err != nil {
+			return nil, invalidConfig(name, "handler %d: event type: %v", i, err)
+		}
+		if h.handle == nil {
+			return nil, invalidConfig(name, "handler %d for %s has a nil function", i, h.eventType)
+		}
+		if _, dup := p.handlers[h.eventType]; dup {
+			return nil, invalidConfig(name, "two handlers for event type %s; combine them into one", h.eventType)
+		}
+		p.handlers[h.eventType] = h
+		p.types = append(p.types, h.eventType)
+		p.transactional = p.transactional || h.transactional
+	}
+	slices.Sort(p.types)
+	return p, nil
+}
+
+// Name returns the projection's name.
+func (p *Projection) Name() string { return p.name }
+
+// Types returns the event types the projection handles, sorted.
+func (p *Projection) Types() []string { return slices.Clone(p.types) }
+
+// Config returns the projection's configuration with defaults filled in.
+func (p *Projection) Config() Config { return p.cfg }
+
+// Transactional reports whether any handler needs the batch's PostgreSQL transaction (On).
+func (p *Projection) Transactional() bool { return p.transactional }
+
+// Handle decodes e and runs the projection's handler for its type, with tx as the
+// transaction (nil for OnIdempotent-only projections outside PostgreSQL). An event of a type
+// the projection does not handle is ignored. A failure is returned as a *HandlerError.
+func (p *Projection) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
+	h, ok := p.handlers[e.Type]
+	if !ok {
+		return nil
+	}
+	if err := h.handle(ctx, tx, e); err != nil {
+		return &HandlerError{Projection: p.name, EventID: e.ID, EventType: e.Type, StreamID: e.StreamID, Position: e.Position, Err: err}
+	}
+	return nil
+}

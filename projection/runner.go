@@ -1,0 +1,336 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nudgeworks/nudge/eventstore"
+)
+
+// RunnerConfig configures a Runner. Every field is optional.
+type RunnerConfig struct {
+	// Logger receives the runner's structured logs; every line carries the projection name.
+	// Defaults to slog.Default().
+	Logger *slog.Logger
+	// NowFunc returns the current time. Defaults to time.Now.
+	NowFunc func() time.Time
+}
+
+// Runner catches projections up: it reads each projection's events forward from the
+// projection's own committed position, in batches, each batch one unit of work (one PostgreSQL
+// transaction) that writes the read model and advances the position together.
+//
+// A Runner is safe for concurrent use, and any number of runners, in any number of processes,
+// may catch up the same projection at once: the backend's lock serialises their batches, so
+// every event is handled once per successful batch and the work is not duplicated.
+type Runner struct {
+	backend     Backend
+	logger      *slog.Logger
+	now         func() time.Time
+	projections map[string]*Projection
+	names       []string
+
+	mu        sync.Mutex
+	positions map[string]eventstore.Position // last committed position seen per projection
+}
+
+// NewRunner returns a runner for projections on backend. Names must be unique. Call Init before
+// the first catch-up.
+func NewRunner(backend Backend, cfg RunnerConfig, projections ...*Projection) (*Runner, error) {
+	if backend == nil {
+		return nil, fmt.Errorf("%w: NewRunner needs a backend (projection/postgres or projection/memory), got nil", ErrInvalidConfig)
+	}
+	if len(projections) == 0 {
+		return nil, fmt.Errorf("%w: NewRunner needs at least one projection", ErrInvalidConfig)
+	}
+	r := &Runner{
+		backend:     backend,
+		logger:      cfg.Logger,
+		now:         cfg.NowFunc,
+		projections: make(map[string]*Projection, len(projections)),
+		positions:   make(map[string]eventstore.Position, len(projections)),
+	}
+	if r.logger == nil {
+		r.logger = slog.Default()
+	}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	for i, p := range projections {
+		if p == nil {
+			return nil, fmt.Errorf("%w: projection %d is nil; create projections with projection.New", ErrInvalidConfig, i)
+		}
+		if _, dup := r.projections[p.name]; dup {
+			return nil, fmt.Errorf("%w: two projections are named %s; names must be unique", ErrInvalidConfig, p.name)
+		}
+		r.projections[p.name] = p
+		r.names = append(r.names, p.name)
+	}
+	slices.Sort(r.names)
+	return r, nil
+}
+
+// Names returns the runner's projection names, sorted.
+func (r *Runner) Names() []string { return slices.Clone(r.names) }
+
+// Projection returns the projection called name.
+func (r *Runner) Projection(name string) (*Projection, error) {
+	p, ok := r.projections[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q; this runner has %v", ErrUnknownProjection, name, r.names)
+	}
+	return p, nil
+}
+
+// Init registers every projection with the backend (creating its status row) and runs its
+// init hook. Run it at every start; it is idempotent.
+func (r *Runner) Init(ctx context.Context) error {
+	for _, name := range r.names {
+		if err := r.backend.Register(ctx, r.projections[name]); err != nil {
+			return fmt.Errorf("projection %s: init: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Result sums up a CatchUp.
+type Result struct {
+	// Events is the number of events handled and committed.
+	Events int
+	// Batches is the number of batches committed.
+	Batches int
+	// Position is the committed position when CatchUp returned.
+	Position eventstore.Position
+	// Paused is true when the projection is paused and nothing was done.
+	Paused bool
+}
+
+// CatchUp handles the projection's events from its committed position until a read comes back
+// empty. Each batch commits on its own; a failed batch is rolled back and the events before the
+// failing one are committed in a batch of their own, so the position stops right before it.
+// The failure is recorded in the status (state failing, the event, the error, attempts) and
+// returned as a *HandlerError. A cancelled context rolls back the batch in flight, records
+// nothing and returns the context's error.
+func (r *Runner) CatchUp(ctx context.Context, name string) (Result, error) {
+	p, err := r.Projection(name)
+	if err != nil {
+		return Result{}, err
+	}
+	var res Result
+	for {
+		n, err := r.batch(ctx, p, p.cfg.BatchSize, &res)
+		if err != nil || n == 0 {
+			return res, err
+		}
+	}
+}
+
+// errPaused rolls back a unit that found the projection paused.
+var errPaused = errors.New("projection paused")
+
+// batch runs one batch of at most limit events and returns how many it committed.
+func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Result) (int, error) {
+	var (
+		failed    *HandlerError
+		failedAt  int
+		handled   int
+		committed eventstore.Position
+		started   = r.now()
+	)
+	err := r.backend.RunBatch(ctx, p, func(ctx context.Context, u Unit) (Outcome, error) {
+		committed = u.Status.Position
+		if u.Status.State == StatePaused {
+			return Outcome{}, errPaused
+		}
+		events, err := u.Read(ctx, u.Status.Position, eventstore.ReadOptions{Limit: limit, Types: p.types})
+		if err != nil {
+			return Outcome{}, fmt.Errorf("projection %s: read events after %s: %w", p.name, u.Status.Position, err)
+		}
+		out := Outcome{Position: u.Status.Position, State: u.Status.State}
+		if len(events) == 0 {
+			if u.Status.State == StateRebuilding {
+				out.State = StateRunning
+			}
+			return out, nil
+		}
+		deadline := started.Add(p.cfg.MaxBatchDuration)
+		for i, e := range events {
+			if i > 0 && r.now().After(deadline) {
+				events = events[:i]
+				break
+			}
+			if err := p.Handle(ctx, u.Tx, e); err != nil {
+				failed, failedAt = err.(*HandlerError), i //nolint:errorlint // Handle returns *HandlerError itself.
+				return Outcome{}, err
+			}
+		}
+		if p.cfg.FlushFunc != nil {
+			if err := p.cfg.FlushFunc(ctx, FlushParams{Projection: p.name, Tx: u.Tx, Events: events}); err != nil {
+				// A set-based flush cannot say which event it failed on: name the batch's first.
+				e := events[0]
+				failed, failedAt = &HandlerError{Projection: p.name, EventID: e.ID, EventType: e.Type, StreamID: e.StreamID, Position: e.Position,
+					Err: fmt.Errorf("flush hook: %w", err)}, 0
+				return Outcome{}, failed
+			}
+		}
+		handled = len(events)
+		out.Position = events[len(events)-1].Position
+		committed = out.Position
+		out.Processed = handled
+		if u.Status.State == StateFailing {
+			// The failing event is always the first after the position, so a batch that
+			// committed events has passed it: the fault is gone.
+			out.State, out.ClearFailure = StateRunning, true
+		}
+		return out, nil
+	})
+	if err == nil || errors.Is(err, errPaused) {
+		res.Position = committed
+		r.remember(p.name, committed)
+	}
+	switch {
+	case err == nil:
+		if handled > 0 {
+			res.Events += handled
+			res.Batches++
+			r.logger.DebugContext(ctx, "projection batch committed", slog.String("projection", p.name),
+				slog.Int("events", handled), slog.String("position", res.Position.String()), slog.Duration("took", r.now().Sub(started)))
+		}
+		return handled, nil
+	case errors.Is(err, errPaused):
+		res.Paused = true
+		return 0, nil
+	case ctx.Err() != nil:
+		// Shutting down: the batch rolled back and is not a failure of the projection's.
+		return 0, ctx.Err()
+	case failed == nil:
+		return 0, err
+	}
+
+	// A handler failed: commit the events before the failing one, then record the failure.
+	if failedAt > 0 {
+		if _, err := r.batch(ctx, p, failedAt, res); err != nil {
+			return 0, err
+		}
+	}
+	failure := Failure{
+		Event: eventstore.Event{ID: failed.EventID, Type: failed.EventType, StreamID: failed.StreamID, Position: failed.Position},
+		Err:   failed.Err,
+		At:    r.now(),
+	}
+	if err := r.backend.RecordFailure(ctx, p, failure); err != nil {
+		return 0, errors.Join(failed, fmt.Errorf("projection %s: record the failure: %w", p.name, err))
+	}
+	r.logger.WarnContext(ctx, "projection failed on an event; position stays before it",
+		slog.String("projection", p.name), slog.String("event_id", failed.EventID.String()),
+		slog.String("event_type", failed.EventType), slog.String("position", failed.Position.String()),
+		slog.Any("error", failed.Err))
+	return 0, failed
+}
+
+// remember caches a committed position seen for name.
+func (r *Runner) remember(name string, p eventstore.Position) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.positions[name] = p
+}
+
+// CommittedPosition returns the last committed position this runner has seen for the
+// projection, without asking the backend. A trigger for a position at or before it needs no
+// read. It is the zero Position before the first catch-up and right after a Reset.
+func (r *Runner) CommittedPosition(name string) eventstore.Position {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.positions[name]
+}
+
+// Reset prepares a rebuild: it runs the projection's reset hook and sets its position back to
+// the start and its state to rebuilding, in one unit of work. The next catch-up rebuilds the
+// read model batch by batch (never holding more than one batch of events in memory) and returns
+// the projection to running when it reaches the head. Status shows the progress.
+func (r *Runner) Reset(ctx context.Context, name string) error {
+	p, err := r.Projection(name)
+	if err != nil {
+		return err
+	}
+	if err := r.backend.Reset(ctx, p); err != nil {
+		return fmt.Errorf("projection %s: reset: %w", name, err)
+	}
+	r.mu.Lock()
+	delete(r.positions, name)
+	r.mu.Unlock()
+	r.logger.InfoContext(ctx, "projection reset for a rebuild", slog.String("projection", name))
+	return nil
+}
+
+// Pause stops catch-up of the projection (in every process) until Resume.
+func (r *Runner) Pause(ctx context.Context, name string) error {
+	p, err := r.Projection(name)
+	if err != nil {
+		return err
+	}
+	if _, err := r.backend.SetState(ctx, p, StatePaused); err != nil {
+		return fmt.Errorf("projection %s: pause: %w", name, err)
+	}
+	r.logger.InfoContext(ctx, "projection paused", slog.String("projection", name))
+	return nil
+}
+
+// Resume lets a paused projection catch up again. Resuming a projection that is not paused
+// changes nothing.
+func (r *Runner) Resume(ctx context.Context, name string) error {
+	p, err := r.Projection(name)
+	if err != nil {
+		return err
+	}
+	changed, err := r.backend.SetState(ctx, p, StateRunning, StatePaused)
+	if err != nil {
+		return fmt.Errorf("projection %s: resume: %w", name, err)
+	}
+	if changed {
+		r.logger.InfoContext(ctx, "projection resumed", slog.String("projection", name))
+	}
+	return nil
+}
+
+// Delete runs the projection's delete hook and removes its status row. Init creates it again.
+func (r *Runner) Delete(ctx context.Context, name string) error {
+	p, err := r.Projection(name)
+	if err != nil {
+		return err
+	}
+	if err := r.backend.Delete(ctx, p); err != nil {
+		return fmt.Errorf("projection %s: delete: %w", name, err)
+	}
+	r.mu.Lock()
+	delete(r.positions, name)
+	r.mu.Unlock()
+	return nil
+}
+
+// Status returns the projection's status and lag.
+func (r *Runner) Status(ctx context.Context, name string) (Status, error) {
+	p, err := r.Projection(name)
+	if err != nil {
+		return Status{}, err
+	}
+	return r.backend.Status(ctx, p)
+}
+
+// Statuses returns the status of every projection of the runner, sorted by name.
+func (r *Runner) Statuses(ctx context.Context) ([]Status, error) {
+	out := make([]Status, 0, len(r.names))
+	for _, name := range r.names {
+		st, err := r.backend.Status(ctx, r.projections[name])
+		if err != nil {
+			return nil, fmt.Errorf("projection %s: status: %w", name, err)
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
