@@ -134,25 +134,37 @@ func (s *Store) Append(ctx context.Context, streamID string, expected eventstore
 	if err := eventstore.ValidateAppend(streamID, expected, events); err != nil {
 		return eventstore.AppendResult{}, err
 	}
+	var res eventstore.AppendResult
+	err := s.RunInTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		res, err = s.appendTx(ctx, tx, streamID, expected, events)
+		return err
+	})
+	if err != nil {
+		return eventstore.AppendResult{}, err
+	}
+	return res, nil
+}
+
+// RunInTx runs fn in a transaction and commits it if fn returns nil. When fn (or the commit)
+// fails with an eventstore.ErrConflict, the transaction is rolled back and fn runs again in a
+// new one, up to Config.AppendAttempts times in all, with a short random pause between. Use it
+// for command handlers that call AppendTx, so a conflict is retried like Append retries it; fn
+// must be safe to run more than once.
+func (s *Store) RunInTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	for attempt := 1; ; attempt++ {
-		var res eventstore.AppendResult
-		err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-			var err error
-			res, err = s.appendTx(ctx, tx, streamID, expected, events)
-			return err
-		})
+		err := translate(pgx.BeginFunc(ctx, s.db, fn))
 		if err == nil {
-			return res, nil
+			return nil
 		}
-		err = translate(err)
 		if !errors.Is(err, eventstore.ErrConflict) || attempt >= s.attempts {
-			return eventstore.AppendResult{}, err
+			return err
 		}
 		// Back off a little, with jitter, so two racing appenders do not race again.
 		pause := time.Duration(attempt) * time.Duration(1+rand.IntN(5)) * time.Millisecond
 		select {
 		case <-ctx.Done():
-			return eventstore.AppendResult{}, ctx.Err()
+			return ctx.Err()
 		case <-time.After(pause):
 		}
 	}

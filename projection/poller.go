@@ -1,0 +1,141 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Defaults for PollerConfig.
+const (
+	// PollMinIntervalDefault is the wait after a catch-up that found work.
+	PollMinIntervalDefault = 100 * time.Millisecond
+	// PollMaxIntervalDefault caps the wait while a projection is idle.
+	PollMaxIntervalDefault = 5 * time.Second
+	// PollMaxFailureIntervalDefault caps the wait while a projection keeps failing.
+	PollMaxFailureIntervalDefault = time.Minute
+)
+
+// PollerConfig configures a Poller. Every field is optional.
+type PollerConfig struct {
+	// MinInterval is the wait after a catch-up that handled events. Defaults to
+	// PollMinIntervalDefault.
+	MinInterval time.Duration
+	// MaxInterval caps the wait while idle: each catch-up that finds nothing doubles the wait,
+	// up to this. Defaults to PollMaxIntervalDefault.
+	MaxInterval time.Duration
+	// MaxFailureInterval caps the wait while failing: each failed catch-up doubles the wait,
+	// up to this. Defaults to PollMaxFailureIntervalDefault.
+	MaxFailureInterval time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// AfterPollFunc, if set, is called after every catch-up with what happened and the wait
+	// chosen. It runs on the projection's polling goroutine.
+	AfterPollFunc func(p PollParams)
+}
+
+// PollParams describes one poll, for PollerConfig.AfterPollFunc.
+type PollParams struct {
+	Projection string
+	Result     Result
+	Err        error
+	// Next is how long the poller waits before the next catch-up.
+	Next time.Duration
+}
+
+// Poller runs catch-up on an adaptive interval, with no broker: the polling mode. Each
+// projection polls on a goroutine of its own, so a failing or slow projection never delays
+// another. While a projection is idle its interval doubles up to MaxInterval; while it fails,
+// up to MaxFailureInterval; after work it drops back to MinInterval.
+type Poller struct {
+	runner *Runner
+	cfg    PollerConfig
+	names  []string
+}
+
+// NewPoller returns a poller for the named projections of r (all of them when names is empty).
+func NewPoller(r *Runner, cfg PollerConfig, names ...string) (*Poller, error) {
+	if r == nil {
+		return nil, fmt.Errorf("%w: NewPoller needs a runner, got nil", ErrInvalidConfig)
+	}
+	cfg.MinInterval = orDefault(cfg.MinInterval, PollMinIntervalDefault)
+	cfg.MaxInterval = orDefault(cfg.MaxInterval, PollMaxIntervalDefault)
+	cfg.MaxFailureInterval = orDefault(cfg.MaxFailureInterval, PollMaxFailureIntervalDefault)
+	if cfg.MinInterval < 0 || cfg.MaxInterval < cfg.MinInterval || cfg.MaxFailureInterval < cfg.MinInterval {
+		return nil, fmt.Errorf("%w: poller intervals must satisfy 0 < MinInterval <= MaxInterval and MinInterval <= MaxFailureInterval (got %s, %s, %s)",
+			ErrInvalidConfig, cfg.MinInterval, cfg.MaxInterval, cfg.MaxFailureInterval)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = r.logger
+	}
+	if len(names) == 0 {
+		names = r.Names()
+	}
+	for _, name := range names {
+		if _, err := r.Projection(name); err != nil {
+			return nil, err
+		}
+	}
+	return &Poller{runner: r, cfg: cfg, names: names}, nil
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// Run polls until ctx ends, then waits for the catch-ups in flight to stop (they roll back) and
+// returns nil.
+func (p *Poller) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for _, name := range p.names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.poll(ctx, name)
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+func (p *Poller) poll(ctx context.Context, name string) {
+	idle, failing := p.cfg.MinInterval, p.cfg.MinInterval
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		res, err := p.runner.CatchUp(ctx, name)
+		if ctx.Err() != nil {
+			return
+		}
+		var next time.Duration
+		switch {
+		case err != nil:
+			next, failing = failing, min(2*failing, p.cfg.MaxFailureInterval)
+			idle = p.cfg.MinInterval
+			if !errors.Is(err, ErrHandler) { // handler failures are logged by the runner
+				p.cfg.Logger.ErrorContext(ctx, "projection catch-up failed", slog.String("projection", name),
+					slog.Any("error", err), slog.Duration("retry_in", next))
+			}
+		case res.Events > 0:
+			next, idle, failing = p.cfg.MinInterval, p.cfg.MinInterval, p.cfg.MinInterval
+		default:
+			idle = min(2*idle, p.cfg.MaxInterval)
+			next, failing = idle, p.cfg.MinInterval
+		}
+		if p.cfg.AfterPollFunc != nil {
+			p.cfg.AfterPollFunc(PollParams{Projection: name, Result: res, Err: err, Next: next})
+		}
+		timer.Reset(next)
+	}
+}
