@@ -32,7 +32,7 @@ lint: $(GOLANGCI_LINT) ## Check formatting, go vet and golangci-lint.
 	$(GOLANGCI_LINT) run ./...
 
 bench: up ## Run the benchmarks (each beside its raw-pgx baseline); BENCH_TIME=2s by default.
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCH_TIME) ./eventstore/postgres/
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCH_TIME) -timeout 30m ./eventstore/postgres/ ./projection/postgres/
 
 demo: ## Run the embedded quickstart (not yet: it lands with the quickstart issue).
 	@echo "demo: not yet. The embedded quickstart (in-memory store + GoChannel) lands with the"

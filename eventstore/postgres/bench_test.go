@@ -272,7 +272,7 @@ func rawRead(ctx context.Context, pool *pgxpool.Pool, after eventstore.Position,
 	for rows.Next() {
 		var e eventstore.Event
 		if err := rows.Scan(&e.Position.GlobalPosition, &e.Position.TransactionID, (*[16]byte)(&e.ID), &e.StreamID,
-			&e.StreamVersion, &e.Type, &e.Payload, &e.Metadata, &e.RecordedAt); err != nil {
+			&e.StreamVersion, &e.Type, (*[]byte)(&e.Payload), (*[]byte)(&e.Metadata), &e.RecordedAt); err != nil {
 			return nil, err
 		}
 		events = append(events, e)

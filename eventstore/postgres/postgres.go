@@ -361,9 +361,10 @@ func collectEvents(rows pgx.Rows, capacity int) ([]eventstore.Event, error) {
 	events := make([]eventstore.Event, 0, capacity)
 	for rows.Next() {
 		var e eventstore.Event
-		// The id scans as [16]byte, which pgx decodes natively (uuid.UUID would go through text).
+		// The id scans as [16]byte and the JSON as []byte, which pgx copies natively (uuid.UUID
+		// would go through text, json.RawMessage through json.Unmarshal).
 		if err := rows.Scan(&e.Position.GlobalPosition, &e.Position.TransactionID, (*[16]byte)(&e.ID), &e.StreamID,
-			&e.StreamVersion, &e.Type, &e.Payload, &e.Metadata, &e.RecordedAt); err != nil {
+			&e.StreamVersion, &e.Type, (*[]byte)(&e.Payload), (*[]byte)(&e.Metadata), &e.RecordedAt); err != nil {
 			return nil, err
 		}
 		events = append(events, e)
