@@ -17,8 +17,8 @@ type Backend interface {
 	// Register creates the projection's status row if it is missing and runs its init hook.
 	Register(ctx context.Context, p *Projection) error
 	// RunBatch runs fn in one unit of work that holds the projection's lock (in PostgreSQL: one
-	// transaction with the status row locked FOR UPDATE, which serialises every worker of the
-	// projection, in any process). If fn returns nil, the unit stores fn's Outcome and commits;
+	// transaction holding an advisory lock on the projection's name, which serialises every
+	// worker of the projection, in any process). If fn returns nil, the unit stores fn's Outcome and commits;
 	// otherwise it rolls back and returns fn's error.
 	RunBatch(ctx context.Context, p *Projection, fn BatchFunc) error
 	// RecordFailure stores a handler failure in the status row, in a unit of its own, unless
