@@ -1,0 +1,51 @@
+// Package channel carries triggers from where events are appended to one subscription per
+// projection, through a broker. Backends are subpackages: channel/amqp (RabbitMQ),
+// channel/postgres (PostgreSQL queue tables) and channel/gochannel (in process, for the
+// embedded demo and tests). All of them pass the suite in channel/channeltest.
+//
+// Every projection has a subscription of its own (a durable queue, a table, a GoChannel
+// subscription), so a projection that fails forever never holds back another one's triggers.
+// Topology names derive from projection names, which projection.ValidateName has checked:
+// nothing else reaches SQL or the broker.
+package channel
+
+import (
+	"context"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/nudgeworks/nudge/trigger"
+)
+
+// Channel is one broker's wiring for triggers.
+type Channel interface {
+	// Declare creates the subscriptions of the named projections and the dead-letter topic,
+	// so that every trigger published after Declare returns reaches each of them (on durable
+	// channels even if no consumer runs yet). It is idempotent and refuses invalid names.
+	Declare(ctx context.Context, projections ...string) error
+	// Publish sends t to every declared projection, or, when t.Projection is set, to that
+	// projection's subscription (non-durable channels may deliver it to all; consumers ignore
+	// triggers addressed to another projection).
+	Publish(ctx context.Context, t trigger.Trigger) error
+	// Subscriber returns the subscriber and topic a handler of the projection consumes.
+	Subscriber(projection string) (message.Subscriber, string, error)
+	// Publisher returns the channel's raw publisher, e.g. for the poison (dead-letter) step.
+	Publisher() message.Publisher
+	// DeadLetterTopic is the topic that messages which can never succeed are published to.
+	DeadLetterTopic() string
+	// DeadLetterSubscriber returns a subscriber of DeadLetterTopic.
+	DeadLetterSubscriber() (message.Subscriber, error)
+	// Durable reports whether published triggers survive a restart of the consumer (and of the
+	// broker): true for RabbitMQ and PostgreSQL, false for GoChannel.
+	Durable() bool
+	// Close closes the channel's publishers, subscribers and connections.
+	Close() error
+}
+
+// Names used by every backend.
+const (
+	// TriggerTopic is the fan-out topic (exchange, prefix) for triggers.
+	TriggerTopic = "nudge.triggers"
+	// DeadLetterTopic is the topic of messages that can never succeed.
+	DeadLetterTopic = "nudge.dead_letters"
+)

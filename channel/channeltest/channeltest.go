@@ -1,0 +1,209 @@
+// Package channeltest is the suite every channel.Channel passes.
+package channeltest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/trigger"
+)
+
+// NewChannelFunc returns a new channel for one subtest, isolated from other subtests (its own
+// database, vhost or topic prefix). The suite closes it.
+type NewChannelFunc func(t *testing.T) channel.Channel
+
+// Run runs the suite. Subtests run in parallel.
+func Run(t *testing.T, newChannel NewChannelFunc) {
+	tests := []struct {
+		name string
+		run  func(t *testing.T, ch channel.Channel)
+	}{
+		{"FanOutToEveryProjection", testFanOut},
+		{"AddressedToOneProjection", testAddressed},
+		{"NackRedelivers", testNack},
+		{"DurableBeforeConsumerStarts", testDurable},
+		{"DeadLetters", testDeadLetters},
+		{"ManyTriggers", testMany},
+		{"RefusesInvalidNames", testInvalidNames},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ch := newChannel(t)
+			t.Cleanup(func() { require.NoError(t, ch.Close()) })
+			tc.run(t, ch)
+		})
+	}
+}
+
+// Consume subscribes to the projection's subscription and returns its messages; the
+// subscription ends with the test.
+func Consume(t testing.TB, ch channel.Channel, projectionName string) <-chan *message.Message {
+	t.Helper()
+	sub, topic, err := ch.Subscriber(projectionName)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	return msgs
+}
+
+// Next waits for the next message, acks it and decodes its trigger.
+func Next(t testing.TB, msgs <-chan *message.Message) trigger.Trigger {
+	t.Helper()
+	select {
+	case msg := <-msgs:
+		require.NotNil(t, msg)
+		tr, err := trigger.FromMessage(msg)
+		require.NoError(t, err)
+		msg.Ack()
+		return tr
+	case <-time.After(15 * time.Second):
+		t.Fatal("no trigger arrived within 15 s")
+		return trigger.Trigger{}
+	}
+}
+
+// Trigger returns an append trigger at global position n.
+func Trigger(n int64) trigger.Trigger {
+	return trigger.Trigger{
+		Position: eventstore.Position{TransactionID: uint64(1000 + n), GlobalPosition: n},
+		StreamID: fmt.Sprintf("stream-%d", n), Types: []string{"A"},
+		At: time.Now().UTC().Truncate(time.Microsecond), Reason: trigger.ReasonAppend,
+	}
+}
+
+func declare(t testing.TB, ch channel.Channel, names ...string) {
+	t.Helper()
+	require.NoError(t, ch.Declare(context.Background(), names...))
+}
+
+func testFanOut(t *testing.T, ch channel.Channel) {
+	declare(t, ch, "alpha", "beta.v2")
+	declare(t, ch, "alpha", "beta.v2") // idempotent
+	a, b := Consume(t, ch, "alpha"), Consume(t, ch, "beta.v2")
+	want := Trigger(1)
+	require.NoError(t, ch.Publish(context.Background(), want))
+	for _, msgs := range []<-chan *message.Message{a, b} {
+		got := Next(t, msgs)
+		require.Equal(t, want.Position, got.Position)
+		require.Equal(t, want.StreamID, got.StreamID)
+		require.Equal(t, want.Types, got.Types)
+		require.True(t, want.At.Equal(got.At))
+	}
+}
+
+func testAddressed(t *testing.T, ch channel.Channel) {
+	declare(t, ch, "alpha", "beta")
+	a, b := Consume(t, ch, "alpha"), Consume(t, ch, "beta")
+	only := Trigger(2)
+	only.Projection, only.Reason = "beta", trigger.ReasonReplay
+	require.NoError(t, ch.Publish(context.Background(), only))
+	got := Next(t, b)
+	require.Equal(t, "beta", got.Projection)
+	require.Equal(t, trigger.ReasonReplay, got.Reason)
+
+	// alpha gets nothing, or (on channels that cannot address one subscription) the same
+	// trigger addressed to beta, which its consumer ignores.
+	require.NoError(t, ch.Publish(context.Background(), Trigger(3)))
+	for {
+		tr := Next(t, a)
+		if tr.Projection == "" {
+			require.Equal(t, int64(3), tr.Position.GlobalPosition)
+			break
+		}
+		require.Equal(t, "beta", tr.Projection)
+	}
+}
+
+func testNack(t *testing.T, ch channel.Channel) {
+	declare(t, ch, "alpha")
+	msgs := Consume(t, ch, "alpha")
+	require.NoError(t, ch.Publish(context.Background(), Trigger(4)))
+	select {
+	case msg := <-msgs:
+		msg.Nack()
+	case <-time.After(15 * time.Second):
+		t.Fatal("no trigger arrived")
+	}
+	require.Equal(t, int64(4), Next(t, msgs).Position.GlobalPosition, "a nacked trigger comes back")
+}
+
+func testDurable(t *testing.T, ch channel.Channel) {
+	if !ch.Durable() {
+		t.Log("this channel keeps nothing for consumers that have not started: nothing to check")
+		return
+	}
+	declare(t, ch, "alpha", "beta")
+	require.NoError(t, ch.Publish(context.Background(), Trigger(5)))
+	require.Equal(t, int64(5), Next(t, Consume(t, ch, "alpha")).Position.GlobalPosition)
+	require.Equal(t, int64(5), Next(t, Consume(t, ch, "beta")).Position.GlobalPosition)
+}
+
+func testDeadLetters(t *testing.T, ch channel.Channel) {
+	declare(t, ch, "alpha")
+	sub, err := ch.DeadLetterSubscriber()
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	msgs, err := sub.Subscribe(ctx, ch.DeadLetterTopic())
+	require.NoError(t, err)
+	poisoned := message.NewMessage("poison-1", []byte("\x00 not a trigger"))
+	poisoned.Metadata.Set("reason_poisoned", "trigger: invalid trigger")
+	require.NoError(t, ch.Publisher().Publish(ch.DeadLetterTopic(), poisoned))
+	select {
+	case msg := <-msgs:
+		require.Equal(t, []byte("\x00 not a trigger"), []byte(msg.Payload))
+		require.Equal(t, "trigger: invalid trigger", msg.Metadata.Get("reason_poisoned"))
+		msg.Ack()
+	case <-time.After(15 * time.Second):
+		t.Fatal("the dead letter did not arrive")
+	}
+}
+
+func testMany(t *testing.T, ch channel.Channel) {
+	declare(t, ch, "alpha", "beta")
+	a, b := Consume(t, ch, "alpha"), Consume(t, ch, "beta")
+	const n = 200
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 4 {
+				if err := ch.Publish(context.Background(), Trigger(int64(100+i))); err != nil {
+					t.Errorf("publish: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	for _, msgs := range []<-chan *message.Message{a, b} {
+		seen := map[int64]bool{}
+		for len(seen) < n {
+			seen[Next(t, msgs).Position.GlobalPosition] = true
+		}
+	}
+	wg.Wait()
+}
+
+func testInvalidNames(t *testing.T, ch channel.Channel) {
+	for _, bad := range []string{"", "Bad", "x; DROP TABLE y", "a b", "amq.gen#"} {
+		require.ErrorIs(t, ch.Declare(context.Background(), bad), projection.ErrInvalidName, bad)
+		_, _, err := ch.Subscriber(bad)
+		require.ErrorIs(t, err, projection.ErrInvalidName, bad)
+	}
+	bad := Trigger(1)
+	bad.Projection = "x'y"
+	require.ErrorIs(t, ch.Publish(context.Background(), bad), projection.ErrInvalidName)
+}

@@ -1,0 +1,95 @@
+// Package gochannel is the in-process channel: Watermill's GoChannel, for the embedded demo and
+// fast tests. Nothing is durable: a trigger published while a projection has no running
+// consumer is lost (the worker's start-up catch-up and safety-net tick cover that).
+//
+// Every projection subscribes to the one trigger topic and gets its own copy of each trigger.
+// Triggers addressed to one projection reach all of them; the others ignore it. GoChannel
+// delivers concurrently; the projection runner serialises catch-ups itself.
+package gochannel
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/trigger"
+)
+
+// Channel is the GoChannel channel.
+type Channel struct {
+	pubsub *gochannel.GoChannel
+}
+
+var _ channel.Channel = (*Channel)(nil)
+
+// Config configures a Channel.
+type Config struct {
+	// Logger for Watermill. Defaults to no logging.
+	Logger watermill.LoggerAdapter
+	// OutputChannelBuffer is each subscription's buffer. Defaults to 64.
+	OutputChannelBuffer int64
+}
+
+// New returns a channel on a new GoChannel.
+func New(cfg Config) *Channel {
+	if cfg.OutputChannelBuffer == 0 {
+		cfg.OutputChannelBuffer = 64
+	}
+	return &Channel{pubsub: gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: cfg.OutputChannelBuffer}, cfg.Logger)}
+}
+
+// Declare implements channel.Channel. GoChannel has no topology; it only checks the names.
+func (c *Channel) Declare(_ context.Context, projections ...string) error {
+	for _, name := range projections {
+		if err := projection.ValidateName(name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Publish implements channel.Channel.
+func (c *Channel) Publish(ctx context.Context, t trigger.Trigger) error {
+	if t.Projection != "" {
+		if err := projection.ValidateName(t.Projection); err != nil {
+			return err
+		}
+	}
+	msg, err := trigger.NewMessage(t)
+	if err != nil {
+		return err
+	}
+	msg.SetContext(ctx)
+	if err := c.pubsub.Publish(channel.TriggerTopic, msg); err != nil {
+		return fmt.Errorf("gochannel: publish trigger: %w", err)
+	}
+	return nil
+}
+
+// Subscriber implements channel.Channel.
+func (c *Channel) Subscriber(name string) (message.Subscriber, string, error) {
+	if err := projection.ValidateName(name); err != nil {
+		return nil, "", err
+	}
+	return c.pubsub, channel.TriggerTopic, nil
+}
+
+// Publisher implements channel.Channel.
+func (c *Channel) Publisher() message.Publisher { return c.pubsub }
+
+// DeadLetterTopic implements channel.Channel.
+func (c *Channel) DeadLetterTopic() string { return channel.DeadLetterTopic }
+
+// DeadLetterSubscriber implements channel.Channel.
+func (c *Channel) DeadLetterSubscriber() (message.Subscriber, error) { return c.pubsub, nil }
+
+// Durable implements channel.Channel: GoChannel keeps nothing.
+func (c *Channel) Durable() bool { return false }
+
+// Close implements channel.Channel.
+func (c *Channel) Close() error { return c.pubsub.Close() }

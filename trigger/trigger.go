@@ -1,0 +1,202 @@
+// Package trigger defines nudge's trigger: the small message that tells a projection "something
+// happened, go look". A trigger carries no data a projection relies on — the projection reads
+// the event store from its own position — so a lost, duplicated, delayed or reordered trigger can
+// only delay a projection, never corrupt it.
+//
+// On the wire a trigger is versioned JSON, well under MaxSize bytes:
+//
+//	{"v":1,"pos":"7414/1203","stream":"ticket-42","types":["TicketWasRegistered"],"at":"2026-11-22T10:00:00Z","reason":"append"}
+//
+// Decode refuses anything else (unknown versions, malformed JSON, oversized payloads) with a
+// *DecodeError matching ErrInvalid: such a trigger can never succeed, so it is dead-lettered at
+// once rather than retried.
+package trigger
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/nudgeworks/nudge/eventstore"
+)
+
+// Version is the trigger format this package writes and reads.
+const Version = 1
+
+// MaxSize is the largest encoded trigger, in bytes. Encode drops the type list of a trigger that
+// would be larger (no list means "any type").
+const MaxSize = 1024
+
+// Reason says why a trigger was sent.
+type Reason string
+
+const (
+	// ReasonAppend: events were appended.
+	ReasonAppend Reason = "append"
+	// ReasonTick: the safety-net tick.
+	ReasonTick Reason = "tick"
+	// ReasonStartup: a worker started.
+	ReasonStartup Reason = "startup"
+	// ReasonReplay: an operator replayed a dead letter.
+	ReasonReplay Reason = "replay"
+)
+
+// Trigger is a nudge to catch up.
+type Trigger struct {
+	// Position is the position appended up to; zero when the trigger is not about an append.
+	Position eventstore.Position
+	// StreamID is the stream appended to, if one.
+	StreamID string
+	// Types are the event types appended; empty means any type.
+	Types []string
+	// At is when the trigger was made.
+	At time.Time
+	// Reason says why.
+	Reason Reason
+	// Projection, when set, addresses one projection only; others ignore the trigger.
+	Projection string
+}
+
+// ForAppend returns the trigger for an append's result.
+func ForAppend(res eventstore.AppendResult, at time.Time) Trigger {
+	t := Trigger{Position: res.Last(), Types: res.Types(), At: at, Reason: ReasonAppend}
+	if len(res.Events) > 0 {
+		t.StreamID = res.Events[0].StreamID
+	}
+	return t
+}
+
+// Concerns reports whether a projection handling types may have work because of t: true unless
+// t lists its types and none of them is one of the projection's.
+func (t Trigger) Concerns(types []string) bool {
+	if len(t.Types) == 0 {
+		return true
+	}
+	for _, typ := range t.Types {
+		if slices.Contains(types, typ) {
+			return true
+		}
+	}
+	return false
+}
+
+type wire struct {
+	V          *int      `json:"v"`
+	Pos        string    `json:"pos,omitempty"`
+	Stream     string    `json:"stream,omitempty"`
+	Types      []string  `json:"types,omitempty"`
+	At         time.Time `json:"at"`
+	Reason     Reason    `json:"reason,omitempty"`
+	Projection string    `json:"for,omitempty"`
+}
+
+// Encode returns t as JSON of at most MaxSize bytes.
+func (t Trigger) Encode() ([]byte, error) {
+	v := Version
+	w := wire{V: &v, Stream: t.StreamID, Types: t.Types, At: t.At.UTC(), Reason: t.Reason, Projection: t.Projection}
+	if !t.Position.IsZero() {
+		w.Pos = t.Position.String()
+	}
+	b, err := json.Marshal(w)
+	if err != nil {
+		return nil, fmt.Errorf("trigger: encode: %w", err)
+	}
+	if len(b) > MaxSize {
+		w.Types = nil // "any type" is always correct, only less precise
+		if b, err = json.Marshal(w); err != nil {
+			return nil, fmt.Errorf("trigger: encode: %w", err)
+		}
+	}
+	if len(b) > MaxSize {
+		return nil, fmt.Errorf("trigger: encoded trigger is %d bytes, more than %d", len(b), MaxSize)
+	}
+	return b, nil
+}
+
+var (
+	// ErrInvalid matches every trigger that cannot be decoded. It is permanent: retrying the same
+	// bytes cannot succeed.
+	ErrInvalid = errors.New("trigger: invalid trigger")
+	// ErrUnsupportedVersion matches a well-formed trigger of a version this build does not read.
+	// It also matches ErrInvalid.
+	ErrUnsupportedVersion = errors.New("trigger: unsupported trigger version")
+)
+
+// DecodeError says why bytes are not a trigger. It matches ErrInvalid, and ErrUnsupportedVersion
+// when that is the reason.
+type DecodeError struct {
+	Reason  string
+	Version int // the version found, when the reason is the version
+	Err     error
+}
+
+func (e *DecodeError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("trigger: invalid trigger: %s: %v", e.Reason, e.Err)
+	}
+	return "trigger: invalid trigger: " + e.Reason
+}
+
+// Is makes errors.Is match ErrInvalid, and ErrUnsupportedVersion for version errors.
+func (e *DecodeError) Is(target error) bool {
+	return target == ErrInvalid || (target == ErrUnsupportedVersion && e.Version != 0)
+}
+
+// Unwrap returns the underlying JSON or position error.
+func (e *DecodeError) Unwrap() error { return e.Err }
+
+// Decode parses an encoded trigger.
+func Decode(b []byte) (Trigger, error) {
+	if len(b) > MaxSize {
+		return Trigger{}, &DecodeError{Reason: fmt.Sprintf("%d bytes, more than the %d a trigger may have", len(b), MaxSize)}
+	}
+	var w wire
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&w); err != nil {
+		return Trigger{}, &DecodeError{Reason: "not a JSON trigger object", Err: err}
+	}
+	if dec.More() {
+		return Trigger{}, &DecodeError{Reason: "trailing data after the JSON object"}
+	}
+	switch {
+	case w.V == nil:
+		return Trigger{}, &DecodeError{Reason: `no version field "v"`}
+	case *w.V != Version:
+		return Trigger{}, &DecodeError{Reason: fmt.Sprintf("version %d; this build reads version %d", *w.V, Version), Version: *w.V}
+	}
+	t := Trigger{StreamID: w.Stream, Types: w.Types, At: w.At, Reason: w.Reason, Projection: w.Projection}
+	if w.Pos != "" {
+		p, err := eventstore.ParsePosition(w.Pos)
+		if err != nil {
+			return Trigger{}, &DecodeError{Reason: "bad position", Err: err}
+		}
+		t.Position = p
+	}
+	return t, nil
+}
+
+// MetadataKey is set on every trigger message, with the format version as value, so a consumer
+// can tell triggers from other messages before decoding.
+const MetadataKey = "nudge_trigger"
+
+// NewMessage returns t as a Watermill message with a new id.
+func NewMessage(t Trigger) (*message.Message, error) {
+	payload, err := t.Encode()
+	if err != nil {
+		return nil, err
+	}
+	msg := message.NewMessage(watermill.NewUUID(), payload)
+	msg.Metadata.Set(MetadataKey, fmt.Sprint(Version))
+	return msg, nil
+}
+
+// FromMessage decodes the trigger a message carries.
+func FromMessage(msg *message.Message) (Trigger, error) {
+	return Decode(msg.Payload)
+}

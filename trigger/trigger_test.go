@@ -1,0 +1,118 @@
+package trigger_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/trigger"
+)
+
+func TestRoundTrip(t *testing.T) {
+	t.Parallel()
+	in := trigger.Trigger{
+		Position: eventstore.Position{TransactionID: 7414, GlobalPosition: 1203},
+		StreamID: "ticket-42",
+		Types:    []string{"TicketWasRegistered", "TicketWasClosed"},
+		At:       time.Date(2026, 11, 22, 10, 0, 0, 123, time.UTC),
+		Reason:   trigger.ReasonAppend,
+	}
+	msg, err := trigger.NewMessage(in)
+	require.NoError(t, err)
+	require.Equal(t, "1", msg.Metadata.Get(trigger.MetadataKey))
+	require.Less(t, len(msg.Payload), 256, "a trigger is small")
+	out, err := trigger.FromMessage(msg)
+	require.NoError(t, err)
+	require.Equal(t, in, out)
+
+	empty, err := trigger.Decode([]byte(`{"v":1,"at":"2026-11-22T10:00:00Z","reason":"tick"}`))
+	require.NoError(t, err)
+	require.True(t, empty.Position.IsZero())
+	require.Equal(t, trigger.ReasonTick, empty.Reason)
+}
+
+func TestEncodeDropsTypesThatDoNotFit(t *testing.T) {
+	t.Parallel()
+	var types []string
+	for i := range 100 {
+		types = append(types, strings.Repeat("T", 20)+string(rune('a'+i%26)))
+	}
+	b, err := trigger.Trigger{Types: types, StreamID: strings.Repeat("s", 255)}.Encode()
+	require.NoError(t, err)
+	require.LessOrEqual(t, len(b), trigger.MaxSize)
+	got, err := trigger.Decode(b)
+	require.NoError(t, err)
+	require.Empty(t, got.Types, "no type list means any type")
+	require.True(t, got.Concerns([]string{"Anything"}))
+}
+
+func TestConcerns(t *testing.T) {
+	t.Parallel()
+	tr := trigger.Trigger{Types: []string{"A", "B"}}
+	require.True(t, tr.Concerns([]string{"B", "C"}))
+	require.False(t, tr.Concerns([]string{"C"}))
+	require.True(t, trigger.Trigger{}.Concerns([]string{"C"}))
+}
+
+func TestDecodeRefusesWithReasons(t *testing.T) {
+	t.Parallel()
+	cases := map[string]string{
+		"":                         "not a JSON trigger object",
+		"\x00\xff garbage":         "not a JSON trigger object",
+		`{"v":1,"pos":"7414/`:      "not a JSON trigger object",
+		`[1,2,3]`:                  "not a JSON trigger object",
+		`{"pos":"1/2"}`:            `no version field "v"`,
+		`{"v":2,"pos":"1/2"}`:      "version 2; this build reads version 1",
+		`{"v":"1"}`:                "not a JSON trigger object",
+		`{"v":1,"pos":"one/two"}`:  "bad position",
+		`{"v":1} {"v":1}`:          "trailing data",
+		`{"v":1,"at":"yesterday"}`: "not a JSON trigger object",
+		`{"v":1,"types":"A"}`:      "not a JSON trigger object",
+		`{"v":1,"stream":"` + strings.Repeat("x", trigger.MaxSize) + `"}`: "more than the 1024",
+	}
+	for in, reason := range cases {
+		_, err := trigger.Decode([]byte(in))
+		require.ErrorIs(t, err, trigger.ErrInvalid, in)
+		require.ErrorContains(t, err, reason, in)
+		var de *trigger.DecodeError
+		require.True(t, errors.As(err, &de), in)
+	}
+	_, err := trigger.Decode([]byte(`{"v":9}`))
+	require.ErrorIs(t, err, trigger.ErrUnsupportedVersion)
+	_, err = trigger.Decode([]byte(`{}`))
+	require.NotErrorIs(t, err, trigger.ErrUnsupportedVersion)
+}
+
+// FuzzDecode: no input crashes the decoder; whatever decodes encodes and decodes to the same
+// trigger; whatever fails, fails as ErrInvalid.
+func FuzzDecode(f *testing.F) {
+	f.Add([]byte(`{"v":1,"pos":"7414/1203","stream":"s","types":["A"],"at":"2026-11-22T10:00:00Z","reason":"append"}`))
+	f.Add([]byte(`{"v":1,"for":"ticket_list","reason":"replay","at":"2026-11-22T10:00:00Z"}`))
+	f.Add([]byte(`{"v":2}`))
+	f.Add([]byte(`{"v":1,"pos":"-1/2"}`))
+	f.Add([]byte("\x00\x01"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		tr, err := trigger.Decode(b)
+		if err != nil {
+			if !errors.Is(err, trigger.ErrInvalid) {
+				t.Fatalf("error %v does not match ErrInvalid", err)
+			}
+			return
+		}
+		again, err := tr.Encode()
+		if err != nil {
+			t.Fatalf("decoded trigger does not encode: %v", err)
+		}
+		back, err := trigger.Decode(again)
+		if err != nil {
+			t.Fatalf("re-encoded trigger does not decode: %v", err)
+		}
+		if !back.At.Equal(tr.At) || back.Position != tr.Position || back.StreamID != tr.StreamID || back.Projection != tr.Projection {
+			t.Fatalf("round trip changed the trigger: %+v → %+v", tr, back)
+		}
+	})
+}
