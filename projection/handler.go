@@ -54,6 +54,20 @@ func OnIdempotent[T any](eventType string, fn func(ctx context.Context, e Event[
 	}, fn == nil)}
 }
 
+// OnAnyIdempotent handles events of every type, with the raw event: a projection with such a
+// handler reads the whole store (no type filter), and handlers for specific types, if any, take
+// precedence for their types. Delivery is at-least-once, as with OnIdempotent.
+func OnAnyIdempotent(fn func(ctx context.Context, e eventstore.Event) error) Handler {
+	h := Handler{eventType: anyType}
+	if fn != nil {
+		h.handle = func(ctx context.Context, _ pgx.Tx, e eventstore.Event) error { return fn(ctx, e) }
+	}
+	return h
+}
+
+// anyType is the event type of an OnAnyIdempotent handler.
+const anyType = "*"
+
 func typed[T any](eventType string, fn func(context.Context, pgx.Tx, Event[T]) error, isNil bool) func(context.Context, pgx.Tx, eventstore.Event) error {
 	if isNil {
 		return nil

@@ -54,6 +54,7 @@ type Poller struct {
 	runner *Runner
 	cfg    PollerConfig
 	names  []string
+	wake   map[string]chan struct{}
 }
 
 // NewPoller returns a poller for the named projections of r (all of them when names is empty).
@@ -79,7 +80,11 @@ func NewPoller(r *Runner, cfg PollerConfig, names ...string) (*Poller, error) {
 			return nil, err
 		}
 	}
-	return &Poller{runner: r, cfg: cfg, names: names}, nil
+	wake := make(map[string]chan struct{}, len(names))
+	for _, name := range names {
+		wake[name] = make(chan struct{}, 1)
+	}
+	return &Poller{runner: r, cfg: cfg, names: names, wake: wake}, nil
 }
 
 func orDefault(d, def time.Duration) time.Duration {
@@ -104,6 +109,17 @@ func (p *Poller) Run(ctx context.Context) error {
 	return nil
 }
 
+// Wake makes every projection of the poller catch up now instead of at the end of its wait
+// (a failing projection too). It never blocks.
+func (p *Poller) Wake() {
+	for _, ch := range p.wake {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
 func (p *Poller) poll(ctx context.Context, name string) {
 	idle, failing := p.cfg.MinInterval, p.cfg.MinInterval
 	timer := time.NewTimer(0)
@@ -113,6 +129,8 @@ func (p *Poller) poll(ctx context.Context, name string) {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
+		case <-p.wake[name]:
+			timer.Stop()
 		}
 		res, err := p.runner.CatchUp(ctx, name)
 		if ctx.Err() != nil {

@@ -77,7 +77,8 @@ type Projection struct {
 	name          string
 	cfg           Config
 	handlers      map[string]Handler
-	types         []string
+	types         []string // nil: every type
+	anyHandler    *Handler
 	transactional bool
 }
 
@@ -104,6 +105,16 @@ func New(name string, cfg Config, handlers ...Handler) (*Projection, error) {
 	}
 	p := &Projection{name: name, cfg: cfg, handlers: make(map[string]Handler, len(handlers))}
 	for i, h := range handlers {
+		if h.eventType == anyType {
+			if h.handle == nil {
+				return nil, invalidConfig(name, "handler %d (any type) has a nil function", i)
+			}
+			if p.anyHandler != nil {
+				return nil, invalidConfig(name, "two handlers for any event type; combine them into one")
+			}
+			p.anyHandler = &handlers[i]
+			continue
+		}
 		if _, err := eventstore.ValidateReadOptions(eventstore.ReadOptions{Types: []string{h.eventType}}); err != nil {
 			return nil, invalidConfig(name, "handler %d: event type: %v", i, err)
 		}
@@ -118,13 +129,17 @@ func New(name string, cfg Config, handlers ...Handler) (*Projection, error) {
 		p.transactional = p.transactional || h.transactional
 	}
 	slices.Sort(p.types)
+	if p.anyHandler != nil {
+		p.types = nil // read every event
+	}
 	return p, nil
 }
 
 // Name returns the projection's name.
 func (p *Projection) Name() string { return p.name }
 
-// Types returns the event types the projection handles, sorted.
+// Types returns the event types the projection handles, sorted; nil when it handles every type
+// (it has an OnAnyIdempotent handler).
 func (p *Projection) Types() []string { return slices.Clone(p.types) }
 
 // Config returns the projection's configuration with defaults filled in.
@@ -139,7 +154,10 @@ func (p *Projection) Transactional() bool { return p.transactional }
 func (p *Projection) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
 	h, ok := p.handlers[e.Type]
 	if !ok {
-		return nil
+		if p.anyHandler == nil {
+			return nil
+		}
+		h = *p.anyHandler
 	}
 	if err := h.handle(ctx, tx, e); err != nil {
 		return &HandlerError{Projection: p.name, EventID: e.ID, EventType: e.Type, StreamID: e.StreamID, Position: e.Position, Err: err}

@@ -76,10 +76,10 @@ func newStatements(schema string) statements {
 			lag AS (
 				SELECT count(*) AS events, min(e.recorded_at) AS oldest FROM {events} e, h
 				WHERE (e.transaction_id, e.global_position) > ($1::xid8, $2::bigint) AND e.transaction_id < h.xmin
-					AND e.event_type = ANY($3::text[])
+					AND ($3::text[] IS NULL OR e.event_type = ANY($3::text[]))
 			),
 			held AS (
-				SELECT EXISTS (SELECT 1 FROM {events} e, h WHERE e.transaction_id >= h.xmin AND e.event_type = ANY($3::text[])) AS held
+				SELECT EXISTS (SELECT 1 FROM {events} e, h WHERE e.transaction_id >= h.xmin AND ($3::text[] IS NULL OR e.event_type = ANY($3::text[]))) AS held
 			)
 			SELECT coalesce((SELECT transaction_id FROM head), '0'::xid8), coalesce((SELECT global_position FROM head), 0),
 				lag.events, extract(epoch FROM clock_timestamp() - lag.oldest)::float8, held.held,

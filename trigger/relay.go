@@ -1,0 +1,151 @@
+package trigger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/projection"
+)
+
+// Publisher sends a trigger to projections; every channel.Channel is one.
+type Publisher interface {
+	Publish(ctx context.Context, t Trigger) error
+}
+
+// Defaults for RelayConfig.
+const (
+	// RelayNameDefault is the relay's projection name (its position and status row).
+	RelayNameDefault = "nudge-relay"
+	// RelayBatchSizeDefault is the most events one relay batch covers with one trigger.
+	RelayBatchSizeDefault = 1000
+	// RelayMinIntervalDefault is the relay's wait after it published.
+	RelayMinIntervalDefault = 5 * time.Millisecond
+	// RelayMaxIntervalDefault caps the relay's wait while nothing is appended.
+	RelayMaxIntervalDefault = 25 * time.Millisecond
+)
+
+// RelayConfig configures a Relay. Every field is optional.
+type RelayConfig struct {
+	// Name is the relay's projection name. Defaults to RelayNameDefault. Run one relay name per
+	// channel.
+	Name string
+	// BatchSize is the most events covered by one trigger. Defaults to RelayBatchSizeDefault.
+	BatchSize int
+	// MinInterval and MaxInterval bound the relay's polling: it waits MinInterval after work and
+	// doubles the wait while idle, up to MaxInterval, which bounds the latency an idle relay
+	// adds. Default to RelayMinIntervalDefault and RelayMaxIntervalDefault.
+	MinInterval, MaxInterval time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// BeforePublishFunc, if set, runs before each publish; tests use it to stop a process
+	// between an append's commit and the trigger's publish.
+	BeforePublishFunc func(t Trigger)
+}
+
+// Relay publishes triggers for appended events by tailing the event store from a durable
+// position of its own: it is a projection (status row, lag, lock) whose batches publish one
+// coalesced trigger for all the events they read, then commit the position. A trigger is
+// published before its position commits, so a crash between the two repeats a trigger, never
+// loses one: once an append commits, every projection eventually gets a trigger, even if the
+// appending process dies right after the commit. Appends pay nothing for it.
+//
+// Several relays with the same name (one per worker process, say) are safe: the projection
+// lock lets one publish a given batch.
+type Relay struct {
+	runner *projection.Runner
+	poller *projection.Poller
+	name   string
+}
+
+// NewRelay returns a relay that reads events through backend and publishes to pub.
+func NewRelay(backend projection.Backend, pub Publisher, cfg RelayConfig) (*Relay, error) {
+	if backend == nil || pub == nil {
+		return nil, fmt.Errorf("%w: NewRelay needs a projection backend and a publisher", projection.ErrInvalidConfig)
+	}
+	if cfg.Name == "" {
+		cfg.Name = RelayNameDefault
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = RelayBatchSizeDefault
+	}
+	if cfg.MinInterval == 0 {
+		cfg.MinInterval = RelayMinIntervalDefault
+	}
+	if cfg.MaxInterval == 0 {
+		cfg.MaxInterval = RelayMaxIntervalDefault
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	p, err := projection.New(cfg.Name, projection.Config{
+		BatchSize: cfg.BatchSize,
+		FlushFunc: func(ctx context.Context, fp projection.FlushParams) error {
+			t := coalesce(fp.Events)
+			if cfg.BeforePublishFunc != nil {
+				cfg.BeforePublishFunc(t)
+			}
+			if err := pub.Publish(ctx, t); err != nil {
+				return fmt.Errorf("relay: publish trigger up to %s: %w", t.Position, err)
+			}
+			return nil
+		},
+	}, projection.OnAnyIdempotent(func(context.Context, eventstore.Event) error { return nil }))
+	if err != nil {
+		return nil, err
+	}
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: cfg.Logger}, p)
+	if err != nil {
+		return nil, err
+	}
+	poller, err := projection.NewPoller(runner, projection.PollerConfig{
+		MinInterval: cfg.MinInterval, MaxInterval: cfg.MaxInterval, MaxFailureInterval: max(time.Second, cfg.MaxInterval),
+		Logger: cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{runner: runner, poller: poller, name: cfg.Name}, nil
+}
+
+// coalesce makes one trigger for a batch of events: the last position, every type, and the
+// stream when there is only one.
+func coalesce(events []eventstore.Event) Trigger {
+	last := events[len(events)-1]
+	t := Trigger{Position: last.Position, StreamID: last.StreamID, At: time.Now().UTC(), Reason: ReasonAppend}
+	for _, e := range events {
+		if !slices.Contains(t.Types, e.Type) {
+			t.Types = append(t.Types, e.Type)
+		}
+		if e.StreamID != t.StreamID {
+			t.StreamID = ""
+		}
+	}
+	slices.Sort(t.Types)
+	return t
+}
+
+// Run registers the relay and publishes until ctx ends.
+func (r *Relay) Run(ctx context.Context) error {
+	if err := r.runner.Init(ctx); err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	return r.poller.Run(ctx)
+}
+
+// Wake makes the relay look for new events now; an appender in the same process calls it
+// after a commit to cut the latency to a round trip. It never blocks.
+func (r *Relay) Wake() { r.poller.Wake() }
+
+// Status returns the relay's status: its position and lag behind the store.
+func (r *Relay) Status(ctx context.Context) (projection.Status, error) {
+	st, err := r.runner.Status(ctx, r.name)
+	if errors.Is(err, projection.ErrNotRegistered) {
+		return st, fmt.Errorf("relay %s has not run yet: %w", r.name, err)
+	}
+	return st, err
+}

@@ -1,0 +1,317 @@
+// Package worker runs projections from triggers: one Watermill handler per projection, each with
+// its own subscription, retries and dead letters, so a projection that fails forever never slows
+// another. Add the handlers to a router you own (Declare, AddHandlers, SafetyNet), or let Run do
+// everything with a router of its own.
+//
+// A handler never projects the message it got: a trigger only makes its projection catch up from
+// its own committed position. A trigger the projection has already passed (by position, or by
+// event types it does not handle) costs no read at all. Triggers that cannot be decoded are
+// dead-lettered at once; a projection whose handler keeps failing on an event is retried with
+// backoff and then dead-lettered; infrastructure errors (database down) and shutdowns are nacked
+// and come back.
+//
+// At start each projection catches up once without waiting for a trigger, and a safety-net tick
+// catches every projection up periodically, so a lost trigger costs latency, never data.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/trigger"
+)
+
+// Defaults for Config.
+const (
+	// SafetyNetIntervalDefault is how often every projection catches up without a trigger.
+	SafetyNetIntervalDefault = 30 * time.Second
+	// MaxRetriesDefault is how often a failing trigger is retried before it is dead-lettered.
+	MaxRetriesDefault = 5
+	// RetryInitialIntervalDefault is the first wait between retries; it doubles each time.
+	RetryInitialIntervalDefault = 200 * time.Millisecond
+	// RetryMaxIntervalDefault caps the wait between retries.
+	RetryMaxIntervalDefault = 5 * time.Second
+	// CloseTimeoutDefault bounds how long Run waits for handlers in flight at shutdown.
+	CloseTimeoutDefault = 30 * time.Second
+)
+
+// Config configures a Worker.
+type Config struct {
+	// Runner runs the projections. Required.
+	Runner *projection.Runner
+	// Channel carries the triggers. Required.
+	Channel channel.Channel
+	// Projections are the names to run. Defaults to all of the runner's.
+	Projections []string
+	// Logger defaults to slog.Default(). Every line about a projection carries its name.
+	Logger *slog.Logger
+	// SafetyNetInterval is how often every projection catches up without a trigger. Defaults to
+	// SafetyNetIntervalDefault; a negative value turns the tick off (start-up catch-up stays).
+	SafetyNetInterval time.Duration
+	// MaxRetries, RetryInitialInterval and RetryMaxInterval set the backoff for a failing
+	// trigger before it is dead-lettered. Default to the constants above. Keep the total below
+	// the channel's ack deadline.
+	MaxRetries           int
+	RetryInitialInterval time.Duration
+	RetryMaxInterval     time.Duration
+	// CloseTimeout bounds Run's wait for handlers in flight at shutdown. Defaults to
+	// CloseTimeoutDefault.
+	CloseTimeout time.Duration
+}
+
+// Worker runs projections from triggers.
+type Worker struct {
+	cfg     Config
+	names   []string
+	logger  *slog.Logger
+	stats   map[string]*counters
+	running chan struct{}
+}
+
+// New returns a worker. It connects to nothing until Run or Declare.
+func New(cfg Config) (*Worker, error) {
+	if cfg.Runner == nil || cfg.Channel == nil {
+		return nil, fmt.Errorf("%w: worker.New needs a Runner and a Channel", projection.ErrInvalidConfig)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.SafetyNetInterval == 0 {
+		cfg.SafetyNetInterval = SafetyNetIntervalDefault
+	}
+	if cfg.MaxRetries == 0 {
+		cfg.MaxRetries = MaxRetriesDefault
+	}
+	if cfg.RetryInitialInterval == 0 {
+		cfg.RetryInitialInterval = RetryInitialIntervalDefault
+	}
+	if cfg.RetryMaxInterval == 0 {
+		cfg.RetryMaxInterval = RetryMaxIntervalDefault
+	}
+	if cfg.CloseTimeout == 0 {
+		cfg.CloseTimeout = CloseTimeoutDefault
+	}
+	if cfg.MaxRetries < 0 || cfg.RetryInitialInterval < 0 || cfg.RetryMaxInterval < cfg.RetryInitialInterval || cfg.CloseTimeout < 0 {
+		return nil, fmt.Errorf("%w: worker retries: need MaxRetries >= 0 and 0 <= RetryInitialInterval <= RetryMaxInterval (got %d, %s, %s)",
+			projection.ErrInvalidConfig, cfg.MaxRetries, cfg.RetryInitialInterval, cfg.RetryMaxInterval)
+	}
+	names := cfg.Projections
+	if len(names) == 0 {
+		names = cfg.Runner.Names()
+	}
+	w := &Worker{cfg: cfg, names: slices.Clone(names), logger: cfg.Logger, stats: make(map[string]*counters, len(names)),
+		running: make(chan struct{})}
+	for _, name := range names {
+		if _, err := cfg.Runner.Projection(name); err != nil {
+			return nil, err
+		}
+		w.stats[name] = &counters{}
+	}
+	return w, nil
+}
+
+// Stats counts what one projection's handler did with its triggers.
+type Stats struct {
+	// Received counts triggers delivered to the handler (redeliveries included).
+	Received int64
+	// Redundant counts triggers for positions or types the projection had already passed: they
+	// cost no read.
+	Redundant int64
+	// Ignored counts triggers addressed to another projection.
+	Ignored int64
+	// Invalid counts triggers that could not be decoded (dead-lettered at once).
+	Invalid int64
+	// CatchUps counts catch-ups run for triggers, at start-up and by the safety net.
+	CatchUps int64
+	// Failures counts catch-ups that returned an error.
+	Failures int64
+}
+
+type counters struct {
+	received, redundant, ignored, invalid, catchUps, failures atomic.Int64
+}
+
+// Stats returns the counters of the named projection's handler.
+func (w *Worker) Stats(name string) Stats {
+	c, ok := w.stats[name]
+	if !ok {
+		return Stats{}
+	}
+	return Stats{Received: c.received.Load(), Redundant: c.redundant.Load(), Ignored: c.ignored.Load(),
+		Invalid: c.invalid.Load(), CatchUps: c.catchUps.Load(), Failures: c.failures.Load()}
+}
+
+// Declare creates the projections' subscriptions on the channel, so no trigger published after
+// it returns is lost. Run calls it; call it yourself when you use AddHandlers.
+func (w *Worker) Declare(ctx context.Context) error {
+	if err := w.cfg.Channel.Declare(ctx, w.names...); err != nil {
+		return fmt.Errorf("worker: declare subscriptions: %w", err)
+	}
+	return nil
+}
+
+// AddHandlers adds one handler per projection to router, each consuming the projection's own
+// subscription, with handler-level middleware: dead-lettering outermost, then retries, then
+// panic recovery (a router-level Recoverer would turn a panic into an endless redelivery loop).
+func (w *Worker) AddHandlers(router *message.Router) error {
+	pub := w.cfg.Channel.Publisher()
+	poison, err := middleware.PoisonQueueWithFilter(pub, w.cfg.Channel.DeadLetterTopic(), isPoison)
+	if err != nil {
+		return fmt.Errorf("worker: dead-letter middleware: %w", err)
+	}
+	retry := middleware.Retry{
+		MaxRetries:      w.cfg.MaxRetries,
+		InitialInterval: w.cfg.RetryInitialInterval,
+		MaxInterval:     w.cfg.RetryMaxInterval,
+		Multiplier:      2,
+		ShouldRetry: func(p middleware.RetryParams) bool {
+			return !errors.Is(p.Err, trigger.ErrInvalid) && !errors.Is(p.Err, context.Canceled)
+		},
+		Logger: watermill.NewSlogLogger(w.logger),
+	}
+	for _, name := range w.names {
+		sub, topic, err := w.cfg.Channel.Subscriber(name)
+		if err != nil {
+			return fmt.Errorf("worker: subscriber of %s: %w", name, err)
+		}
+		h := router.AddConsumerHandler("nudge."+name, topic, sub, w.handler(name))
+		h.AddMiddleware(poison, retry.Middleware, middleware.Recoverer)
+	}
+	return nil
+}
+
+// isPoison says which errors dead-letter a trigger (after retries): undecodable triggers,
+// handler failures and panics. Everything else — a database or broker that is down, a shutdown —
+// is nacked, so the trigger comes back.
+func isPoison(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var panicked middleware.RecoveredPanicError
+	return errors.Is(err, trigger.ErrInvalid) || errors.Is(err, projection.ErrHandler) || errors.As(err, &panicked)
+}
+
+func (w *Worker) handler(name string) message.NoPublishHandlerFunc {
+	c := w.stats[name]
+	p, _ := w.cfg.Runner.Projection(name) // checked in New
+	log := w.logger.With(slog.String("projection", name))
+	return func(msg *message.Message) error {
+		c.received.Add(1)
+		t, err := trigger.FromMessage(msg)
+		if err != nil {
+			c.invalid.Add(1)
+			log.WarnContext(msg.Context(), "dead-lettering a trigger that cannot be decoded",
+				slog.String("message_uuid", msg.UUID), slog.Any("error", err))
+			return err
+		}
+		if t.Projection != "" && t.Projection != name {
+			c.ignored.Add(1)
+			return nil
+		}
+		if t.Reason == trigger.ReasonAppend && !t.Position.IsZero() &&
+			(!w.cfg.Runner.CommittedPosition(name).Less(t.Position) || !t.Concerns(p.Types())) {
+			c.redundant.Add(1)
+			return nil
+		}
+		return w.catchUp(msg.Context(), name, log)
+	}
+}
+
+func (w *Worker) catchUp(ctx context.Context, name string, log *slog.Logger) error {
+	c := w.stats[name]
+	c.catchUps.Add(1)
+	res, err := w.cfg.Runner.CatchUp(ctx, name)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.failures.Add(1)
+		}
+		return err
+	}
+	if res.Events > 0 {
+		log.DebugContext(ctx, "projection caught up", slog.Int("events", res.Events), slog.String("position", res.Position.String()))
+	}
+	return nil
+}
+
+// SafetyNet catches every projection up once now, then every SafetyNetInterval, until ctx
+// ends. Projections run on goroutines of their own, so a slow or failing one does not delay
+// the others. Run calls it; call it yourself when you use AddHandlers.
+func (w *Worker) SafetyNet(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, name := range w.names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			log := w.logger.With(slog.String("projection", name))
+			var tick <-chan time.Time
+			if w.cfg.SafetyNetInterval > 0 {
+				ticker := time.NewTicker(w.cfg.SafetyNetInterval)
+				defer ticker.Stop()
+				tick = ticker.C
+			}
+			for {
+				if err := w.catchUp(ctx, name, log); err != nil && ctx.Err() == nil && !errors.Is(err, projection.ErrHandler) {
+					log.ErrorContext(ctx, "safety-net catch-up failed", slog.Any("error", err))
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick:
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// Running is closed once Run's handlers are subscribed: from then on no trigger is missed,
+// even on channels that keep nothing for absent consumers.
+func (w *Worker) Running() <-chan struct{} { return w.running }
+
+// Run declares the subscriptions, runs the handlers on a router of its own and the safety net,
+// until ctx ends; then it stops the router (handlers in flight finish or roll back, within
+// CloseTimeout) and returns.
+func (w *Worker) Run(ctx context.Context) error {
+	if err := w.Declare(ctx); err != nil {
+		return err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: w.cfg.CloseTimeout}, watermill.NewSlogLogger(w.logger))
+	if err != nil {
+		return fmt.Errorf("worker: router: %w", err)
+	}
+	if err := w.AddHandlers(router); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-router.Running():
+			close(w.running)
+			w.SafetyNet(ctx)
+		case <-ctx.Done():
+		}
+	}()
+	err = router.Run(ctx)
+	cancel()
+	wg.Wait()
+	if err != nil {
+		return fmt.Errorf("worker: router: %w", err)
+	}
+	return nil
+}

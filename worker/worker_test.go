@@ -1,0 +1,302 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/channel/gochannel"
+	"github.com/nudgeworks/nudge/eventstore"
+	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/projection"
+	pgproj "github.com/nudgeworks/nudge/projection/postgres"
+	"github.com/nudgeworks/nudge/projection/projectiontest"
+	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/worker"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// pgx pools and watermill's GoChannel close asynchronously after the tests that own them.
+		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+		goleak.IgnoreTopFunction("time.Sleep"),
+	)
+}
+
+// channels are the backends the worker tests run on, with how appends publish triggers.
+var channels = map[string]func(t *testing.T, s *setup) channel.Channel{
+	"gochannel": func(*testing.T, *setup) channel.Channel { return gochannel.New(gochannel.Config{}) },
+}
+
+// setup is a PostgreSQL store and projection backend on a database of the test's own.
+type setup struct {
+	db      *pgtest.DB
+	store   *espg.Store
+	backend *pgproj.Backend
+	logger  *slog.Logger
+}
+
+func newSetup(t *testing.T) *setup {
+	t.Helper()
+	db := pgtest.New(t)
+	store, err := espg.New(db.Pool, espg.Config{})
+	require.NoError(t, err)
+	backend, err := pgproj.New(db.Pool, store)
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, store.Migrate(ctx))
+	require.NoError(t, backend.Migrate(ctx))
+	return &setup{db: db, store: store, backend: backend, logger: slog.New(slog.DiscardHandler)}
+}
+
+// model is a projection that records every event in a table of its own, once.
+func (s *setup) model(t *testing.T, name string, fail func(n int) error) *projection.Projection {
+	t.Helper()
+	table := pgx.Identifier{name + "_model"}.Sanitize()
+	p, err := projection.New(name, projection.Config{
+		InitFunc: func(ctx context.Context, p projection.HookParams) error {
+			_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (n int PRIMARY KEY, times int NOT NULL)`)
+			return err
+		},
+	}, projection.On("A", func(ctx context.Context, tx pgx.Tx, e projection.Event[projectiontest.Payload]) error {
+		if fail != nil {
+			if err := fail(e.Data.N); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1, 1) ON CONFLICT (n) DO UPDATE SET times = `+table+`.times + 1`, e.Data.N)
+		return err
+	}))
+	require.NoError(t, err)
+	return p
+}
+
+func (s *setup) count(t testing.TB, name string) (rows, wrong int) {
+	t.Helper()
+	table := pgx.Identifier{name + "_model"}.Sanitize()
+	require.NoError(t, s.db.Pool.QueryRow(context.Background(),
+		`SELECT count(*), count(*) FILTER (WHERE times <> 1) FROM `+table).Scan(&rows, &wrong))
+	return rows, wrong
+}
+
+func (s *setup) has(t testing.TB, name string, n int) bool {
+	t.Helper()
+	var ok bool
+	require.NoError(t, s.db.Pool.QueryRow(context.Background(),
+		`SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{name + "_model"}.Sanitize()+` WHERE n = $1)`, n).Scan(&ok))
+	return ok
+}
+
+// start runs a worker and a relay publishing to ch until the test ends.
+func (s *setup) start(t *testing.T, ch channel.Channel, cfg worker.Config, projections ...*projection.Projection) *worker.Worker {
+	t.Helper()
+	runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, projections...)
+	require.NoError(t, err)
+	require.NoError(t, runner.Init(context.Background()))
+	cfg.Runner, cfg.Channel, cfg.Logger = runner, ch, s.logger
+	w, err := worker.New(cfg)
+	require.NoError(t, err)
+	relay, err := trigger.NewRelay(s.backend, ch, trigger.RelayConfig{Logger: s.logger})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); require.NoError(t, w.Run(ctx)) }()
+	go func() { defer wg.Done(); require.NoError(t, relay.Run(ctx)) }()
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		require.NoError(t, ch.Close())
+	})
+	select {
+	case <-w.Running():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker did not start within 30 s")
+	}
+	return w
+}
+
+// TestEndToEnd: append → relay → trigger → catch-up → read model, two projections at once, on
+// every channel; each event applied once.
+func TestEndToEnd(t *testing.T) {
+	t.Parallel()
+	for name, newChannel := range channels {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := newSetup(t)
+			ch := newChannel(t, s)
+			w := s.start(t, ch, worker.Config{SafetyNetInterval: -1}, s.model(t, "alpha", nil), s.model(t, "beta", nil))
+
+			// Appends after the worker runs, from several writers, reach both read models
+			// through triggers alone (the safety net is off).
+			var wg sync.WaitGroup
+			for writer := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range 50 {
+						n := writer*1000 + i
+						_, err := s.store.Append(context.Background(), fmt.Sprintf("s-%d", writer), eventstore.Any, storeEvent(n))
+						if err != nil {
+							t.Errorf("append: %v", err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			for _, p := range []string{"alpha", "beta"} {
+				require.Eventually(t, func() bool { rows, _ := s.count(t, p); return rows == 200 }, 30*time.Second, 10*time.Millisecond, p)
+				_, wrong := s.count(t, p)
+				require.Zero(t, wrong, "%s applied an event twice", p)
+				st := w.Stats(p)
+				require.Positive(t, st.Received)
+				require.Positive(t, st.CatchUps)
+				require.LessOrEqual(t, st.CatchUps, st.Received+1, "one catch-up at start, then at most one per trigger")
+			}
+		})
+	}
+}
+
+func storeEvent(n int) eventstore.EventData {
+	data, err := eventstore.NewEventData("A", projectiontest.Payload{N: n})
+	if err != nil {
+		panic(err)
+	}
+	return data
+}
+
+// TestIsolation: projection A fails on every event and retries with a 5 s backoff; B keeps
+// projecting every event, each within 2 s of its append.
+func TestIsolation(t *testing.T) {
+	t.Parallel()
+	for name, newChannel := range channels {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := newSetup(t)
+			ch := newChannel(t, s)
+			broken := errors.New("A is broken")
+			var attempts atomic.Int64
+			w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, MaxRetries: 3, RetryInitialInterval: 5 * time.Second, RetryMaxInterval: 10 * time.Second},
+				s.model(t, "failing-a", func(int) error { attempts.Add(1); return broken }), s.model(t, "healthy-b", nil))
+
+			_, err := s.store.Append(context.Background(), "s", eventstore.Any, storeEvent(0))
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return attempts.Load() >= 2 }, 20*time.Second, 10*time.Millisecond, "A is failing and retrying")
+
+			var worst time.Duration
+			for n := 1; n <= 10; n++ {
+				start := time.Now()
+				_, err := s.store.Append(context.Background(), "s", eventstore.Any, storeEvent(n))
+				require.NoError(t, err)
+				require.Eventually(t, func() bool { return s.has(t, "healthy-b", n) }, 10*time.Second, 2*time.Millisecond)
+				worst = max(worst, time.Since(start))
+			}
+			t.Logf("while A was failing, B's slowest event took %s from append to read model", worst)
+			require.Less(t, worst, 2*time.Second, "A's failures must not hold B back")
+			rows, _ := s.count(t, "failing-a")
+			require.Zero(t, rows)
+			require.Positive(t, w.Stats("failing-a").Failures)
+		})
+	}
+}
+
+// droppingChannel loses every trigger published through Publish.
+type droppingChannel struct {
+	channel.Channel
+	dropped atomic.Int64
+}
+
+func (d *droppingChannel) Publish(context.Context, trigger.Trigger) error {
+	d.dropped.Add(1)
+	return nil
+}
+
+// TestLostTriggers: with every trigger lost, the start-up catch-up and the safety-net tick
+// still bring the read model up to date.
+func TestLostTriggers(t *testing.T) {
+	t.Parallel()
+	for name, newChannel := range channels {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := newSetup(t)
+			for n := range 20 {
+				_, err := s.store.Append(context.Background(), "before", eventstore.Any, storeEvent(n))
+				require.NoError(t, err)
+			}
+			ch := &droppingChannel{Channel: newChannel(t, s)}
+			s.start(t, ch, worker.Config{SafetyNetInterval: 200 * time.Millisecond}, s.model(t, "alpha", nil))
+			require.Eventually(t, func() bool { rows, _ := s.count(t, "alpha"); return rows == 20 }, 20*time.Second, 10*time.Millisecond,
+				"the start-up catch-up handles what was appended before the worker ran")
+
+			for n := 20; n < 40; n++ {
+				_, err := s.store.Append(context.Background(), "after", eventstore.Any, storeEvent(n))
+				require.NoError(t, err)
+			}
+			require.Eventually(t, func() bool { rows, _ := s.count(t, "alpha"); return rows == 40 }, 20*time.Second, 10*time.Millisecond,
+				"the safety net handles appends whose triggers were lost")
+			require.Positive(t, ch.dropped.Load())
+		})
+	}
+}
+
+// TestMalformedTriggersAreDeadLettered: garbage and unknown versions go to the dead letters at
+// once, with the reason, and the consumer keeps consuming.
+func TestMalformedTriggersAreDeadLettered(t *testing.T) {
+	t.Parallel()
+	for name, newChannel := range channels {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := newSetup(t)
+			ch := newChannel(t, s)
+			dlSub, err := ch.DeadLetterSubscriber()
+			require.NoError(t, err)
+			require.NoError(t, ch.Declare(context.Background(), "alpha"))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			deadLetters, err := dlSub.Subscribe(ctx, ch.DeadLetterTopic())
+			require.NoError(t, err)
+			w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, RetryInitialInterval: time.Minute, RetryMaxInterval: time.Minute},
+				s.model(t, "alpha", nil))
+
+			_, topic, err := ch.Subscriber("alpha")
+			require.NoError(t, err)
+			garbage := message.NewMessage("garbage-1", []byte("\x00\xff not json"))
+			future := message.NewMessage("future-1", []byte(`{"v":99,"pos":"1/1"}`))
+			require.NoError(t, ch.Publisher().Publish(topic, garbage))
+			require.NoError(t, ch.Publisher().Publish(topic, future))
+
+			reasons := map[string]string{}
+			for len(reasons) < 2 {
+				select {
+				case msg := <-deadLetters:
+					reasons[msg.UUID] = msg.Metadata.Get(middleware.ReasonForPoisonedKey)
+					msg.Ack()
+				case <-time.After(20 * time.Second):
+					t.Fatalf("dead letters so far: %v", reasons)
+				}
+			}
+			require.Contains(t, reasons["garbage-1"], "not a JSON trigger object")
+			require.Contains(t, reasons["future-1"], "version 99")
+			require.Equal(t, int64(2), w.Stats("alpha").Invalid, "dead-lettered at once: retries would take minutes")
+
+			_, err = s.store.Append(context.Background(), "s", eventstore.Any, storeEvent(1))
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return s.has(t, "alpha", 1) }, 20*time.Second, 10*time.Millisecond, "the consumer keeps consuming")
+		})
+	}
+}
