@@ -300,3 +300,72 @@ func TestMalformedTriggersAreDeadLettered(t *testing.T) {
 		})
 	}
 }
+
+// TestGracefulShutdown: stopping the worker while a catch-up is in flight rolls the batch back,
+// records no failure and dead-letters nothing; Run returns promptly and leaks no goroutine
+// (TestMain checks).
+func TestGracefulShutdown(t *testing.T) {
+	t.Parallel()
+	for name, newChannel := range channels {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := newSetup(t)
+			ch := newChannel(t, s)
+			require.NoError(t, ch.Declare(context.Background(), "slow"))
+			dlSub, err := ch.DeadLetterSubscriber()
+			require.NoError(t, err)
+			dlCtx, dlCancel := context.WithCancel(context.Background())
+			defer dlCancel()
+			deadLetters, err := dlSub.Subscribe(dlCtx, ch.DeadLetterTopic())
+			require.NoError(t, err)
+
+			inHandler := make(chan struct{})
+			var once sync.Once
+			slow, err := projection.New("slow", projection.Config{}, projection.On("A",
+				func(ctx context.Context, _ pgx.Tx, _ projection.Event[projectiontest.Payload]) error {
+					once.Do(func() { close(inHandler) })
+					<-ctx.Done() // a handler that only stops when the worker does
+					return ctx.Err()
+				}))
+			require.NoError(t, err)
+			runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, slow)
+			require.NoError(t, err)
+			require.NoError(t, runner.Init(context.Background()))
+			w, err := worker.New(worker.Config{Runner: runner, Channel: ch, Logger: s.logger, SafetyNetInterval: -1, CloseTimeout: 10 * time.Second})
+			require.NoError(t, err)
+
+			_, err = s.store.Append(context.Background(), "s", eventstore.Any, storeEvent(1))
+			require.NoError(t, err)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- w.Run(ctx) }()
+			select {
+			case <-inHandler:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the start-up catch-up never reached the handler")
+			}
+			// A trigger arrives too: its handler waits for the projection's lock.
+			require.NoError(t, ch.Publish(context.Background(), trigger.Trigger{Reason: trigger.ReasonTick, At: time.Now()}))
+			require.Eventually(t, func() bool { return w.Stats("slow").Received == 1 }, 20*time.Second, 5*time.Millisecond)
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(15 * time.Second):
+				t.Fatal("Run did not return after its context ended")
+			}
+
+			st, err := runner.Status(context.Background(), "slow")
+			require.NoError(t, err)
+			require.Equal(t, projection.StateRunning, st.State, "a shutdown is not a failure")
+			require.True(t, st.Position.IsZero(), "the batch in flight rolled back")
+			require.Zero(t, st.Attempts)
+			select {
+			case msg := <-deadLetters:
+				t.Fatalf("dead-lettered on shutdown: %s", msg.Metadata.Get(middleware.ReasonForPoisonedKey))
+			default:
+			}
+			require.NoError(t, ch.Close())
+		})
+	}
+}
