@@ -72,10 +72,10 @@ func ForAppend(res eventstore.AppendResult, at time.Time) Trigger {
 	return t
 }
 
-// Concerns reports whether a projection handling types may have work because of t: true unless
-// t lists its types and none of them is one of the projection's.
+// Concerns reports whether a projection handling types (nil: every type) may have work
+// because of t: true unless both list types and none of t's is one of the projection's.
 func (t Trigger) Concerns(types []string) bool {
-	if len(t.Types) == 0 {
+	if len(t.Types) == 0 || types == nil {
 		return true
 	}
 	for _, typ := range t.Types {

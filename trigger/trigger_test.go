@@ -56,6 +56,7 @@ func TestConcerns(t *testing.T) {
 	require.True(t, tr.Concerns([]string{"B", "C"}))
 	require.False(t, tr.Concerns([]string{"C"}))
 	require.True(t, trigger.Trigger{}.Concerns([]string{"C"}))
+	require.True(t, tr.Concerns(nil), "a projection of every type is concerned by everything")
 }
 
 func TestDecodeRefusesWithReasons(t *testing.T) {

@@ -37,8 +37,8 @@ func TestMain(m *testing.M) {
 }
 
 // channels are the backends the worker tests run on, with how appends publish triggers.
-var channels = map[string]func(t *testing.T, s *setup) channel.Channel{
-	"gochannel": func(*testing.T, *setup) channel.Channel { return gochannel.New(gochannel.Config{}) },
+var channels = map[string]func(t testing.TB, s *setup) channel.Channel{
+	"gochannel": func(testing.TB, *setup) channel.Channel { return gochannel.New(gochannel.Config{}) },
 }
 
 // setup is a PostgreSQL store and projection backend on a database of the test's own.
@@ -49,7 +49,7 @@ type setup struct {
 	logger  *slog.Logger
 }
 
-func newSetup(t *testing.T) *setup {
+func newSetup(t testing.TB) *setup {
 	t.Helper()
 	db := pgtest.New(t)
 	store, err := espg.New(db.Pool, espg.Config{})
@@ -63,7 +63,7 @@ func newSetup(t *testing.T) *setup {
 }
 
 // model is a projection that records every event in a table of its own, once.
-func (s *setup) model(t *testing.T, name string, fail func(n int) error) *projection.Projection {
+func (s *setup) model(t testing.TB, name string, fail func(n int) error) *projection.Projection {
 	t.Helper()
 	table := pgx.Identifier{name + "_model"}.Sanitize()
 	p, err := projection.New(name, projection.Config{
@@ -101,7 +101,7 @@ func (s *setup) has(t testing.TB, name string, n int) bool {
 }
 
 // start runs a worker and a relay publishing to ch until the test ends.
-func (s *setup) start(t *testing.T, ch channel.Channel, cfg worker.Config, projections ...*projection.Projection) *worker.Worker {
+func (s *setup) start(t testing.TB, ch channel.Channel, cfg worker.Config, projections ...*projection.Projection) *worker.Worker {
 	t.Helper()
 	runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, projections...)
 	require.NoError(t, err)
