@@ -79,7 +79,7 @@ func (l *latencies) complete() bool {
 
 func liveLatency(b *testing.B, channelName string, count int) {
 	s := newSetup(b)
-	ch := channels[channelName](b, s)
+	ch := s.newChannel(b, channels[channelName])
 	lat := &latencies{committed: map[int]time.Time{}, handled: map[string]map[int]time.Time{}}
 	var ps []*projection.Projection
 	for i := range count {
@@ -111,11 +111,7 @@ func liveLatency(b *testing.B, channelName string, count int) {
 			for i := 0; time.Now().Before(deadline); i++ {
 				<-tick.C
 				n := w*10_000_000 + i
-				_, err := s.store.Append(context.Background(), fmt.Sprintf("stream-%d", n%streams), eventstore.Any, storeEvent(n))
-				if err != nil {
-					b.Errorf("append: %v", err)
-					return
-				}
+				s.append(b, fmt.Sprintf("stream-%d", n%streams), storeEvent(n))
 				lat.mu.Lock()
 				lat.committed[n] = time.Now()
 				lat.mu.Unlock()

@@ -29,6 +29,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/trigger"
 )
@@ -45,6 +46,8 @@ const (
 	RetryMaxIntervalDefault = 5 * time.Second
 	// CloseTimeoutDefault bounds how long Run waits for handlers in flight at shutdown.
 	CloseTimeoutDefault = 30 * time.Second
+	// HorizonWaitDefault bounds a handler's wait for a trigger's position to become readable.
+	HorizonWaitDefault = 2 * time.Second
 )
 
 // Config configures a Worker.
@@ -69,7 +72,23 @@ type Config struct {
 	// CloseTimeout bounds Run's wait for handlers in flight at shutdown. Defaults to
 	// CloseTimeoutDefault.
 	CloseTimeout time.Duration
+	// Store, if set, lets a handler wait (up to HorizonWait) until the event store can read up
+	// to the trigger's position before it catches up. Set it when triggers are published in the
+	// append's transaction (trigger.Appender with the PostgreSQL-queue channel): such a trigger
+	// can arrive while an older transaction still holds the store's readers back. Triggers from
+	// a trigger.Relay never need it.
+	Store interface {
+		Head(ctx context.Context) (eventstore.Position, error)
+	}
+	// HorizonWait bounds that wait. Defaults to HorizonWaitDefault. If the position is still not
+	// readable, the handler catches up what it can and returns an error, so the trigger is
+	// retried and then nacked, never acked with work left behind.
+	HorizonWait time.Duration
 }
+
+// ErrNotReadableYet reports a trigger whose position the event store cannot read yet because an
+// older transaction is still open; the trigger is retried, never dead-lettered.
+var ErrNotReadableYet = errors.New("worker: the trigger's events are not readable yet (an open transaction holds the store's readers back)")
 
 // Worker runs projections from triggers.
 type Worker struct {
@@ -102,6 +121,9 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.CloseTimeout == 0 {
 		cfg.CloseTimeout = CloseTimeoutDefault
+	}
+	if cfg.HorizonWait == 0 {
+		cfg.HorizonWait = HorizonWaitDefault
 	}
 	if cfg.MaxRetries < 0 || cfg.RetryInitialInterval < 0 || cfg.RetryMaxInterval < cfg.RetryInitialInterval || cfg.CloseTimeout < 0 {
 		return nil, fmt.Errorf("%w: worker retries: need MaxRetries >= 0 and 0 <= RetryInitialInterval <= RetryMaxInterval (got %d, %s, %s)",
@@ -225,7 +247,45 @@ func (w *Worker) handler(name string) message.NoPublishHandlerFunc {
 			c.redundant.Add(1)
 			return nil
 		}
-		return w.catchUp(msg.Context(), name, log)
+		readable, err := w.waitReadable(msg.Context(), t.Position)
+		if err != nil {
+			return err
+		}
+		if err := w.catchUp(msg.Context(), name, log); err != nil {
+			return err
+		}
+		if !readable {
+			return fmt.Errorf("projection %s: trigger at %s: %w", name, t.Position, ErrNotReadableYet)
+		}
+		return nil
+	}
+}
+
+// waitReadable waits, up to HorizonWait, until the store can read up to pos, and reports
+// whether it can. Without a Store, or for a trigger without a position, it reports true at once.
+func (w *Worker) waitReadable(ctx context.Context, pos eventstore.Position) (bool, error) {
+	if w.cfg.Store == nil || pos.IsZero() {
+		return true, nil
+	}
+	deadline := time.Now().Add(w.cfg.HorizonWait)
+	pause := 2 * time.Millisecond
+	for {
+		head, err := w.cfg.Store.Head(ctx)
+		if err != nil {
+			return false, fmt.Errorf("worker: read the store's head: %w", err)
+		}
+		if !head.Less(pos) {
+			return true, nil
+		}
+		if time.Now().Add(pause).After(deadline) {
+			return false, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 100*time.Millisecond)
 	}
 }
 
