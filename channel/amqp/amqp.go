@@ -1,0 +1,669 @@
+// Package amqp is the RabbitMQ channel, on Watermill's AMQP pub/sub (watermill-amqp v2).
+//
+// # Topology
+//
+// With Config.Prefix p (empty by default), the channel declares, all durable:
+//
+//	exchange  p + "nudge.triggers"              fanout; every trigger is published here
+//	queue     p + "nudge.triggers_" + name      one per projection, bound to the exchange
+//	queue     p + "nudge.dead_letters"          the dead-letter topic
+//
+// Declare creates the queues and bindings of the projections it is given (and the dead-letter
+// queue): the broker drops a trigger published to the fanout exchange when no queue is bound to
+// it, so declare every projection before publishing to it. A trigger addressed to one projection
+// (Trigger.Projection set) goes through the default exchange to that projection's queue only;
+// Publish declares that queue first if this Channel has not. Projection names are checked with
+// projection.ValidateName before anything reaches the broker.
+//
+// Subscriber returns a subscriber of one projection's queue with a prefetch of 1: a
+// projection's consumer handles one trigger at a time, and several consumers of one projection
+// (in several processes) share its queue. A nack requeues the trigger at once; put Watermill's
+// Retry middleware in front of a handler to back off.
+//
+// # Guarantees
+//
+// Messages are persistent and publisher confirms are on: when Publish returns nil, the broker
+// has taken the trigger into every bound queue, and it survives a broker restart. Publishes
+// share a pool of Config.PublishChannels AMQP channels, each waiting for its own confirm, so
+// concurrent publishes proceed in parallel up to the pool size and wait beyond it.
+//
+// # Connections and outages
+//
+// The channel opens one connection (named Config.ConnectionName, visible in RabbitMQ's
+// management UI) shared by its publisher and subscribers. New retries the first dial with
+// backoff for up to Config.StartupTimeout, logging each failed attempt (the URL's password
+// redacted), then fails with an error that says what to check.
+//
+// Once connected, a lost connection is re-established in the background, forever, with
+// backoff from 500 ms up to Config.ReconnectMaxInterval; subscriptions resume by themselves.
+// While disconnected, Publish fails at once with an error matching ErrDisconnected (nothing is
+// buffered): the caller decides, and the projections' start-up catch-up and safety-net tick
+// cover a trigger that was never sent. Subscribe, too, fails while disconnected. A delivery
+// that was not acked when the connection broke is redelivered by the broker; a subscription
+// notices the lost connection only once its consumer acks or nacks the message it holds (that
+// ack is lost, hence the redelivery).
+//
+// # Known limitations of watermill-amqp v2.1.3 (and v3.1.0)
+//
+//   - The race detector reports a data race on ConnectionWrapper.connected when a connection
+//     is lost while a Publish or a subscription's reconnect loop reads it: the connection
+//     wrapper replaces that field without synchronisation (connection.go:136,139).
+//   - Close while the connection is down leaves one goroutine of the connection wrapper
+//     (handleConnectionClose) waiting forever. The channel refuses to dial after Close, so at
+//     least no connection is opened behind it.
+//   - Its channel pool loses a channel for good when reopening it after a connection loss
+//     fails, until every Publish blocks; this package therefore gives each of its publishers a
+//     single channel and replaces a publisher whose Publish failed.
+package amqp
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/trigger"
+)
+
+// Defaults of Config.
+const (
+	// ConnectionNameDefault is the default Config.ConnectionName.
+	ConnectionNameDefault = "nudge"
+	// StartupTimeoutDefault is the default Config.StartupTimeout.
+	StartupTimeoutDefault = 30 * time.Second
+	// PublishChannelsDefault is the default Config.PublishChannels.
+	PublishChannelsDefault = 4
+	// ReconnectMaxIntervalDefault is the default Config.ReconnectMaxInterval.
+	ReconnectMaxIntervalDefault = 10 * time.Second
+)
+
+// MaxPrefixLength is the longest Config.Prefix accepted, in bytes: AMQP names hold 255 bytes,
+// and the longest name the channel makes is the prefix, "nudge.triggers_" and a projection
+// name of projection.MaxNameLength bytes.
+const MaxPrefixLength = 255 - len(channel.TriggerTopic+"_") - projection.MaxNameLength
+
+// Timing of the start-up dial and of every dial.
+const (
+	startupBackoffInitial = 250 * time.Millisecond
+	startupBackoffMax     = 5 * time.Second
+	dialTimeout           = 10 * time.Second
+	minDialTimeout        = 100 * time.Millisecond
+)
+
+// ErrDisconnected matches the errors of calls made while the connection to RabbitMQ is lost
+// and being re-established. Nothing was sent; try again later.
+var ErrDisconnected = errors.New("amqp: not connected to RabbitMQ (reconnecting in the background)")
+
+// ErrClosed matches the errors of calls made after Close.
+var ErrClosed = errors.New("amqp: channel is closed")
+
+// Config configures a Channel.
+type Config struct {
+	// URL of the broker: amqp://user:password@host:port/vhost (or amqps://). Required. Percent-
+	// encode reserved characters in the user and password.
+	URL string
+	// Prefix starts the name of every exchange and queue the channel declares, e.g. "staging."
+	// to share a vhost. Letters, digits, '-', '_', '.' and ':', at most MaxPrefixLength bytes,
+	// not starting with "amq.". Defaults to "".
+	Prefix string
+	// Logger receives the channel's and Watermill's logs. Defaults to discarding them.
+	Logger *slog.Logger
+	// ConnectionName names the connection in RabbitMQ (its "connection_name" client property).
+	// Defaults to ConnectionNameDefault.
+	ConnectionName string
+	// StartupTimeout is how long New keeps retrying the first connection. Defaults to
+	// StartupTimeoutDefault.
+	StartupTimeout time.Duration
+	// PublishChannels is the number of AMQP channels publishes share; each publish waits for
+	// its confirm on one of them. Defaults to PublishChannelsDefault.
+	PublishChannels int
+	// ReconnectMaxInterval caps the wait between attempts to re-establish a lost connection.
+	// Defaults to ReconnectMaxIntervalDefault.
+	ReconnectMaxInterval time.Duration
+}
+
+// Channel is the RabbitMQ channel. Its methods are safe for concurrent use.
+type Channel struct {
+	cfg             Config
+	log             *slog.Logger
+	wlog            watermill.LoggerAdapter
+	dialer          *dialer
+	conn            *amqp.ConnectionWrapper
+	pubConfig       amqp.Config
+	slots           chan *amqp.Publisher // PublishChannels entries; nil: to be created
+	triggerTopic    string
+	deadLetterTopic string
+
+	declared sync.Map // projection name → struct{}: its queue is declared
+
+	mu     sync.Mutex
+	closed bool
+	subs   []*amqp.Subscriber
+	pubs   map[*amqp.Publisher]struct{} // every publisher not yet discarded
+}
+
+var _ channel.Channel = (*Channel)(nil)
+
+var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]*$`)
+
+// New connects to RabbitMQ and returns the channel. It retries the first connection for up to
+// cfg.StartupTimeout (or until ctx ends), then fails.
+func New(ctx context.Context, cfg Config) (*Channel, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("amqp: Config.URL is required, e.g. amqp://guest:guest@localhost:5672/")
+	}
+	uri, err := parseURL(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, ConnectionNameDefault)
+	cfg.StartupTimeout = cmp.Or(cfg.StartupTimeout, StartupTimeoutDefault)
+	cfg.PublishChannels = cmp.Or(cfg.PublishChannels, PublishChannelsDefault)
+	cfg.ReconnectMaxInterval = cmp.Or(cfg.ReconnectMaxInterval, ReconnectMaxIntervalDefault)
+	switch {
+	case len(cfg.Prefix) > MaxPrefixLength:
+		return nil, fmt.Errorf("amqp: Config.Prefix is %d bytes long; at most %d allowed", len(cfg.Prefix), MaxPrefixLength)
+	case !prefixPattern.MatchString(cfg.Prefix):
+		return nil, fmt.Errorf("amqp: Config.Prefix %q may only hold letters, digits, '-', '_', '.' and ':'", cfg.Prefix)
+	case strings.HasPrefix(cfg.Prefix, "amq."):
+		return nil, fmt.Errorf("amqp: Config.Prefix %q starts with \"amq.\", which RabbitMQ reserves; choose another", cfg.Prefix)
+	case cfg.StartupTimeout < 0, cfg.PublishChannels < 0, cfg.ReconnectMaxInterval < 0:
+		return nil, errors.New("amqp: Config.StartupTimeout, PublishChannels and ReconnectMaxInterval must not be negative (0 means the default)")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With(slog.String("channel", "amqp"))
+
+	c := &Channel{
+		cfg:             cfg,
+		log:             log,
+		wlog:            watermill.NewSlogLogger(log),
+		dialer:          &dialer{timeout: dialTimeout},
+		triggerTopic:    cfg.Prefix + channel.TriggerTopic,
+		deadLetterTopic: cfg.Prefix + channel.DeadLetterTopic,
+	}
+	if uri.ConnectionTimeout > 0 {
+		c.dialer.timeout = time.Duration(uri.ConnectionTimeout) * time.Millisecond
+	}
+	if err := c.connect(ctx); err != nil {
+		return nil, err
+	}
+	c.pubConfig = c.publisherConfig()
+	c.slots = make(chan *amqp.Publisher, cfg.PublishChannels)
+	c.pubs = map[*amqp.Publisher]struct{}{}
+	for range cfg.PublishChannels {
+		pub, err := c.newPublisher()
+		if err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		c.slots <- pub
+	}
+	return c, nil
+}
+
+// parseURL checks the broker URL without ever putting its password into an error.
+func parseURL(raw string) (amqp091.URI, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		var urlErr *url.Error
+		if errors.As(err, &urlErr) {
+			err = urlErr.Err // without the URL, which holds the password
+		}
+		return amqp091.URI{}, fmt.Errorf("amqp: Config.URL is not a valid URL (%v); "+
+			"use amqp://user:password@host:port/vhost and percent-encode reserved characters in the user and password", err)
+	}
+	uri, err := amqp091.ParseURI(raw)
+	if err != nil {
+		return amqp091.URI{}, fmt.Errorf("amqp: Config.URL %s is not an AMQP URL: %s; use amqp://user:password@host:port/vhost",
+			u.Redacted(), scrub(err.Error(), raw))
+	}
+	return uri, nil
+}
+
+// connect dials the shared connection, retrying until the start-up deadline.
+func (c *Channel) connect(ctx context.Context) error {
+	props := amqp091.NewConnectionProperties()
+	props.SetClientConnectionName(c.cfg.ConnectionName)
+	connCfg := amqp.ConnectionConfig{
+		AmqpURI:    c.cfg.URL,
+		AmqpConfig: &amqp091.Config{Properties: props, Dial: c.dialer.dial},
+		Reconnect: &amqp.ReconnectConfig{
+			BackoffInitialInterval:     amqp.DefaultReconnectConfig().BackoffInitialInterval,
+			BackoffRandomizationFactor: amqp.DefaultReconnectConfig().BackoffRandomizationFactor,
+			BackoffMultiplier:          amqp.DefaultReconnectConfig().BackoffMultiplier,
+			BackoffMaxInterval:         c.cfg.ReconnectMaxInterval,
+		},
+	}
+	redacted := redact(c.cfg.URL)
+	started := time.Now()
+	deadline := started.Add(c.cfg.StartupTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	c.dialer.setDeadline(deadline)
+	defer c.dialer.setDeadline(time.Time{})
+
+	wait := startupBackoffInitial
+	for attempt := 1; ; attempt++ {
+		conn, err := amqp.NewConnection(connCfg, c.wlog)
+		if err == nil {
+			c.conn = conn
+			c.log.Info("amqp: connected to RabbitMQ", slog.String("url", redacted),
+				slog.Int("attempts", attempt), slog.Duration("took", time.Since(started).Round(time.Millisecond)))
+			return nil
+		}
+		msg := scrub(err.Error(), c.cfg.URL)
+		var amqpErr *amqp091.Error
+		if errors.As(err, &amqpErr) && (amqpErr.Code == amqp091.AccessRefused || amqpErr.Code == amqp091.NotAllowed) {
+			return fmt.Errorf("amqp: RabbitMQ at %s refused the connection: %s; check the user, password and vhost in Config.URL",
+				redacted, msg)
+		}
+		remaining := time.Until(deadline)
+		if ctx.Err() != nil {
+			return fmt.Errorf("amqp: RabbitMQ at %s is not reachable (%d attempts in %s, until the context ended: %w): %s",
+				redacted, attempt, time.Since(started).Round(time.Millisecond), ctx.Err(), msg)
+		}
+		if remaining <= 0 {
+			return fmt.Errorf("amqp: RabbitMQ at %s is not reachable (%d attempts in %s): %s; "+
+				"check that the broker runs and Config.URL points at it, or raise Config.StartupTimeout",
+				redacted, attempt, time.Since(started).Round(time.Millisecond), msg)
+		}
+		wait = min(wait, remaining)
+		c.log.Warn("amqp: RabbitMQ not reachable, retrying", slog.String("url", redacted),
+			slog.Int("attempt", attempt), slog.Duration("retry_in", wait),
+			slog.Duration("gives_up_in", remaining.Round(time.Millisecond)), slog.String("error", msg))
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+		case <-timer.C:
+		}
+		wait = min(2*wait, startupBackoffMax)
+	}
+}
+
+// publisherConfig is the config of every publisher. The trigger topic is the fanout exchange;
+// every other topic names a queue, reached through the default exchange.
+func (c *Channel) publisherConfig() amqp.Config {
+	cfg := amqp.NewDurableQueueConfig("")
+	cfg.Exchange = amqp.ExchangeConfig{
+		GenerateName: func(topic string) string {
+			if topic == c.triggerTopic {
+				return topic
+			}
+			return ""
+		},
+		Type:    "fanout",
+		Durable: true,
+	}
+	cfg.Publish.GenerateRoutingKey = func(topic string) string {
+		if topic == c.triggerTopic {
+			return ""
+		}
+		return topic
+	}
+	cfg.Publish.ConfirmDelivery = true
+	// One channel per publisher, and a pool of publishers (c.slots) instead of one publisher
+	// with a pool of channels: watermill-amqp v2.1.3 loses a pooled channel for good when it
+	// fails to reopen it after a connection loss (pooledChannelProvider.Channel does not put
+	// it back), and once all are lost every Publish blocks forever. A publisher whose Publish
+	// failed is discarded and replaced instead.
+	cfg.Publish.ChannelPoolSize = 1
+	return cfg
+}
+
+// newPublisher returns a new publisher on the shared connection, with its channel open.
+func (c *Channel) newPublisher() (*amqp.Publisher, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	pub, err := amqp.NewPublisherWithConnection(c.pubConfig, c.wlog, c.conn)
+	if err != nil {
+		return nil, fmt.Errorf("amqp: open a publishing channel: %w", err)
+	}
+	c.pubs[pub] = struct{}{}
+	return pub, nil
+}
+
+// acquire takes a publisher from the pool, creating it if its slot is empty.
+func (c *Channel) acquire(ctx context.Context) (*amqp.Publisher, error) {
+	var pub *amqp.Publisher
+	select {
+	case pub = <-c.slots:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if pub != nil {
+		return pub, nil
+	}
+	pub, err := c.newPublisher()
+	if err != nil {
+		c.slots <- nil
+		return nil, err
+	}
+	return pub, nil
+}
+
+// release puts pub back into the pool, or, after a failed publish, closes it and leaves its
+// slot empty.
+func (c *Channel) release(pub *amqp.Publisher, failed bool) {
+	if !failed {
+		c.slots <- pub
+		return
+	}
+	c.mu.Lock()
+	delete(c.pubs, pub)
+	c.mu.Unlock()
+	closePublisher(pub)
+	c.slots <- nil
+}
+
+// closePublisher closes pub. watermill-amqp v2.1.3 panics (nil *amqp091.Channel) closing a
+// publisher whose channel failed to reopen after a connection loss; that channel died with
+// its connection, so there is nothing left to close.
+func closePublisher(pub *amqp.Publisher) {
+	defer func() { _ = recover() }()
+	_ = pub.Close()
+}
+
+// projectionConfig is the subscriber config of one projection's queue.
+func (c *Channel) projectionConfig(name string) amqp.Config {
+	return amqp.NewDurablePubSubConfig("", amqp.GenerateQueueNameTopicNameWithSuffix(name))
+}
+
+// queueName is the queue of the projection.
+func (c *Channel) queueName(name string) string {
+	return c.projectionConfig(name).Queue.GenerateName(c.triggerTopic)
+}
+
+// newSubscriber returns a subscriber on the shared connection, closed by Close.
+func (c *Channel) newSubscriber(cfg amqp.Config) (*amqp.Subscriber, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	sub, err := amqp.NewSubscriberWithConnection(cfg, c.wlog, c.conn)
+	if err != nil {
+		return nil, fmt.Errorf("amqp: create subscriber: %w", err)
+	}
+	c.subs = append(c.subs, sub)
+	return sub, nil
+}
+
+// Declare implements channel.Channel: it declares the exchange, each projection's queue bound
+// to it, and the dead-letter queue.
+func (c *Channel) Declare(ctx context.Context, projections ...string) error {
+	for _, name := range projections {
+		if err := projection.ValidateName(name); err != nil {
+			return err
+		}
+	}
+	for _, name := range projections {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := c.declareProjection(name); err != nil {
+			return err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return c.initialize(amqp.NewDurableQueueConfig(""), c.deadLetterTopic, c.deadLetterTopic)
+}
+
+func (c *Channel) declareProjection(name string) error {
+	if err := c.initialize(c.projectionConfig(name), c.triggerTopic, c.queueName(name)); err != nil {
+		return err
+	}
+	c.declared.Store(name, struct{}{})
+	return nil
+}
+
+// initialize declares what a subscriber of topic with cfg consumes.
+func (c *Channel) initialize(cfg amqp.Config, topic, queue string) error {
+	if err := c.usable(); err != nil {
+		return fmt.Errorf("amqp: declare queue %s: %w", queue, err)
+	}
+	sub, err := amqp.NewSubscriberWithConnection(cfg, c.wlog, c.conn)
+	if err != nil {
+		return fmt.Errorf("amqp: create subscriber: %w", err)
+	}
+	defer func() { _ = sub.Close() }()
+	if err := sub.SubscribeInitialize(topic); err != nil {
+		return c.brokerError("declare queue "+queue, err)
+	}
+	return nil
+}
+
+// usable returns ErrClosed after Close and ErrDisconnected while the connection is down.
+func (c *Channel) usable() error {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	switch {
+	case closed:
+		return ErrClosed
+	case !c.conn.IsConnected():
+		return ErrDisconnected
+	}
+	return nil
+}
+
+// brokerError wraps err of what; it matches ErrDisconnected when the connection is down.
+func (c *Channel) brokerError(what string, err error) error {
+	if uerr := c.usable(); uerr != nil {
+		return fmt.Errorf("amqp: %s: %w (%w)", what, uerr, err)
+	}
+	return fmt.Errorf("amqp: %s: %w", what, err)
+}
+
+// Publish implements channel.Channel. It returns once the broker confirmed the trigger, or
+// when ctx ends (the trigger may then still arrive).
+func (c *Channel) Publish(ctx context.Context, t trigger.Trigger) error {
+	topic := c.triggerTopic
+	if t.Projection != "" {
+		if err := projection.ValidateName(t.Projection); err != nil {
+			return err
+		}
+		topic = c.queueName(t.Projection)
+	}
+	msg, err := trigger.NewMessage(t)
+	if err != nil {
+		return err
+	}
+	msg.SetContext(ctx)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if t.Projection != "" {
+		if _, ok := c.declared.Load(t.Projection); !ok {
+			if err := c.declareProjection(t.Projection); err != nil {
+				return err
+			}
+		}
+	}
+	return c.publish(ctx, topic, msg)
+}
+
+// publish publishes msg to topic and waits for the broker's confirm, or until ctx ends.
+func (c *Channel) publish(ctx context.Context, topic string, msg *message.Message) error {
+	if err := c.usable(); err != nil {
+		return fmt.Errorf("amqp: publish to %s: %w", topic, err)
+	}
+	pub, err := c.acquire(ctx)
+	if err != nil {
+		return c.brokerError("publish to "+topic, err)
+	}
+	send := func() error {
+		err := pub.Publish(topic, msg)
+		c.release(pub, err != nil)
+		if err != nil {
+			return c.brokerError("publish to "+topic, err)
+		}
+		return nil
+	}
+	if ctx.Done() == nil {
+		return send()
+	}
+	// Watermill's Publish does not give up waiting for a confirm when the context ends.
+	done := make(chan error, 1)
+	go func() { done <- send() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("amqp: publish to %s: no confirm yet (the message may still arrive): %w", topic, ctx.Err())
+	}
+}
+
+// publisher is the message.Publisher of Channel.Publisher.
+type publisher struct{ c *Channel }
+
+// Publish publishes each message with its own context.
+func (p publisher) Publish(topic string, msgs ...*message.Message) error {
+	for _, msg := range msgs {
+		if err := p.c.publish(msg.Context(), topic, msg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close does nothing: Channel.Close closes the publishers.
+func (p publisher) Close() error { return nil }
+
+// Subscriber implements channel.Channel: a new subscriber of the projection's queue, and the
+// trigger topic to subscribe to. Subscribe declares the queue and its binding, again after
+// every reconnect. The subscriber is closed by its user or by Close.
+func (c *Channel) Subscriber(name string) (message.Subscriber, string, error) {
+	if err := projection.ValidateName(name); err != nil {
+		return nil, "", err
+	}
+	sub, err := c.newSubscriber(c.projectionConfig(name))
+	if err != nil {
+		return nil, "", err
+	}
+	return sub, c.triggerTopic, nil
+}
+
+// Publisher implements channel.Channel. It publishes through the same pool of confirmed
+// channels as Publish, each message with its own context: to the fanout exchange for the
+// trigger topic, and for any other topic (DeadLetterTopic, a projection's queue) through the
+// default exchange to the queue of that name, which must exist (Declare creates the dead-letter
+// queue). Its Close does nothing; Close closes it.
+func (c *Channel) Publisher() message.Publisher { return publisher{c} }
+
+// DeadLetterTopic implements channel.Channel: Config.Prefix + channel.DeadLetterTopic.
+func (c *Channel) DeadLetterTopic() string { return c.deadLetterTopic }
+
+// DeadLetterSubscriber implements channel.Channel: a new subscriber of the dead-letter queue.
+func (c *Channel) DeadLetterSubscriber() (message.Subscriber, error) {
+	return c.newSubscriber(amqp.NewDurableQueueConfig(""))
+}
+
+// Durable implements channel.Channel: queues and messages are durable.
+func (c *Channel) Durable() bool { return true }
+
+// Close implements channel.Channel: it closes the publisher, every subscriber (their
+// subscriptions end and unacked deliveries go back to their queues) and the connection. It is
+// safe to call more than once.
+func (c *Channel) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	subs, pubs := c.subs, c.pubs
+	c.subs, c.pubs = nil, nil
+	c.mu.Unlock()
+
+	// No dial after Close: a reconnect in progress gives up instead of opening a connection
+	// nobody closes.
+	c.dialer.closed.Store(true)
+	var errs []error
+	// Publishers first: a publish waiting for its confirm holds the connection's wait group,
+	// which the connection's Close waits for; closing its channel ends the wait.
+	for pub := range pubs {
+		closePublisher(pub)
+	}
+	for _, sub := range subs {
+		if err := sub.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("amqp: close subscriber: %w", err))
+		}
+	}
+	if err := c.conn.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("amqp: close connection: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// dialer opens the TCP connections: within the start-up deadline while New runs, never after
+// Close.
+type dialer struct {
+	timeout  time.Duration
+	deadline atomic.Int64 // UnixNano; 0 when New has returned
+	closed   atomic.Bool
+}
+
+func (d *dialer) setDeadline(t time.Time) {
+	if t.IsZero() {
+		d.deadline.Store(0)
+		return
+	}
+	d.deadline.Store(t.UnixNano())
+}
+
+func (d *dialer) dial(network, addr string) (net.Conn, error) {
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	timeout := d.timeout
+	if dl := d.deadline.Load(); dl != 0 {
+		timeout = max(min(timeout, time.Until(time.Unix(0, dl))), minDialTimeout)
+	}
+	return amqp091.DefaultDial(timeout)(network, addr)
+}
+
+// redact returns raw with its password replaced by "xxxxx".
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+// scrub replaces the password of rawURL, wherever it appears in msg, with "xxxxx".
+func scrub(msg, rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "(withheld: the message may hold the unparsable URL)"
+	}
+	if pw, ok := u.User.Password(); ok && pw != "" {
+		msg = strings.ReplaceAll(msg, pw, "xxxxx")
+	}
+	return msg
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package amqp_test
+
+const raceEnabled = false
