@@ -25,8 +25,8 @@ down: ## Stop the docker compose services (local services are left running).
 test: up ## Run every test, with the race detector, against real PostgreSQL and RabbitMQ.
 	$(GO) test -race -count=1 ./...
 	@# watermill-amqp v2.1.3 races on its connection flag when publishes overlap a connection
-	@# loss; the test that publishes across outages therefore runs once more without -race.
-	$(GO) test -count=1 -run 'TestPublishersAcrossOutages' ./channel/amqp/
+	@# loss; the tests of RabbitMQ outages therefore run once more without -race.
+	$(GO) test -count=1 -run 'TestPublishersAcrossOutages|TestBrokerOutageWhileRunning' ./channel/amqp/ ./worker/
 
 lint: $(GOLANGCI_LINT) ## Check formatting, go vet and golangci-lint.
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \

@@ -18,11 +18,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/nudgeworks/nudge/channel"
+	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
 	"github.com/nudgeworks/nudge/channel/gochannel"
 	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/eventstore/storetest"
+	"github.com/nudgeworks/nudge/internal/amqptest"
 	"github.com/nudgeworks/nudge/internal/pgtest"
 	"github.com/nudgeworks/nudge/projection"
 	pgproj "github.com/nudgeworks/nudge/projection/postgres"
@@ -49,6 +51,13 @@ type channelCase struct {
 
 var channels = map[string]channelCase{
 	"gochannel": {new: func(testing.TB, *setup) channel.Channel { return gochannel.New(gochannel.Config{}) }},
+	"amqp": {new: func(t testing.TB, s *setup) channel.Channel {
+		env := amqptest.New(t)
+		s.amqp = env
+		ch, err := amqpchannel.New(context.Background(), amqpchannel.Config{URL: env.URL, Prefix: env.Prefix, ConnectionName: env.ConnectionName, Logger: s.logger})
+		require.NoError(t, err)
+		return ch
+	}},
 	"postgres": {inTx: true, new: func(t testing.TB, s *setup) channel.Channel {
 		ch, err := pgchannel.New(s.db.NewPool(t, 24), pgchannel.Config{PollInterval: 10 * time.Millisecond, Logger: s.logger})
 		require.NoError(t, err)
@@ -63,6 +72,7 @@ type setup struct {
 	backend  *pgproj.Backend
 	logger   *slog.Logger
 	appender *trigger.Appender // set when triggers are published in the append's transaction
+	amqp     *amqptest.Env     // set on the RabbitMQ channel
 }
 
 // newChannel returns the case's channel for s; with an in-transaction channel, s.append
