@@ -34,8 +34,12 @@ lint: $(GOLANGCI_LINT) ## Check formatting, go vet and golangci-lint.
 	$(GO) vet ./...
 	$(GOLANGCI_LINT) run ./...
 
-bench: up ## Run the benchmarks (each beside its raw-pgx baseline); BENCH_TIME=2s by default.
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCH_TIME) -timeout 30m ./eventstore/postgres/ ./projection/postgres/
+bench: up ## Run the benchmarks, each beside its baseline in the same run (BENCH_TIME=2s).
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCH_TIME) -timeout 30m \
+		./eventstore/postgres/ ./projection/postgres/ ./channel/amqp/ ./channel/postgres/
+	$(GO) test -run '^$$' -bench AppendOverhead -benchtime $(BENCH_TIME) -timeout 30m ./worker/
+	@# Each live-latency scenario appends for NUDGE_BENCH_DURATION (10s by default).
+	$(GO) test -run '^$$' -bench LiveLatency -benchtime 1x -timeout 30m ./worker/
 
 demo: ## Run the embedded quickstart (not yet: it lands with the quickstart issue).
 	@echo "demo: not yet. The embedded quickstart (in-memory store + GoChannel) lands with the"

@@ -129,9 +129,12 @@ func coalesce(events []eventstore.Event) Trigger {
 	return t
 }
 
-// Run registers the relay and publishes until ctx ends.
+// Run registers the relay and publishes until ctx ends; then it returns nil.
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.runner.Init(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return fmt.Errorf("relay: %w", err)
 	}
 	return r.poller.Run(ctx)

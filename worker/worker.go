@@ -342,9 +342,12 @@ func (w *Worker) Running() <-chan struct{} { return w.running }
 
 // Run declares the subscriptions, runs the handlers on a router of its own and the safety net,
 // until ctx ends; then it stops the router (handlers in flight finish or roll back, within
-// CloseTimeout) and returns.
+// CloseTimeout) and returns nil.
 func (w *Worker) Run(ctx context.Context) error {
 	if err := w.Declare(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: w.cfg.CloseTimeout}, watermill.NewSlogLogger(w.logger))

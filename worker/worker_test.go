@@ -108,6 +108,7 @@ func (s *setup) append(t testing.TB, stream string, events ...eventstore.EventDa
 func newSetup(t testing.TB) *setup {
 	t.Helper()
 	db := pgtest.New(t)
+	db.Pool = db.NewPool(t, 16) // room for eight writers in the benchmarks
 	store, err := espg.New(db.Pool, espg.Config{})
 	require.NoError(t, err)
 	backend, err := pgproj.New(db.Pool, store)
