@@ -44,6 +44,9 @@ type ReadOptions struct {
 	// Types, when not empty, returns only events of these types; the filter runs in the store,
 	// so events of other types are never fetched.
 	Types []string
+	// OmitPayload returns the events without Payload and Metadata (both nil), for readers that
+	// need only positions, types and streams.
+	OmitPayload bool
 }
 
 // Store is an event store. Both implementations in this module are safe for concurrent use.

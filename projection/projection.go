@@ -27,6 +27,10 @@ type Config struct {
 	// MaxBatchDuration ends a batch early (committing what it handled) once handling has taken
 	// this long. Defaults to MaxBatchDurationDefault.
 	MaxBatchDuration time.Duration
+	// OmitPayloads reads events without their payload and metadata, which saves the store work
+	// for projections that need only positions, types and streams (the trigger relay). Only
+	// OnAnyIdempotent handlers may be used with it: typed handlers need the payload.
+	OmitPayloads bool
 
 	// InitFunc creates what the read model needs (tables, indexes). It runs when the runner
 	// starts (Runner.Init), every time, so it must be idempotent (CREATE TABLE IF NOT EXISTS).
@@ -129,6 +133,9 @@ func New(name string, cfg Config, handlers ...Handler) (*Projection, error) {
 		p.transactional = p.transactional || h.transactional
 	}
 	slices.Sort(p.types)
+	if cfg.OmitPayloads && len(p.types) > 0 {
+		return nil, invalidConfig(name, "OmitPayloads needs OnAnyIdempotent handlers only: typed handlers decode the payload")
+	}
 	if p.anyHandler != nil {
 		p.types = nil // read every event
 	}

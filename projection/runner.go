@@ -147,7 +147,7 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 		if u.Status.State == StatePaused {
 			return Outcome{}, errPaused
 		}
-		events, err := u.Read(ctx, u.Status.Position, eventstore.ReadOptions{Limit: limit, Types: p.types})
+		events, err := u.Read(ctx, u.Status.Position, eventstore.ReadOptions{Limit: limit, Types: p.types, OmitPayload: p.cfg.OmitPayloads})
 		if err != nil {
 			return Outcome{}, fmt.Errorf("projection %s: read events after %s: %w", p.name, u.Status.Position, err)
 		}

@@ -83,7 +83,8 @@ func NewRelay(backend projection.Backend, pub Publisher, cfg RelayConfig) (*Rela
 		cfg.Logger = slog.Default()
 	}
 	p, err := projection.New(cfg.Name, projection.Config{
-		BatchSize: cfg.BatchSize,
+		BatchSize:    cfg.BatchSize,
+		OmitPayloads: true, // a trigger needs positions, types and streams only
 		FlushFunc: func(ctx context.Context, fp projection.FlushParams) error {
 			t := coalesce(fp.Events)
 			if cfg.BeforePublishFunc != nil {

@@ -151,6 +151,11 @@ func (s *Store) Read(ctx context.Context, after eventstore.Position, opts events
 		if len(opts.Types) > 0 && !slices.Contains(opts.Types, e.Type) {
 			continue
 		}
+		if opts.OmitPayload {
+			e.Payload, e.Metadata = nil, nil
+			out = append(out, e)
+			continue
+		}
 		out = append(out, copyEvent(e))
 	}
 	return out, nil

@@ -316,15 +316,23 @@ func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, 
 	}
 	var rows pgx.Rows
 	if len(opts.Types) == 0 {
-		rows, err = q.Query(ctx, s.sql.read, after.TransactionID, after.GlobalPosition, limit)
+		rows, err = q.Query(ctx, s.sql.read[omit(opts)], after.TransactionID, after.GlobalPosition, limit)
 	} else {
-		rows, err = q.Query(ctx, s.sql.readTypes, after.TransactionID, after.GlobalPosition, limit, opts.Types)
+		rows, err = q.Query(ctx, s.sql.readTypes[omit(opts)], after.TransactionID, after.GlobalPosition, limit, opts.Types)
 	}
 	if err != nil {
 		return nil, translate(err)
 	}
 	events, err := collectEvents(rows, limit)
 	return events, translate(err)
+}
+
+// omit indexes the read statements.
+func omit(opts eventstore.ReadOptions) int {
+	if opts.OmitPayload {
+		return 1
+	}
+	return 0
 }
 
 // ReadStream implements eventstore.Store. Stream reads do not wait for the horizon: versions of

@@ -11,13 +11,17 @@ type statements struct {
 	lockStream   string
 	eventsByID   string
 	insertEvents string
-	read         string
-	readTypes    string
-	readStream   string
-	head         string
+	// read and readTypes are indexed by ReadOptions.OmitPayload (0: with payloads).
+	read       [2]string
+	readTypes  [2]string
+	readStream string
+	head       string
 }
 
 const eventColumns = `global_position, transaction_id, event_id, stream_id, stream_version, event_type, payload, metadata, recorded_at`
+
+// bareColumns are eventColumns without the JSON, for ReadOptions.OmitPayload.
+const bareColumns = `global_position, transaction_id, event_id, stream_id, stream_version, event_type, NULL::jsonb, NULL::jsonb, recorded_at`
 
 // horizon is the read-order condition that never skips: only transactions older than every
 // transaction still running can be read, so nothing can commit behind the reader later.
@@ -31,6 +35,7 @@ func newStatements(schema string) statements {
 		return pgx.Identifier{schema, name}.Sanitize()
 	}
 	r := strings.NewReplacer("{events}", table("nudge_events"), "{streams}", table("nudge_streams"), "{columns}", eventColumns, "{horizon}", horizon)
+	bare := strings.NewReplacer("{events}", table("nudge_events"), "{columns}", bareColumns, "{horizon}", horizon)
 	return statements{
 		// The row lock serialises appenders of one stream; FOR UPDATE re-reads the newest
 		// committed row after waiting, so the version seen is current.
@@ -52,16 +57,20 @@ func newStatements(schema string) statements {
 					last_transaction_id = EXCLUDED.last_transaction_id, updated_at = EXCLUDED.updated_at
 			)
 			SELECT global_position, transaction_id, recorded_at FROM ins ORDER BY stream_version`),
-		read: r.Replace(`SELECT {columns} FROM {events}
-			WHERE (transaction_id, global_position) > ($1::xid8, $2::bigint) AND {horizon}
-			ORDER BY transaction_id, global_position LIMIT $3`),
-		readTypes: r.Replace(`SELECT {columns} FROM {events}
-			WHERE (transaction_id, global_position) > ($1::xid8, $2::bigint) AND {horizon}
-				AND event_type = ANY($4::text[])
-			ORDER BY transaction_id, global_position LIMIT $3`),
+		read:      [2]string{r.Replace(readSQL), bare.Replace(readSQL)},
+		readTypes: [2]string{r.Replace(readTypesSQL), bare.Replace(readTypesSQL)},
 		readStream: r.Replace(`SELECT {columns} FROM {events}
 			WHERE stream_id = $1 AND stream_version > $2 ORDER BY stream_version LIMIT $3`),
 		head: r.Replace(`SELECT transaction_id, global_position FROM {events} WHERE {horizon}
 			ORDER BY transaction_id DESC, global_position DESC LIMIT 1`),
 	}
 }
+
+const readSQL = `SELECT {columns} FROM {events}
+	WHERE (transaction_id, global_position) > ($1::xid8, $2::bigint) AND {horizon}
+	ORDER BY transaction_id, global_position LIMIT $3`
+
+const readTypesSQL = `SELECT {columns} FROM {events}
+	WHERE (transaction_id, global_position) > ($1::xid8, $2::bigint) AND {horizon}
+		AND event_type = ANY($4::text[])
+	ORDER BY transaction_id, global_position LIMIT $3`

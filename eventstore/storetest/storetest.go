@@ -253,6 +253,18 @@ func testTypeFilter(t *testing.T, s eventstore.Store) {
 	none, err := s.Read(ctx, eventstore.Position{}, eventstore.ReadOptions{Types: []string{"Unknown"}})
 	require.NoError(t, err)
 	require.Empty(t, none)
+
+	full, err := s.Read(ctx, eventstore.Position{}, eventstore.ReadOptions{Types: []string{"B"}})
+	require.NoError(t, err)
+	bare, err := s.Read(ctx, eventstore.Position{}, eventstore.ReadOptions{Types: []string{"B"}, OmitPayload: true})
+	require.NoError(t, err)
+	require.Len(t, bare, len(full))
+	for i := range bare {
+		require.Nil(t, bare[i].Payload, "OmitPayload leaves the payload out")
+		require.Nil(t, bare[i].Metadata)
+		full[i].Payload, full[i].Metadata = nil, nil
+		require.Equal(t, full[i], bare[i], "and nothing else")
+	}
 }
 
 func testEmpty(t *testing.T, s eventstore.Store) {
