@@ -49,10 +49,14 @@ type RelayConfig struct {
 
 // Relay publishes triggers for appended events by tailing the event store from a durable
 // position of its own: it is a projection (status row, lag, lock) whose batches publish one
-// coalesced trigger for all the events they read, then commit the position. A trigger is
-// published before its position commits, so a crash between the two repeats a trigger, never
-// loses one: once an append commits, every projection eventually gets a trigger, even if the
-// appending process dies right after the commit. Appends pay nothing for it.
+// coalesced trigger for all the events they read (without their payloads), then commit the
+// position. A trigger is published before its position commits, so a crash between the two
+// repeats a trigger, never loses one: once an append commits, every projection eventually gets
+// a trigger, even if the appending process dies right after the commit.
+//
+// Appends write nothing more for it, and the broker sees one trigger per relay batch however
+// fast events are appended. Its cost is a poll every MinInterval to MaxInterval and the reads
+// and publishes themselves, which share the machine with the appenders.
 //
 // Several relays with the same name (one per worker process, say) are safe: the projection
 // lock lets one publish a given batch.

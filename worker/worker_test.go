@@ -435,3 +435,30 @@ func testLogger() *slog.Logger {
 	}
 	return slog.New(slog.DiscardHandler)
 }
+
+// TestRedundantTriggersCostNoRead: a trigger for a position the projection has passed, or for
+// event types it does not handle, is acked without a catch-up.
+func TestRedundantTriggersCostNoRead(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	dropping := &droppingChannel{Channel: s.newChannel(t, channels["gochannel"])} // silences the relay
+	ch := dropping.Channel
+	w := s.start(t, dropping, worker.Config{SafetyNetInterval: -1}, s.model(t, "alpha", nil))
+	res, err := s.store.Append(context.Background(), "s", eventstore.Any, storeEvent(1))
+	require.NoError(t, err)
+	storetest.Settle(t, s.store, res.Last())
+	require.NoError(t, ch.Publish(context.Background(), trigger.ForAppend(res, time.Now())))
+	require.Eventually(t, func() bool { return s.has(t, "alpha", 1) }, 20*time.Second, 5*time.Millisecond)
+	before := w.Stats("alpha")
+
+	stale := trigger.ForAppend(res, time.Now())
+	otherTypes := trigger.Trigger{Position: eventstore.Position{TransactionID: res.Last().TransactionID + 1000, GlobalPosition: 1}, Types: []string{"B"}, Reason: trigger.ReasonAppend}
+	for range 5 {
+		require.NoError(t, ch.Publish(context.Background(), stale))
+		require.NoError(t, ch.Publish(context.Background(), otherTypes))
+	}
+	require.Eventually(t, func() bool { return w.Stats("alpha").Received == before.Received+10 }, 20*time.Second, 5*time.Millisecond)
+	after := w.Stats("alpha")
+	require.Equal(t, before.Redundant+10, after.Redundant)
+	require.Equal(t, before.CatchUps, after.CatchUps, "no catch-up, so no read, for redundant triggers")
+}
