@@ -59,6 +59,19 @@ type Outcome struct {
 	State State
 	// ClearFailure empties the failure fields (last error, failing event, attempts, times).
 	ClearFailure bool
+	// Skip, when set, is an operator's skip of one event that the backend records with the
+	// outcome (who, when, why).
+	Skip *SkipRecord
+}
+
+// SkipRecord is an event an operator skipped.
+type SkipRecord struct {
+	Event  FailingEvent
+	By     string
+	Reason string
+	At     time.Time
+	// Forced is true when the projection was not failing on the event.
+	Forced bool
 }
 
 // Failure is a handler failure to record.

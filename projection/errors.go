@@ -32,6 +32,10 @@ var (
 	// (after migrating the backend) before catching up.
 	ErrNotRegistered = errors.New("projection: not registered; run Runner.Init first")
 
+	// ErrSkipRefused reports a skip the runner would not do: the event is not the one the
+	// projection fails on (without Force), or not the next event it would handle.
+	ErrSkipRefused = errors.New("projection: skip refused")
+
 	// ErrHandler matches every *HandlerError.
 	ErrHandler = errors.New("projection: handler failed")
 

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/nudgeworks/nudge/eventstore"
 )
@@ -333,4 +336,79 @@ func (r *Runner) Statuses(ctx context.Context) ([]Status, error) {
 		out = append(out, st)
 	}
 	return out, nil
+}
+
+// SkipOptions says who skips an event and why.
+type SkipOptions struct {
+	// Reason is recorded with the skip. Required.
+	Reason string
+	// By names the operator or tool. Required.
+	By string
+	// Force skips the event even when the projection is not failing on it (it must still be
+	// the next event the projection would handle).
+	Force bool
+}
+
+// Skip moves the projection's position past exactly one event, eventID, without handling it:
+// an explicit operator action for an event that can never be handled. The event must be the
+// next one the projection would handle, and the one it is failing on unless opts.Force. In one
+// unit of work the projection's on-skip hook runs (SkipFunc), the position advances past the
+// event, the failure is cleared, the state returns to running (a paused projection stays
+// paused) and the skip is recorded with who, when and why. Refusals match ErrSkipRefused.
+func (r *Runner) Skip(ctx context.Context, name string, eventID uuid.UUID, opts SkipOptions) (eventstore.Event, error) {
+	p, err := r.Projection(name)
+	if err != nil {
+		return eventstore.Event{}, err
+	}
+	if strings.TrimSpace(opts.Reason) == "" || strings.TrimSpace(opts.By) == "" {
+		return eventstore.Event{}, fmt.Errorf("%w: projection %s: a skip needs a reason and who does it", ErrSkipRefused, name)
+	}
+	var skipped eventstore.Event
+	err = r.backend.RunBatch(ctx, p, func(ctx context.Context, u Unit) (Outcome, error) {
+		st := u.Status
+		if !opts.Force && (st.FailingEvent == nil || st.FailingEvent.ID != eventID) {
+			failing := "is not failing"
+			if st.FailingEvent != nil {
+				failing = "is failing on event " + st.FailingEvent.ID.String()
+			}
+			return Outcome{}, fmt.Errorf("%w: projection %s %s, not on %s; pass Force to skip another event", ErrSkipRefused, name, failing, eventID)
+		}
+		next, err := u.Read(ctx, st.Position, eventstore.ReadOptions{Limit: 1, Types: p.types})
+		if err != nil {
+			return Outcome{}, err
+		}
+		if len(next) == 0 || next[0].ID != eventID {
+			nextID := "nothing"
+			if len(next) > 0 {
+				nextID = "event " + next[0].ID.String()
+			}
+			return Outcome{}, fmt.Errorf("%w: event %s is not the next event of projection %s (next is %s); only that one can be skipped",
+				ErrSkipRefused, eventID, name, nextID)
+		}
+		skipped = next[0]
+		if fn := p.cfg.SkipFunc; fn != nil {
+			if err := fn(ctx, SkipParams{Projection: name, Tx: u.Tx, Event: skipped, Reason: opts.Reason, By: opts.By}); err != nil {
+				return Outcome{}, fmt.Errorf("projection %s: on-skip hook: %w", name, err)
+			}
+		}
+		state := StateRunning
+		if st.State == StatePaused || st.State == StateRebuilding {
+			state = st.State
+		}
+		return Outcome{
+			Position: skipped.Position, State: state, ClearFailure: true,
+			Skip: &SkipRecord{
+				Event: FailingEvent{Position: skipped.Position, ID: skipped.ID, Type: skipped.Type, StreamID: skipped.StreamID},
+				By:    opts.By, Reason: opts.Reason, At: r.now(), Forced: opts.Force,
+			},
+		}, nil
+	})
+	if err != nil {
+		return eventstore.Event{}, err
+	}
+	r.remember(name, skipped.Position)
+	r.logger.WarnContext(ctx, "projection skipped an event", slog.String("projection", name),
+		slog.String("event_id", skipped.ID.String()), slog.String("event_type", skipped.Type),
+		slog.String("position", skipped.Position.String()), slog.String("by", opts.By), slog.String("reason", opts.Reason))
+	return skipped, nil
 }

@@ -25,6 +25,9 @@ type Status struct {
 	FirstFailureAt time.Time
 	LastFailureAt  time.Time
 
+	// LastSkip is the most recent event an operator skipped; nil if none.
+	LastSkip *SkipRecord
+
 	// RebuildStartedAt is when the last Reset happened; zero if never.
 	RebuildStartedAt time.Time
 	UpdatedAt        time.Time

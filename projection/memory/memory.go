@@ -111,6 +111,10 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn pro
 			return err
 		}
 		r.update(func(st *projection.Status) {
+			if out.Skip != nil {
+				skip := *out.Skip
+				st.LastSkip = &skip
+			}
 			if out.Processed == 0 && out.Position == st.Position && out.State == st.State && !out.ClearFailure {
 				return
 			}

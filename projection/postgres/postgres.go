@@ -141,6 +141,12 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn pro
 		if err != nil {
 			return err
 		}
+		if k := out.Skip; k != nil {
+			if _, err := tx.Exec(ctx, b.sql.recordSkip, p.Name(), [16]byte(k.Event.ID), k.Event.Type, k.Event.StreamID,
+				k.Event.Position.TransactionID, k.Event.Position.GlobalPosition, k.By, k.Reason, k.Forced, k.At); err != nil {
+				return err
+			}
+		}
 		if out.Processed == 0 && out.Position == st.Position && out.State == st.State && !out.ClearFailure {
 			return nil // nothing changed: write nothing
 		}

@@ -6,11 +6,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/projection"
 )
 
 type statements struct {
-	lock, register, selectStatus, advance, recordFailure, reset, setState, delete, lag string
+	lock, register, selectStatus, advance, recordFailure, reset, setState, delete, lag, recordSkip string
 }
 
 // lockClass is the first key of the advisory locks on projections ("nudg" in ASCII). Two-key
@@ -18,9 +19,10 @@ type statements struct {
 // application's own pg_advisory_xact_lock(bigint) locks.
 const lockClass = "1853187175"
 
-const statusColumns = `name, transaction_id, global_position, state, events_processed, coalesce(last_error, ''),
-	failing_transaction_id, failing_global_position, failing_event_id, failing_event_type, failing_stream_id,
-	attempts, first_failed_at, last_failed_at, rebuild_started_at, updated_at`
+const statusColumns = `p.name, p.transaction_id, p.global_position, p.state, p.events_processed, coalesce(p.last_error, ''),
+	p.failing_transaction_id, p.failing_global_position, p.failing_event_id, p.failing_event_type, p.failing_stream_id,
+	p.attempts, p.first_failed_at, p.last_failed_at, p.rebuild_started_at, p.updated_at,
+	k.event_id, k.event_type, k.stream_id, k.transaction_id, k.global_position, k.skipped_by, k.reason, k.forced, k.skipped_at`
 
 func newStatements(schema string) statements {
 	table := func(name string) string {
@@ -29,12 +31,16 @@ func newStatements(schema string) statements {
 		}
 		return pgx.Identifier{schema, name}.Sanitize()
 	}
-	r := strings.NewReplacer("{projections}", table("nudge_projections"), "{events}", table("nudge_events"),
+	r := strings.NewReplacer("{projections}", table("nudge_projections"), "{events}", table("nudge_events"), "{skips}", table("nudge_projection_skips"),
 		"{columns}", statusColumns, "{class}", lockClass, "{schema}", schema)
 	return statements{
-		lock:         r.Replace(`SELECT pg_advisory_xact_lock({class}, hashtext('{schema}.' || $1))`),
-		register:     r.Replace(`INSERT INTO {projections} (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`),
-		selectStatus: r.Replace(`SELECT {columns} FROM {projections} WHERE name = $1`),
+		lock:     r.Replace(`SELECT pg_advisory_xact_lock({class}, hashtext('{schema}.' || $1))`),
+		register: r.Replace(`INSERT INTO {projections} (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`),
+		selectStatus: r.Replace(`SELECT {columns} FROM {projections} p
+			LEFT JOIN LATERAL (SELECT * FROM {skips} s WHERE s.projection = p.name ORDER BY s.id DESC LIMIT 1) k ON true
+			WHERE p.name = $1`),
+		recordSkip: r.Replace(`INSERT INTO {skips} (projection, event_id, event_type, stream_id, transaction_id, global_position,
+				skipped_by, reason, forced, skipped_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`),
 		advance: r.Replace(`UPDATE {projections} SET
 				transaction_id = $2, global_position = $3, events_processed = events_processed + $4, state = $5,
 				last_error = CASE WHEN $6 THEN NULL ELSE last_error END,
@@ -94,16 +100,28 @@ func scanStatus(row pgx.Row) (projection.Status, error) {
 	var (
 		st                             projection.Status
 		state                          string
-		failTx                         *uint64
-		failPos                        *int64
-		failID                         *[16]byte
+		failTx, skipTx                 *uint64
+		failPos, skipPos               *int64
+		failID, skipID                 *[16]byte
 		failType, failStream           *string
 		firstFail, lastFail, rebuiltAt *time.Time
+		skipType, skipStream           *string
+		skipBy, skipReason             *string
+		skipForced                     *bool
+		skipAt                         *time.Time
 	)
 	if err := row.Scan(&st.Name, &st.Position.TransactionID, &st.Position.GlobalPosition, &state, &st.EventsProcessed,
 		&st.LastError, &failTx, &failPos, &failID, &failType, &failStream, &st.Attempts, &firstFail, &lastFail,
-		&rebuiltAt, &st.UpdatedAt); err != nil {
+		&rebuiltAt, &st.UpdatedAt, &skipID, &skipType, &skipStream, &skipTx, &skipPos, &skipBy, &skipReason,
+		&skipForced, &skipAt); err != nil {
 		return st, err
+	}
+	if skipID != nil {
+		st.LastSkip = &projection.SkipRecord{
+			Event: projection.FailingEvent{ID: *skipID, Type: deref(skipType), StreamID: deref(skipStream),
+				Position: eventstore.Position{TransactionID: deref(skipTx), GlobalPosition: deref(skipPos)}},
+			By: deref(skipBy), Reason: deref(skipReason), Forced: deref(skipForced), At: deref(skipAt),
+		}
 	}
 	var err error
 	if st.State, err = projection.ParseState(state); err != nil {

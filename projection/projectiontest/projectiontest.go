@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/eventstore"
@@ -46,6 +47,7 @@ func Run(t *testing.T, newEnv NewEnvFunc) {
 		{"LagAndStatus", testLag},
 		{"HooksAndDelete", testHooks},
 		{"UnknownAndUnregistered", testUnknown},
+		{"SkipOneEvent", testSkip},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -510,4 +512,82 @@ func testUnknown(t *testing.T, env Env) {
 	_, err = r.Status(ctx, "unknown")
 	require.ErrorIs(t, err, projection.ErrUnknownProjection)
 	require.ErrorIs(t, r.Reset(ctx, "unknown"), projection.ErrUnknownProjection)
+}
+
+func testSkip(t *testing.T, env Env) {
+	ctx := context.Background()
+	positions := AppendN(t, env.Store, 1, 10, "A")
+	rec := NewRecorder()
+	var skipped []projection.SkipParams
+	p := mustProjection(t, "skippy", projection.Config{
+		SkipFunc: func(_ context.Context, sp projection.SkipParams) error {
+			sp.Tx = nil
+			skipped = append(skipped, sp)
+			return nil
+		},
+	}, projection.OnIdempotent("A", func(ctx context.Context, e projection.Event[Payload]) error {
+		if e.Data.N == 5 {
+			return errors.New("cannot handle 5")
+		}
+		return rec.Handle(ctx, e)
+	}))
+	r := newRunner(t, env, p)
+	_, err := r.CatchUp(ctx, "skippy")
+	require.ErrorIs(t, err, projection.ErrHandler)
+	st, err := r.Status(ctx, "skippy")
+	require.NoError(t, err)
+	poison := st.FailingEvent.ID
+
+	opts := projection.SkipOptions{Reason: "bad data, fixed by hand", By: "ann"}
+	_, err = r.Skip(ctx, "skippy", poison, projection.SkipOptions{By: "ann"})
+	require.ErrorIs(t, err, projection.ErrSkipRefused, "a skip needs a reason")
+	other := uuid.New()
+	_, err = r.Skip(ctx, "skippy", other, opts)
+	require.ErrorIs(t, err, projection.ErrSkipRefused)
+	require.ErrorContains(t, err, "is failing on event "+poison.String())
+	_, err = r.Skip(ctx, "skippy", other, projection.SkipOptions{Reason: "x", By: "ann", Force: true})
+	require.ErrorIs(t, err, projection.ErrSkipRefused, "even forced, only the next event")
+	require.ErrorContains(t, err, "not the next event")
+	require.Empty(t, skipped)
+
+	e, err := r.Skip(ctx, "skippy", poison, opts)
+	require.NoError(t, err)
+	require.Equal(t, poison, e.ID)
+	require.Equal(t, positions[4], e.Position)
+	require.Len(t, skipped, 1)
+	require.Equal(t, poison, skipped[0].Event.ID)
+	require.Equal(t, "ann", skipped[0].By)
+	st, err = r.Status(ctx, "skippy")
+	require.NoError(t, err)
+	require.Equal(t, projection.StateRunning, st.State)
+	require.Nil(t, st.FailingEvent)
+	require.Equal(t, positions[4], st.Position, "past exactly one event")
+	require.NotNil(t, st.LastSkip)
+	require.Equal(t, poison, st.LastSkip.Event.ID)
+	require.Equal(t, "ann", st.LastSkip.By)
+	require.Equal(t, "bad data, fixed by hand", st.LastSkip.Reason)
+	require.False(t, st.LastSkip.Forced)
+
+	res, err := r.CatchUp(ctx, "skippy")
+	require.NoError(t, err)
+	require.Equal(t, 5, res.Events)
+	require.Zero(t, rec.Times(5), "the skipped event was never handled")
+	require.Equal(t, 9, rec.Distinct())
+
+	// Forced: skip the next event of a projection that is not failing.
+	next := AppendN(t, env.Store, 100, 2, "A")
+	stored, err := env.Store.Read(ctx, positions[9], eventstore.ReadOptions{Limit: 1})
+	require.NoError(t, err)
+	_, err = r.Skip(ctx, "skippy", stored[0].ID, opts)
+	require.ErrorIs(t, err, projection.ErrSkipRefused, "not failing: Force is needed")
+	_, err = r.Skip(ctx, "skippy", stored[0].ID, projection.SkipOptions{Reason: "duplicate import", By: "ops", Force: true})
+	require.NoError(t, err)
+	st, err = r.Status(ctx, "skippy")
+	require.NoError(t, err)
+	require.Equal(t, next[0], st.Position)
+	require.True(t, st.LastSkip.Forced)
+	res, err = r.CatchUp(ctx, "skippy")
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Events)
+	require.Zero(t, rec.Times(100))
 }
