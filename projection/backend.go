@@ -34,6 +34,26 @@ type Backend interface {
 	Delete(ctx context.Context, p *Projection) error
 	// Status returns the status row with the lag fields computed against the store.
 	Status(ctx context.Context, p *Projection) (Status, error)
+
+	// StartAttempt records, in a unit of its own that commits at once, that a batch starting
+	// after position at is about to run handlers. It returns how many batches have started there
+	// without finishing, this one included, and the careful range. A batch that commits, or a
+	// recorded failure, finishes the attempt. When careful is not zero, the careful range is
+	// extended to it and the count restarts at this attempt.
+	StartAttempt(ctx context.Context, p *Projection, at, careful eventstore.Position) (Attempt, error)
+	// EndAttempt forgets the batches started at *at without finishing (a batch that rolled back
+	// without a crash, e.g. at shutdown), or at any position when at is nil (an operator replays
+	// a projection that was judged to crash the process).
+	EndAttempt(ctx context.Context, p *Projection, at *eventstore.Position) error
+}
+
+// Attempt is what StartAttempt knows about batches started at one position.
+type Attempt struct {
+	// Starts counts the batches started at the position without finishing, this one included.
+	Starts int
+	// CarefulUntil, when not zero, is the end of a range handled one event per batch because
+	// the process died in a batch there.
+	CarefulUntil eventstore.Position
 }
 
 // BatchFunc is the runner's work inside one unit.

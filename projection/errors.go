@@ -36,6 +36,9 @@ var (
 	// projection fails on (without Force), or not the next event it would handle.
 	ErrSkipRefused = errors.New("projection: skip refused")
 
+	// ErrCrashLoop matches every *CrashLoopError.
+	ErrCrashLoop = errors.New("projection: the process keeps dying on this event")
+
 	// ErrHandler matches every *HandlerError.
 	ErrHandler = errors.New("projection: handler failed")
 
@@ -101,3 +104,19 @@ func (e *DecodeError) Unwrap() error { return e.Err }
 func invalidConfig(projection, format string, args ...any) error {
 	return fmt.Errorf("%w: projection %s: %s", ErrInvalidConfig, projection, fmt.Sprintf(format, args...))
 }
+
+// CrashLoopError is the error recorded for an event during which the process stopped again and
+// again (a crash outside any recover, an OOM kill, os.Exit): the runner no longer hands it to
+// the handler, so the process survives. It matches ErrCrashLoop.
+type CrashLoopError struct {
+	// Starts is how many times a batch with the event started without finishing.
+	Starts int
+}
+
+func (e *CrashLoopError) Error() string {
+	return fmt.Sprintf("the process stopped %d times while handling this event (a crash, an OOM kill, os.Exit…); "+
+		"it is treated as poison and not handled again: fix the handler, then replay the projection, or skip the event", e.Starts)
+}
+
+// Is makes errors.Is(err, ErrCrashLoop) true.
+func (e *CrashLoopError) Is(target error) bool { return target == ErrCrashLoop }

@@ -17,6 +17,9 @@ const (
 	// MaxBatchDurationDefault bounds how long a batch handles events before it commits what it
 	// has, to keep transactions short: an open batch holds back every reader of the store.
 	MaxBatchDurationDefault = 2 * time.Second
+	// CrashLoopLimitDefault is how many batches may start at one position without finishing
+	// (the process died in them) before the runner hunts for the event that kills it.
+	CrashLoopLimitDefault = 3
 )
 
 // Config tunes a projection. Every field is optional.
@@ -27,6 +30,13 @@ type Config struct {
 	// MaxBatchDuration ends a batch early (committing what it handled) once handling has taken
 	// this long. Defaults to MaxBatchDurationDefault.
 	MaxBatchDuration time.Duration
+	// CrashLoopLimit is how many times batches may start at one position without finishing —
+	// the process died during them, where no recover or retry can see it — before the runner
+	// handles that range one event per batch and, when the process dies CrashLoopLimit times
+	// more on one event, records that event as poison (a *CrashLoopError) instead of handling it
+	// again. Each batch with events records its start in a transaction of its own to count this.
+	// Defaults to CrashLoopLimitDefault; a negative value turns the detection off.
+	CrashLoopLimit int
 	// OmitPayloads reads events without their payload and metadata, which saves the store work
 	// for projections that need only positions, types and streams (the trigger relay). Only
 	// OnAnyIdempotent handlers may be used with it: typed handlers need the payload.
@@ -100,6 +110,9 @@ func New(name string, cfg Config, handlers ...Handler) (*Projection, error) {
 	}
 	if cfg.MaxBatchDuration == 0 {
 		cfg.MaxBatchDuration = MaxBatchDurationDefault
+	}
+	if cfg.CrashLoopLimit == 0 {
+		cfg.CrashLoopLimit = CrashLoopLimitDefault
 	}
 	if cfg.MaxBatchDuration < 0 {
 		return nil, invalidConfig(name, "MaxBatchDuration %s is negative", cfg.MaxBatchDuration)

@@ -143,6 +143,8 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 		failedAt  int
 		handled   int
 		committed eventstore.Position
+		attempted bool // a crash-loop attempt was recorded at committed
+		crashLoop bool // failed is a crash-loop verdict
 		started   = r.now()
 	)
 	err := r.backend.RunBatch(ctx, p, func(ctx context.Context, u Unit) (Outcome, error) {
@@ -160,6 +162,20 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 				out.State = StateRunning
 			}
 			return out, nil
+		}
+		if limit := p.cfg.CrashLoopLimit; limit > 0 {
+			var crashed bool
+			events, crashed, err = r.watchCrashLoops(ctx, p, u.Status.Position, events, limit)
+			if err != nil {
+				return Outcome{}, err
+			}
+			attempted = true
+			if crashed {
+				e := events[0]
+				failed, crashLoop = &HandlerError{Projection: p.name, EventID: e.ID, EventType: e.Type, StreamID: e.StreamID,
+					Position: e.Position, Err: &CrashLoopError{Starts: limit}}, true
+				return Outcome{}, failed
+			}
 		}
 		deadline := started.Add(p.cfg.MaxBatchDuration)
 		for i, e := range events {
@@ -196,6 +212,15 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 		res.Position = committed
 		r.remember(p.name, committed)
 	}
+	if err != nil && attempted && !crashLoop {
+		// The batch rolled back without the process dying: it does not count as a crash.
+		endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		if endErr := r.backend.EndAttempt(endCtx, p, &committed); endErr != nil {
+			r.logger.WarnContext(ctx, "projection: could not clear a batch's start; it may count as a crash", //nolint:sloglint // constant message
+				slog.String("projection", p.name), slog.Any("error", endErr))
+		}
+		cancel()
+	}
 	switch {
 	case err == nil:
 		if handled > 0 {
@@ -216,6 +241,11 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 	}
 
 	// A handler failed: commit the events before the failing one, then record the failure.
+	if crashLoop {
+		r.logger.ErrorContext(ctx, "projection: the process keeps dying on an event; it is not handled again until a replay",
+			slog.String("projection", p.name), slog.String("event_id", failed.EventID.String()),
+			slog.String("event_type", failed.EventType), slog.String("position", failed.Position.String()))
+	}
 	if failedAt > 0 {
 		if _, err := r.batch(ctx, p, failedAt, res); err != nil {
 			return 0, err
@@ -411,4 +441,39 @@ func (r *Runner) Skip(ctx context.Context, name string, eventID uuid.UUID, opts 
 		slog.String("event_id", skipped.ID.String()), slog.String("event_type", skipped.Type),
 		slog.String("position", skipped.Position.String()), slog.String("by", opts.By), slog.String("reason", opts.Reason))
 	return skipped, nil
+}
+
+// watchCrashLoops records that a batch of events starts after position at and decides what the
+// batch may do: all of events, only the first (the range where the process died is searched one
+// event at a time), or nothing, when the process died limit times on the first (crashed).
+func (r *Runner) watchCrashLoops(ctx context.Context, p *Projection, at eventstore.Position, events []eventstore.Event, limit int) ([]eventstore.Event, bool, error) {
+	att, err := r.backend.StartAttempt(ctx, p, at, eventstore.Position{})
+	if err != nil {
+		return nil, false, fmt.Errorf("projection %s: record the batch's start: %w", p.name, err)
+	}
+	careful := !att.CarefulUntil.IsZero() && at.Less(att.CarefulUntil)
+	if att.Starts > limit && len(events) > 1 && !careful {
+		last := events[len(events)-1].Position
+		if att, err = r.backend.StartAttempt(ctx, p, at, last); err != nil {
+			return nil, false, fmt.Errorf("projection %s: record the batch's start: %w", p.name, err)
+		}
+		careful = true
+		r.logger.WarnContext(ctx, "projection: the process stopped during batches here; handling one event per batch to find the event",
+			slog.String("projection", p.name), slog.String("position", at.String()), slog.Int("starts", limit))
+	}
+	if careful {
+		events = events[:1]
+	}
+	return events, att.Starts > limit && len(events) == 1, nil
+}
+
+// ClearCrashLoop lets the projection handle again an event it was judged to die on (after a
+// fix): the next batch there runs the handler, one event at a time. Workers call it for replay
+// triggers.
+func (r *Runner) ClearCrashLoop(ctx context.Context, name string) error {
+	p, err := r.Projection(name)
+	if err != nil {
+		return err
+	}
+	return r.backend.EndAttempt(ctx, p, nil)
 }

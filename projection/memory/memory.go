@@ -29,8 +29,13 @@ type Backend struct {
 type row struct {
 	lock chan struct{} // a one-slot semaphore: the projection's lock, honouring contexts
 
-	mu     sync.Mutex // guards status, so Status can read it while a batch runs
-	status projection.Status
+	mu      sync.Mutex // guards status and the attempt fields, so Status can read while a batch runs
+	status  projection.Status
+	attempt struct {
+		at      eventstore.Position
+		starts  int
+		careful eventstore.Position
+	}
 }
 
 func (r *row) get() projection.Status {
@@ -120,6 +125,10 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn pro
 			}
 			st.Position, st.State = out.Position, out.State
 			st.EventsProcessed += int64(out.Processed)
+			r.attempt.at, r.attempt.starts = eventstore.Position{}, 0
+			if !st.Position.Less(r.attempt.careful) {
+				r.attempt.careful = eventstore.Position{}
+			}
 			if out.ClearFailure {
 				st.LastError, st.FailingEvent, st.Attempts = "", nil, 0
 				st.FirstFailureAt, st.LastFailureAt = time.Time{}, time.Time{}
@@ -164,6 +173,7 @@ func (b *Backend) Reset(ctx context.Context, p *projection.Projection) error {
 		now := b.now()
 		r.update(func(st *projection.Status) {
 			*st = projection.Status{Name: p.Name(), State: projection.StateRebuilding, RebuildStartedAt: now, UpdatedAt: now}
+			r.attempt.at, r.attempt.starts, r.attempt.careful = eventstore.Position{}, 0, eventstore.Position{}
 		})
 		return nil
 	})
@@ -235,4 +245,42 @@ func (b *Backend) Status(ctx context.Context, p *projection.Projection) (project
 		after = page[len(page)-1].Position
 	}
 	return st, nil
+}
+
+// StartAttempt implements projection.Backend.
+func (b *Backend) StartAttempt(_ context.Context, p *projection.Projection, at, careful eventstore.Position) (projection.Attempt, error) {
+	b.mu.Lock()
+	r, ok := b.rows[p.Name()]
+	b.mu.Unlock()
+	if !ok {
+		return projection.Attempt{}, fmt.Errorf("projection %s: %w", p.Name(), projection.ErrNotRegistered)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case !careful.IsZero():
+		r.attempt.starts, r.attempt.careful = 1, careful
+	case r.attempt.starts > 0 && r.attempt.at == at:
+		r.attempt.starts++
+	default:
+		r.attempt.starts = 1
+	}
+	r.attempt.at = at
+	return projection.Attempt{Starts: r.attempt.starts, CarefulUntil: r.attempt.careful}, nil
+}
+
+// EndAttempt implements projection.Backend.
+func (b *Backend) EndAttempt(_ context.Context, p *projection.Projection, at *eventstore.Position) error {
+	b.mu.Lock()
+	r, ok := b.rows[p.Name()]
+	b.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("projection %s: %w", p.Name(), projection.ErrNotRegistered)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if at == nil || r.attempt.at == *at {
+		r.attempt.at, r.attempt.starts = eventstore.Position{}, 0
+	}
+	return nil
 }

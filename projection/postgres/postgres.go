@@ -254,3 +254,26 @@ func errorText(err error) string {
 	}
 	return text
 }
+
+// StartAttempt implements projection.Backend. It commits at once, on its own connection, so the
+// count survives the death of the process running the batch.
+func (b *Backend) StartAttempt(ctx context.Context, p *projection.Projection, at, careful eventstore.Position) (projection.Attempt, error) {
+	var att projection.Attempt
+	err := b.db.QueryRow(ctx, b.sql.startAttempt, p.Name(), at.TransactionID, at.GlobalPosition, !careful.IsZero(),
+		careful.TransactionID, careful.GlobalPosition).Scan(&att.Starts, &att.CarefulUntil.TransactionID, &att.CarefulUntil.GlobalPosition)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return att, fmt.Errorf("projection %s: %w", p.Name(), projection.ErrNotRegistered)
+	}
+	return att, err
+}
+
+// EndAttempt implements projection.Backend.
+func (b *Backend) EndAttempt(ctx context.Context, p *projection.Projection, at *eventstore.Position) error {
+	var tx *uint64
+	var pos *int64
+	if at != nil {
+		tx, pos = &at.TransactionID, &at.GlobalPosition
+	}
+	_, err := b.db.Exec(ctx, b.sql.endAttempt, p.Name(), tx, pos)
+	return err
+}

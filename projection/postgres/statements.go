@@ -12,6 +12,7 @@ import (
 
 type statements struct {
 	lock, register, selectStatus, advance, recordFailure, reset, setState, delete, lag, recordSkip string
+	startAttempt, endAttempt                                                                       string
 }
 
 // lockClass is the first key of the advisory locks on projections ("nudg" in ASCII). Two-key
@@ -52,8 +53,28 @@ func newStatements(schema string) statements {
 				attempts = CASE WHEN $6 THEN 0 ELSE attempts END,
 				first_failed_at = CASE WHEN $6 THEN NULL ELSE first_failed_at END,
 				last_failed_at = CASE WHEN $6 THEN NULL ELSE last_failed_at END,
+				attempt_transaction_id = NULL, attempt_global_position = NULL, attempt_starts = 0,
+				careful_transaction_id = CASE WHEN ($2::xid8, $3::bigint) >= (careful_transaction_id, careful_global_position)
+					THEN NULL ELSE careful_transaction_id END,
+				careful_global_position = CASE WHEN ($2::xid8, $3::bigint) >= (careful_transaction_id, careful_global_position)
+					THEN NULL ELSE careful_global_position END,
 				updated_at = now()
 			WHERE name = $1`),
+		// $4: extend the careful range to ($5, $6) and restart the count.
+		startAttempt: r.Replace(`UPDATE {projections} SET
+				attempt_starts = CASE
+					WHEN $4 THEN 1
+					WHEN (attempt_transaction_id, attempt_global_position) IS NOT DISTINCT FROM ($2::xid8, $3::bigint) THEN attempt_starts + 1
+					ELSE 1 END,
+				attempt_transaction_id = $2, attempt_global_position = $3,
+				careful_transaction_id = CASE WHEN $4 THEN $5::xid8 ELSE careful_transaction_id END,
+				careful_global_position = CASE WHEN $4 THEN $6::bigint ELSE careful_global_position END
+			WHERE name = $1
+			RETURNING attempt_starts, coalesce(careful_transaction_id, '0'), coalesce(careful_global_position, 0)`),
+		// $2 NULL: at any position.
+		endAttempt: r.Replace(`UPDATE {projections} SET attempt_transaction_id = NULL, attempt_global_position = NULL, attempt_starts = 0
+			WHERE name = $1 AND attempt_starts > 0
+				AND ($2::xid8 IS NULL OR (attempt_transaction_id, attempt_global_position) = ($2::xid8, $3::bigint))`),
 		// Recorded only while the position is still before the failing event: another worker
 		// may have handled it meanwhile.
 		recordFailure: r.Replace(`UPDATE {projections} SET
@@ -68,7 +89,9 @@ func newStatements(schema string) statements {
 				transaction_id = '0', global_position = 0, state = 'rebuilding', events_processed = 0,
 				last_error = NULL, failing_transaction_id = NULL, failing_global_position = NULL,
 				failing_event_id = NULL, failing_event_type = NULL, failing_stream_id = NULL, attempts = 0,
-				first_failed_at = NULL, last_failed_at = NULL, rebuild_started_at = now(), updated_at = now()
+				first_failed_at = NULL, last_failed_at = NULL, rebuild_started_at = now(), updated_at = now(),
+				attempt_transaction_id = NULL, attempt_global_position = NULL, attempt_starts = 0,
+				careful_transaction_id = NULL, careful_global_position = NULL
 			WHERE name = $1`),
 		setState: r.Replace(`UPDATE {projections} SET state = $2, updated_at = now() WHERE name = $1`),
 		delete:   r.Replace(`DELETE FROM {projections} WHERE name = $1`),
