@@ -216,7 +216,7 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 		// The batch rolled back without the process dying: it does not count as a crash.
 		endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		if endErr := r.backend.EndAttempt(endCtx, p, &committed); endErr != nil {
-			r.logger.WarnContext(ctx, "projection: could not clear a batch's start; it may count as a crash", //nolint:sloglint // constant message
+			r.logger.WarnContext(ctx, "projection: could not clear a batch's start; it may count as a crash",
 				slog.String("projection", p.name), slog.Any("error", endErr))
 		}
 		cancel()
