@@ -247,6 +247,12 @@ func (w *Worker) handler(name string) message.NoPublishHandlerFunc {
 			c.redundant.Add(1)
 			return nil
 		}
+		if t.Reason == trigger.ReasonReplay {
+			// An operator replays after a fix: an event judged to kill the process gets another go.
+			if err := w.cfg.Runner.ClearCrashLoop(msg.Context(), name); err != nil {
+				return fmt.Errorf("projection %s: clear the crash-loop verdict for a replay: %w", name, err)
+			}
+		}
 		readable, err := w.waitReadable(msg.Context(), t.Position)
 		if err != nil {
 			return err
