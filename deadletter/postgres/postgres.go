@@ -1,0 +1,283 @@
+// Package postgres is the PostgreSQL deadletter.Store, on pgx/v5.
+//
+// Dead letters live in the table nudge_dead_letters, one row per record; create it with
+// Store.Migrate. The table is meant to be read by operators with plain SQL as well as through
+// this package, e.g. the open dead letters per projection and failing event:
+//
+//	SELECT id, projection, status, count, attempts, last_failed_at,
+//	       failing_event_type, failing_event_id, error
+//	FROM nudge_dead_letters
+//	WHERE status <> 'resolved'
+//	ORDER BY projection, id;
+//
+// payload is bytea (an invalid trigger is kept byte for byte; convert_from(payload, 'UTF8')
+// shows a valid one as text), metadata is jsonb, and the failing event's position is the pair
+// (failing_transaction_id xid8, failing_global_position bigint), as in nudge_projections.
+// status is one of 'failed', 'replayed' and 'resolved'. Change rows through the Store (or
+// deadletter.Replay), which keeps the folding rule; deleting rows by hand is harmless.
+//
+// # Folding
+//
+// Add is one statement, INSERT … ON CONFLICT (projection, fold_key) WHERE status <> 'resolved'
+// DO UPDATE, on a unique partial index. fold_key is a generated column: the failing event's id,
+// or 'message:' || message_uuid for an invalid trigger. Concurrent Adds for one event therefore
+// fold into one record without locks or retries, and a resolved record, which leaves the
+// index, is never folded into.
+package postgres
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/nudgeworks/nudge/deadletter"
+	"github.com/nudgeworks/nudge/internal/pgmigrate"
+)
+
+// DB is what the store needs of PostgreSQL; *pgxpool.Pool satisfies it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// querier is the part of DB and pgx.Tx that the store's statements use.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Config configures a Store.
+type Config struct {
+	// Schema holds the store's table. Defaults to "", which means the connection's search_path
+	// (usually public). A schema name is lowercase letters, digits and _. Use the event store's
+	// schema to keep nudge's tables together.
+	Schema string
+}
+
+// Store is the PostgreSQL dead-letter store. It is safe for concurrent use.
+type Store struct {
+	db     DB
+	schema string
+	sql    statements
+	now    func() time.Time
+}
+
+var _ deadletter.Store = (*Store)(nil)
+
+var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// New returns a store on db. It does not touch the database; call Migrate once at start-up.
+func New(db DB, cfg Config) (*Store, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: deadletter/postgres.New needs a database handle (a *pgxpool.Pool), got nil", deadletter.ErrInvalidInput)
+	}
+	if cfg.Schema != "" && !schemaName.MatchString(cfg.Schema) {
+		return nil, fmt.Errorf("%w: Config.Schema %q: use lowercase letters, digits and _ (at most 63, not starting with a digit)", deadletter.ErrInvalidInput, cfg.Schema)
+	}
+	return &Store{db: db, schema: cfg.Schema, sql: newStatements(cfg.Schema), now: time.Now}, nil
+}
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// migrationComponent names the store's migrations in nudge_schema_migrations.
+const migrationComponent = "deadletter"
+
+// Migrate creates or upgrades the store's table. It is safe to run at every start and from
+// several processes at once.
+func (s *Store) Migrate(ctx context.Context) error {
+	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error { return s.MigrateTx(ctx, tx) })
+}
+
+// MigrateTx is Migrate inside the caller's transaction.
+func (s *Store) MigrateTx(ctx context.Context, tx pgx.Tx) error {
+	migs, err := pgmigrate.Load(migrationFiles, "migrations")
+	if err != nil {
+		return err
+	}
+	if _, err := pgmigrate.Run(ctx, tx, migrationComponent, s.schema, migs); err != nil {
+		return fmt.Errorf("deadletter/postgres: migrate: %w", err)
+	}
+	return nil
+}
+
+// Schema returns the schema the store's table is in ("" for the search path).
+func (s *Store) Schema() string { return s.schema }
+
+// Add implements deadletter.Store, in one statement of its own.
+func (s *Store) Add(ctx context.Context, e deadletter.Entry) (deadletter.Record, error) {
+	return s.add(ctx, s.db, e)
+}
+
+// AddTx is Add inside the caller's transaction: a worker that records a projection's failure
+// in its own transaction can write the dead letter with it. The record is visible to others
+// when tx commits; a concurrent Add of the same event waits for that commit and then folds.
+func (s *Store) AddTx(ctx context.Context, tx pgx.Tx, e deadletter.Entry) (deadletter.Record, error) {
+	if tx == nil {
+		return deadletter.Record{}, nilTx("AddTx", "Add")
+	}
+	return s.add(ctx, tx, e)
+}
+
+func (s *Store) add(ctx context.Context, q querier, e deadletter.Entry) (deadletter.Record, error) {
+	e, err := deadletter.NormalizeEntry(e, s.now())
+	if err != nil {
+		return deadletter.Record{}, err
+	}
+	r, err := scanRecord(q.QueryRow(ctx, s.sql.add, addArgs(e)...))
+	if err != nil {
+		return deadletter.Record{}, s.translate(fmt.Errorf("deadletter/postgres: add a dead letter for projection %s: %w", e.Projection, err))
+	}
+	return r, nil
+}
+
+// Get implements deadletter.Store.
+func (s *Store) Get(ctx context.Context, id int64) (deadletter.Record, error) {
+	r, err := scanRecord(s.db.QueryRow(ctx, s.sql.get, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return deadletter.Record{}, &deadletter.NotFoundError{ID: id}
+	}
+	if err != nil {
+		return deadletter.Record{}, s.translate(fmt.Errorf("deadletter/postgres: get record %d: %w", id, err))
+	}
+	return r, nil
+}
+
+// List implements deadletter.Store.
+func (s *Store) List(ctx context.Context, f deadletter.Filter) ([]deadletter.Record, error) {
+	f, err := deadletter.NormalizeFilter(f)
+	if err != nil {
+		return nil, err
+	}
+	query, args := s.sql.listQuery(f)
+	rows, err := s.db.Query(ctx, query, args...)
+	if err != nil {
+		return nil, s.translate(fmt.Errorf("deadletter/postgres: list: %w", err))
+	}
+	defer rows.Close()
+	var out []deadletter.Record
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, fmt.Errorf("deadletter/postgres: list: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.translate(fmt.Errorf("deadletter/postgres: list: %w", err))
+	}
+	return out, nil
+}
+
+// MarkReplayed implements deadletter.Store, in one statement of its own.
+func (s *Store) MarkReplayed(ctx context.Context, ids []int64, by string, at time.Time) (int, error) {
+	return s.markReplayed(ctx, s.db, ids, by, at)
+}
+
+// MarkReplayedTx is MarkReplayed inside the caller's transaction.
+func (s *Store) MarkReplayedTx(ctx context.Context, tx pgx.Tx, ids []int64, by string, at time.Time) (int, error) {
+	if tx == nil {
+		return 0, nilTx("MarkReplayedTx", "MarkReplayed")
+	}
+	return s.markReplayed(ctx, tx, ids, by, at)
+}
+
+func (s *Store) markReplayed(ctx context.Context, q querier, ids []int64, by string, at time.Time) (int, error) {
+	by, err := deadletter.NormalizeActor("MarkReplayed's by", by)
+	if err != nil {
+		return 0, err
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	if at.IsZero() {
+		at = s.now()
+	}
+	tag, err := q.Exec(ctx, s.sql.markReplayed, ids, by, deadletter.Timestamp(at))
+	if err != nil {
+		return 0, s.translate(fmt.Errorf("deadletter/postgres: mark %d records replayed: %w", len(ids), err))
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// Resolve implements deadletter.Store, in one statement of its own.
+func (s *Store) Resolve(ctx context.Context, id int64, by, note string, at time.Time) error {
+	return s.resolve(ctx, s.db, id, by, note, at)
+}
+
+// ResolveTx is Resolve inside the caller's transaction.
+func (s *Store) ResolveTx(ctx context.Context, tx pgx.Tx, id int64, by, note string, at time.Time) error {
+	if tx == nil {
+		return nilTx("ResolveTx", "Resolve")
+	}
+	return s.resolve(ctx, tx, id, by, note, at)
+}
+
+func (s *Store) resolve(ctx context.Context, q querier, id int64, by, note string, at time.Time) error {
+	by, err := deadletter.NormalizeActor("Resolve's by", by)
+	if err != nil {
+		return err
+	}
+	if at.IsZero() {
+		at = s.now()
+	}
+	var exists bool
+	if err := q.QueryRow(ctx, s.sql.resolve, id, by, deadletter.CleanText(note), deadletter.Timestamp(at)).Scan(&exists); err != nil {
+		return s.translate(fmt.Errorf("deadletter/postgres: resolve record %d: %w", id, err))
+	}
+	if !exists {
+		return &deadletter.NotFoundError{ID: id}
+	}
+	return nil
+}
+
+// Purge implements deadletter.Store, in one statement of its own.
+func (s *Store) Purge(ctx context.Context, opts deadletter.PurgeOptions) (int, error) {
+	return s.purge(ctx, s.db, opts)
+}
+
+// PurgeTx is Purge inside the caller's transaction.
+func (s *Store) PurgeTx(ctx context.Context, tx pgx.Tx, opts deadletter.PurgeOptions) (int, error) {
+	if tx == nil {
+		return 0, nilTx("PurgeTx", "Purge")
+	}
+	return s.purge(ctx, tx, opts)
+}
+
+func (s *Store) purge(ctx context.Context, q querier, opts deadletter.PurgeOptions) (int, error) {
+	opts, err := deadletter.NormalizePurge(opts, s.now())
+	if err != nil {
+		return 0, err
+	}
+	query := s.sql.purge[0]
+	if opts.IncludeUnresolved {
+		query = s.sql.purge[1]
+	}
+	tag, err := q.Exec(ctx, query, opts.Cutoff())
+	if err != nil {
+		return 0, s.translate(fmt.Errorf("deadletter/postgres: purge: %w", err))
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// translate turns the driver errors a user can cause into errors that say what to do.
+func (s *Store) translate(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return fmt.Errorf("%w (table %s is missing: run Store.Migrate at start-up)", err, s.sql.table)
+	}
+	return err
+}
+
+func nilTx(method, alternative string) error {
+	return fmt.Errorf("%w: %s got a nil transaction; use %s to write in a statement of the store's own", deadletter.ErrInvalidInput, method, alternative)
+}
