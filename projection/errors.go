@@ -39,6 +39,11 @@ var (
 	// ErrCrashLoop matches every *CrashLoopError.
 	ErrCrashLoop = errors.New("projection: the process keeps dying on this event")
 
+	// ErrAttemptNotRecorded is returned by a Backend's StartAttempt that could not record a
+	// batch's start in time (no free database connection): the batch runs without crash-loop
+	// tracking instead of waiting.
+	ErrAttemptNotRecorded = errors.New("projection: the batch's start could not be recorded in time")
+
 	// ErrHandler matches every *HandlerError.
 	ErrHandler = errors.New("projection: handler failed")
 

@@ -17,9 +17,10 @@ const (
 	// MaxBatchDurationDefault bounds how long a batch handles events before it commits what it
 	// has, to keep transactions short: an open batch holds back every reader of the store.
 	MaxBatchDurationDefault = 2 * time.Second
-	// CrashLoopLimitDefault is how many batches may start at one position without finishing
-	// (the process died in them) before the runner hunts for the event that kills it.
-	CrashLoopLimitDefault = 3
+	// CrashLoopLimitSuggested is a good Config.CrashLoopLimit: how many batches may start at
+	// one position without finishing (the process died in them) before the runner hunts for the
+	// event that kills it.
+	CrashLoopLimitSuggested = 3
 )
 
 // Config tunes a projection. Every field is optional.
@@ -34,8 +35,11 @@ type Config struct {
 	// the process died during them, where no recover or retry can see it — before the runner
 	// handles that range one event per batch and, when the process dies CrashLoopLimit times
 	// more on one event, records that event as poison (a *CrashLoopError) instead of handling it
-	// again. Each batch with events records its start in a transaction of its own to count this.
-	// Defaults to CrashLoopLimitDefault; a negative value turns the detection off.
+	// again. Each batch with events records its start in a transaction of its own to count this;
+	// with the PostgreSQL backend that takes a second connection while the batch holds one, so
+	// give the pool more connections than projections catching up at once (a start that cannot
+	// get one within a second goes uncounted). 0, the default, turns the detection off;
+	// CrashLoopLimitSuggested is a good value.
 	CrashLoopLimit int
 	// OmitPayloads reads events without their payload and metadata, which saves the store work
 	// for projections that need only positions, types and streams (the trigger relay). Only
@@ -111,8 +115,8 @@ func New(name string, cfg Config, handlers ...Handler) (*Projection, error) {
 	if cfg.MaxBatchDuration == 0 {
 		cfg.MaxBatchDuration = MaxBatchDurationDefault
 	}
-	if cfg.CrashLoopLimit == 0 {
-		cfg.CrashLoopLimit = CrashLoopLimitDefault
+	if cfg.CrashLoopLimit < 0 {
+		return nil, invalidConfig(name, "CrashLoopLimit %d is negative; 0 turns crash-loop detection off", cfg.CrashLoopLimit)
 	}
 	if cfg.MaxBatchDuration < 0 {
 		return nil, invalidConfig(name, "MaxBatchDuration %s is negative", cfg.MaxBatchDuration)

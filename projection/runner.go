@@ -40,6 +40,7 @@ type Runner struct {
 
 	mu        sync.Mutex
 	positions map[string]eventstore.Position // last committed position seen per projection
+	running   map[string]chan struct{}       // one catch-up per projection at a time in this runner
 }
 
 // NewRunner returns a runner for projections on backend. Names must be unique. Call Init before
@@ -57,6 +58,7 @@ func NewRunner(backend Backend, cfg RunnerConfig, projections ...*Projection) (*
 		now:         cfg.NowFunc,
 		projections: make(map[string]*Projection, len(projections)),
 		positions:   make(map[string]eventstore.Position, len(projections)),
+		running:     make(map[string]chan struct{}, len(projections)),
 	}
 	if r.logger == nil {
 		r.logger = slog.Default()
@@ -72,6 +74,7 @@ func NewRunner(backend Backend, cfg RunnerConfig, projections ...*Projection) (*
 			return nil, fmt.Errorf("%w: two projections are named %s; names must be unique", ErrInvalidConfig, p.name)
 		}
 		r.projections[p.name] = p
+		r.running[p.name] = make(chan struct{}, 1)
 		r.names = append(r.names, p.name)
 	}
 	slices.Sort(r.names)
@@ -124,6 +127,15 @@ func (r *Runner) CatchUp(ctx context.Context, name string) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	// Concurrent catch-ups of one projection in one runner (several triggers at once) would
+	// only queue on the backend's lock, each holding a database connection meanwhile: they
+	// wait here instead, and find the work done.
+	select {
+	case r.running[name] <- struct{}{}:
+		defer func() { <-r.running[name] }()
+	case <-ctx.Done():
+		return Result{}, ctx.Err()
+	}
 	var res Result
 	for {
 		n, err := r.batch(ctx, p, p.cfg.BatchSize, &res)
@@ -139,16 +151,17 @@ var errPaused = errors.New("projection paused")
 // batch runs one batch of at most limit events and returns how many it committed.
 func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Result) (int, error) {
 	var (
-		failed    *HandlerError
-		failedAt  int
-		handled   int
-		committed eventstore.Position
-		attempted bool // a crash-loop attempt was recorded at committed
-		crashLoop bool // failed is a crash-loop verdict
-		started   = r.now()
+		failed     *HandlerError
+		failedAt   int
+		handled    int
+		committed  eventstore.Position
+		rebuilding bool
+		attempted  bool // a crash-loop attempt was recorded at committed
+		crashLoop  bool // failed is a crash-loop verdict
+		started    = r.now()
 	)
 	err := r.backend.RunBatch(ctx, p, func(ctx context.Context, u Unit) (Outcome, error) {
-		committed = u.Status.Position
+		committed, rebuilding = u.Status.Position, u.Status.State == StateRebuilding
 		if u.Status.State == StatePaused {
 			return Outcome{}, errPaused
 		}
@@ -210,7 +223,7 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 	})
 	if err == nil || errors.Is(err, errPaused) {
 		res.Position = committed
-		r.remember(p.name, committed)
+		r.remember(p.name, committed, rebuilding)
 	}
 	if err != nil && attempted && !crashLoop {
 		// The batch rolled back without the process dying: it does not count as a crash.
@@ -266,11 +279,15 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 	return 0, failed
 }
 
-// remember caches a committed position seen for name.
-func (r *Runner) remember(name string, p eventstore.Position) {
+// remember caches a committed position seen for name. Batches of concurrent catch-ups finish
+// in any order, so the cache only moves forward — unless the batch saw the projection rebuilding
+// (reset, possibly by another process), which moves it back.
+func (r *Runner) remember(name string, p eventstore.Position, rebuilding bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.positions[name] = p
+	if rebuilding || r.positions[name].Less(p) {
+		r.positions[name] = p
+	}
 }
 
 // CommittedPosition returns the last committed position this runner has seen for the
@@ -436,7 +453,7 @@ func (r *Runner) Skip(ctx context.Context, name string, eventID uuid.UUID, opts 
 	if err != nil {
 		return eventstore.Event{}, err
 	}
-	r.remember(name, skipped.Position)
+	r.remember(name, skipped.Position, false)
 	r.logger.WarnContext(ctx, "projection skipped an event", slog.String("projection", name),
 		slog.String("event_id", skipped.ID.String()), slog.String("event_type", skipped.Type),
 		slog.String("position", skipped.Position.String()), slog.String("by", opts.By), slog.String("reason", opts.Reason))
@@ -448,6 +465,10 @@ func (r *Runner) Skip(ctx context.Context, name string, eventID uuid.UUID, opts 
 // event at a time), or nothing, when the process died limit times on the first (crashed).
 func (r *Runner) watchCrashLoops(ctx context.Context, p *Projection, at eventstore.Position, events []eventstore.Event, limit int) ([]eventstore.Event, bool, error) {
 	att, err := r.backend.StartAttempt(ctx, p, at, eventstore.Position{})
+	if errors.Is(err, ErrAttemptNotRecorded) {
+		r.logger.WarnContext(ctx, "projection: crash-loop tracking skipped for a batch", slog.String("projection", p.name), slog.Any("error", err))
+		return events, false, nil
+	}
 	if err != nil {
 		return nil, false, fmt.Errorf("projection %s: record the batch's start: %w", p.name, err)
 	}

@@ -26,11 +26,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/retry"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -38,12 +39,6 @@ import (
 const (
 	// SafetyNetIntervalDefault is how often every projection catches up without a trigger.
 	SafetyNetIntervalDefault = 30 * time.Second
-	// MaxRetriesDefault is how often a failing trigger is retried before it is dead-lettered.
-	MaxRetriesDefault = 5
-	// RetryInitialIntervalDefault is the first wait between retries; it doubles each time.
-	RetryInitialIntervalDefault = 200 * time.Millisecond
-	// RetryMaxIntervalDefault caps the wait between retries.
-	RetryMaxIntervalDefault = 5 * time.Second
 	// CloseTimeoutDefault bounds how long Run waits for handlers in flight at shutdown.
 	CloseTimeoutDefault = 30 * time.Second
 	// HorizonWaitDefault bounds a handler's wait for a trigger's position to become readable.
@@ -63,12 +58,20 @@ type Config struct {
 	// SafetyNetInterval is how often every projection catches up without a trigger. Defaults to
 	// SafetyNetIntervalDefault; a negative value turns the tick off (start-up catch-up stays).
 	SafetyNetInterval time.Duration
-	// MaxRetries, RetryInitialInterval and RetryMaxInterval set the backoff for a failing
-	// trigger before it is dead-lettered. Default to the constants above. Keep the total below
-	// the channel's ack deadline.
-	MaxRetries           int
-	RetryInitialInterval time.Duration
-	RetryMaxInterval     time.Duration
+	// Retry is the backoff for a failing trigger before it is dead-lettered; zero fields take
+	// retry's defaults (5 attempts over about 3 s, at most 20 s). Keep MaxElapsedTime below the
+	// channel's ack deadline.
+	Retry retry.Policy
+	// DeadLetters keeps triggers whose retries are over (or that cannot be decoded): a trigger
+	// is acked only once its dead letter is committed there, else nacked so it comes back.
+	// Repeated failures on one event fold into one record. Without a store, dead letters are
+	// published to the channel's dead-letter topic instead.
+	DeadLetters deadletter.Store
+	// DisableReplayOnStart turns off "replay after deploy": by default, once its handlers run,
+	// the worker replays its projections' dead letters (status failed), so a fix that was just
+	// deployed takes effect without an operator. A projection whose bug is not fixed fails again
+	// and folds into the same record.
+	DisableReplayOnStart bool
 	// CloseTimeout bounds Run's wait for handlers in flight at shutdown. Defaults to
 	// CloseTimeoutDefault.
 	CloseTimeout time.Duration
@@ -110,14 +113,9 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.SafetyNetInterval == 0 {
 		cfg.SafetyNetInterval = SafetyNetIntervalDefault
 	}
-	if cfg.MaxRetries == 0 {
-		cfg.MaxRetries = MaxRetriesDefault
-	}
-	if cfg.RetryInitialInterval == 0 {
-		cfg.RetryInitialInterval = RetryInitialIntervalDefault
-	}
-	if cfg.RetryMaxInterval == 0 {
-		cfg.RetryMaxInterval = RetryMaxIntervalDefault
+	cfg.Retry = cfg.Retry.WithDefaults()
+	if err := cfg.Retry.Validate(); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
 	}
 	if cfg.CloseTimeout == 0 {
 		cfg.CloseTimeout = CloseTimeoutDefault
@@ -125,9 +123,8 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.HorizonWait == 0 {
 		cfg.HorizonWait = HorizonWaitDefault
 	}
-	if cfg.MaxRetries < 0 || cfg.RetryInitialInterval < 0 || cfg.RetryMaxInterval < cfg.RetryInitialInterval || cfg.CloseTimeout < 0 {
-		return nil, fmt.Errorf("%w: worker retries: need MaxRetries >= 0 and 0 <= RetryInitialInterval <= RetryMaxInterval (got %d, %s, %s)",
-			projection.ErrInvalidConfig, cfg.MaxRetries, cfg.RetryInitialInterval, cfg.RetryMaxInterval)
+	if cfg.CloseTimeout < 0 {
+		return nil, fmt.Errorf("%w: worker CloseTimeout %s is negative", projection.ErrInvalidConfig, cfg.CloseTimeout)
 	}
 	names := cfg.Projections
 	if len(names) == 0 {
@@ -159,10 +156,12 @@ type Stats struct {
 	CatchUps int64
 	// Failures counts catch-ups that returned an error.
 	Failures int64
+	// DeadLettered counts triggers handed to the dead letters.
+	DeadLettered int64
 }
 
 type counters struct {
-	received, redundant, ignored, invalid, catchUps, failures atomic.Int64
+	received, redundant, ignored, invalid, catchUps, failures, deadLettered atomic.Int64
 }
 
 // Stats returns the counters of the named projection's handler.
@@ -172,7 +171,7 @@ func (w *Worker) Stats(name string) Stats {
 		return Stats{}
 	}
 	return Stats{Received: c.received.Load(), Redundant: c.redundant.Load(), Ignored: c.ignored.Load(),
-		Invalid: c.invalid.Load(), CatchUps: c.catchUps.Load(), Failures: c.failures.Load()}
+		Invalid: c.invalid.Load(), CatchUps: c.catchUps.Load(), Failures: c.failures.Load(), DeadLettered: c.deadLettered.Load()}
 }
 
 // Declare creates the projections' subscriptions on the channel, so no trigger published after
@@ -185,44 +184,88 @@ func (w *Worker) Declare(ctx context.Context) error {
 }
 
 // AddHandlers adds one handler per projection to router, each consuming the projection's own
-// subscription, with handler-level middleware: dead-lettering outermost, then retries, then
-// panic recovery (a router-level Recoverer would turn a panic into an endless redelivery loop).
+// subscription, with handler-level middleware from package retry: dead-lettering outermost,
+// then retries with backoff, then panic recovery (a router-level Recoverer would turn a panic
+// into an endless redelivery loop).
 func (w *Worker) AddHandlers(router *message.Router) error {
-	pub := w.cfg.Channel.Publisher()
-	poison, err := middleware.PoisonQueueWithFilter(pub, w.cfg.Channel.DeadLetterTopic(), isPoison)
-	if err != nil {
-		return fmt.Errorf("worker: dead-letter middleware: %w", err)
-	}
-	retry := middleware.Retry{
-		MaxRetries:      w.cfg.MaxRetries,
-		InitialInterval: w.cfg.RetryInitialInterval,
-		MaxInterval:     w.cfg.RetryMaxInterval,
-		Multiplier:      2,
-		ShouldRetry: func(p middleware.RetryParams) bool {
-			return !errors.Is(p.Err, trigger.ErrInvalid) && !errors.Is(p.Err, context.Canceled)
-		},
-		Logger: watermill.NewSlogLogger(w.logger),
-	}
 	for _, name := range w.names {
 		sub, topic, err := w.cfg.Channel.Subscriber(name)
 		if err != nil {
 			return fmt.Errorf("worker: subscriber of %s: %w", name, err)
 		}
-		h := router.AddConsumerHandler("nudge."+name, topic, sub, w.handler(name))
-		h.AddMiddleware(poison, retry.Middleware, middleware.Recoverer)
+		mw, err := retry.Middleware(retry.Config{
+			Policy:               w.cfg.Retry,
+			DeadLetterFunc:       func(msg *message.Message, err error) error { return w.deadLetter(name, msg, err) },
+			ShouldDeadLetterFunc: shouldDeadLetter,
+			Logger:               w.logger.With(slog.String("projection", name)),
+		})
+		if err != nil {
+			return fmt.Errorf("worker: middleware of %s: %w", name, err)
+		}
+		router.AddConsumerHandler("nudge."+name, topic, sub, w.handler(name)).AddMiddleware(mw...)
 	}
 	return nil
 }
 
-// isPoison says which errors dead-letter a trigger (after retries): undecodable triggers,
-// handler failures and panics. Everything else — a database or broker that is down, a shutdown —
-// is nacked, so the trigger comes back.
-func isPoison(err error) bool {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
+// shouldDeadLetter says which errors dead-letter a trigger after its retries: undecodable
+// triggers, handler failures (a crash loop included) and panics. Everything else — a database or
+// broker that is down, a position not readable yet — is nacked, so the trigger comes back; a
+// shutdown is never dead-lettered.
+func shouldDeadLetter(err error) bool {
+	return retry.ShouldDeadLetterDefault(err) || errors.Is(err, trigger.ErrInvalid) || errors.Is(err, projection.ErrHandler)
+}
+
+func (w *Worker) deadLetter(name string, msg *message.Message, cause error) error {
+	log := w.logger.With(slog.String("projection", name), slog.String("message_uuid", msg.UUID))
+	if w.cfg.DeadLetters == nil {
+		dead := msg.Copy()
+		dead.Metadata.Set("nudge_projection", name)
+		if err := w.cfg.Channel.Publisher().Publish(w.cfg.Channel.DeadLetterTopic(), dead); err != nil {
+			return err
+		}
+		w.stats[name].deadLettered.Add(1)
+		log.WarnContext(msg.Context(), "trigger dead-lettered", slog.Any("error", cause))
+		return nil
 	}
-	var panicked middleware.RecoveredPanicError
-	return errors.Is(err, trigger.ErrInvalid) || errors.Is(err, projection.ErrHandler) || errors.As(err, &panicked)
+	entry := deadletter.Entry{Projection: name, MessageUUID: msg.UUID, Payload: msg.Payload, Metadata: msg.Metadata,
+		Error: cause.Error(), At: time.Now()}
+	var he *projection.HandlerError
+	if errors.As(cause, &he) {
+		entry.FailingEvent = &deadletter.FailingEvent{Position: he.Position, ID: he.EventID, Type: he.EventType}
+	}
+	var gaveUp *retry.GiveUpError
+	if errors.As(cause, &gaveUp) {
+		entry.Attempts = gaveUp.Attempts
+	}
+	rec, err := w.cfg.DeadLetters.Add(msg.Context(), entry)
+	if err != nil {
+		return fmt.Errorf("worker: store the dead letter: %w", err)
+	}
+	w.stats[name].deadLettered.Add(1)
+	attrs := []any{slog.Int64("dead_letter_id", rec.ID), slog.Int("count", rec.Count), slog.Any("error", cause)}
+	if he != nil {
+		attrs = append(attrs, slog.String("event_id", he.EventID.String()), slog.String("event_type", he.EventType),
+			slog.String("position", he.Position.String()))
+	}
+	log.WarnContext(msg.Context(), "trigger dead-lettered", attrs...)
+	return nil
+}
+
+// replayOnStart replays the dead letters of the worker's projections ("replay after deploy").
+func (w *Worker) replayOnStart(ctx context.Context) {
+	if w.cfg.DeadLetters == nil || w.cfg.DisableReplayOnStart {
+		return
+	}
+	for _, name := range w.names {
+		res, err := deadletter.Replay(ctx, w.cfg.DeadLetters, w.cfg.Channel, deadletter.ReplayFilter{Projection: name}, "worker start", time.Now())
+		log := w.logger.With(slog.String("projection", name))
+		switch {
+		case err != nil && ctx.Err() == nil:
+			log.ErrorContext(ctx, "replaying dead letters at start failed", slog.Any("error", err))
+		case res.Replayed > 0:
+			log.InfoContext(ctx, "replayed dead letters at start", slog.Int("records", res.Replayed))
+		}
+	}
 }
 
 func (w *Worker) handler(name string) message.NoPublishHandlerFunc {
@@ -234,9 +277,7 @@ func (w *Worker) handler(name string) message.NoPublishHandlerFunc {
 		t, err := trigger.FromMessage(msg)
 		if err != nil {
 			c.invalid.Add(1)
-			log.WarnContext(msg.Context(), "dead-lettering a trigger that cannot be decoded",
-				slog.String("message_uuid", msg.UUID), slog.Any("error", err))
-			return err
+			return retry.Permanent(err) // the same bytes can never decode: dead-letter at once
 		}
 		if t.Projection != "" && t.Projection != name {
 			c.ignored.Add(1)
@@ -258,6 +299,9 @@ func (w *Worker) handler(name string) message.NoPublishHandlerFunc {
 			return err
 		}
 		if err := w.catchUp(msg.Context(), name, log); err != nil {
+			if errors.Is(err, projection.ErrCrashLoop) {
+				return retry.Permanent(err) // handled no more until a replay: retrying cannot help
+			}
 			return err
 		}
 		if !readable {
@@ -372,6 +416,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		select {
 		case <-router.Running():
 			close(w.running)
+			w.replayOnStart(ctx)
 			w.SafetyNet(ctx)
 		case <-ctx.Done():
 		}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -29,6 +28,7 @@ import (
 	"github.com/nudgeworks/nudge/projection"
 	pgproj "github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/projection/projectiontest"
+	"github.com/nudgeworks/nudge/retry"
 	"github.com/nudgeworks/nudge/trigger"
 	"github.com/nudgeworks/nudge/worker"
 )
@@ -158,8 +158,19 @@ func (s *setup) has(t testing.TB, name string, n int) bool {
 }
 
 // start runs a worker, and a relay publishing to ch unless appends publish in their
-// transaction, until the test ends.
+// transaction, until the test ends; then it closes ch.
 func (s *setup) start(t testing.TB, ch channel.Channel, cfg worker.Config, projections ...*projection.Projection) *worker.Worker {
+	t.Helper()
+	w, stop := s.startStoppable(t, ch, cfg, projections...)
+	t.Cleanup(func() {
+		stop()
+		require.NoError(t, ch.Close())
+	})
+	return w
+}
+
+// startStoppable is start without the cleanup: stop ends the worker and the relay (not ch).
+func (s *setup) startStoppable(t testing.TB, ch channel.Channel, cfg worker.Config, projections ...*projection.Projection) (*worker.Worker, func()) {
 	t.Helper()
 	runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, projections...)
 	require.NoError(t, err)
@@ -178,17 +189,15 @@ func (s *setup) start(t testing.TB, ch channel.Channel, cfg worker.Config, proje
 		wg.Add(1)
 		go func() { defer wg.Done(); require.NoError(t, relay.Run(ctx)) }()
 	}
-	t.Cleanup(func() {
-		cancel()
-		wg.Wait()
-		require.NoError(t, ch.Close())
-	})
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(stop)
 	select {
 	case <-w.Running():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the worker did not start within 30 s")
 	}
-	return w
+	return w, stop
 }
 
 // TestEndToEnd: append → relay → trigger → catch-up → read model, two projections at once, on
@@ -247,7 +256,7 @@ func TestIsolation(t *testing.T) {
 			ch := s.newChannel(t, cc)
 			broken := errors.New("A is broken")
 			var attempts atomic.Int64
-			w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, MaxRetries: 3, RetryInitialInterval: 5 * time.Second, RetryMaxInterval: 10 * time.Second},
+			w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, Retry: retry.Policy{MaxAttempts: 4, InitialInterval: 5 * time.Second, MaxInterval: 10 * time.Second, MaxElapsedTime: time.Minute}},
 				s.model(t, "failing-a", func(int) error { attempts.Add(1); return broken }), s.model(t, "healthy-b", nil))
 
 			s.append(t, "s", storeEvent(0))
@@ -327,7 +336,7 @@ func TestMalformedTriggersAreDeadLettered(t *testing.T) {
 			defer cancel()
 			deadLetters, err := dlSub.Subscribe(ctx, ch.DeadLetterTopic())
 			require.NoError(t, err)
-			w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, RetryInitialInterval: time.Minute, RetryMaxInterval: time.Minute},
+			w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, Retry: retry.Policy{InitialInterval: time.Minute, MaxInterval: time.Minute, MaxElapsedTime: -1}},
 				s.model(t, "alpha", nil))
 
 			_, topic, err := ch.Subscriber("alpha")
@@ -341,7 +350,7 @@ func TestMalformedTriggersAreDeadLettered(t *testing.T) {
 			for len(reasons) < 2 {
 				select {
 				case msg := <-deadLetters:
-					reasons[msg.UUID] = msg.Metadata.Get(middleware.ReasonForPoisonedKey)
+					reasons[msg.UUID] = msg.Metadata.Get(retry.MetadataReason)
 					msg.Ack()
 				case <-time.After(20 * time.Second):
 					t.Fatalf("dead letters so far: %v", reasons)
@@ -421,7 +430,7 @@ func TestGracefulShutdown(t *testing.T) {
 			require.Zero(t, st.Attempts)
 			select {
 			case msg := <-deadLetters:
-				t.Fatalf("dead-lettered on shutdown: %s", msg.Metadata.Get(middleware.ReasonForPoisonedKey))
+				t.Fatalf("dead-lettered on shutdown: %s", msg.Metadata.Get(retry.MetadataReason))
 			default:
 			}
 			require.NoError(t, ch.Close())
@@ -459,6 +468,6 @@ func TestRedundantTriggersCostNoRead(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return w.Stats("alpha").Received == before.Received+10 }, 20*time.Second, 5*time.Millisecond)
 	after := w.Stats("alpha")
-	require.Equal(t, before.Redundant+10, after.Redundant)
+	require.Equal(t, before.Redundant+10, after.Redundant, "before %+v after %+v", before, after)
 	require.Equal(t, before.CatchUps, after.CatchUps, "no catch-up, so no read, for redundant triggers")
 }

@@ -28,7 +28,8 @@ const (
 // mid-handler unless fixed.
 func crashLoopProjection(t testing.TB, fixed bool) *projection.Projection {
 	p, err := projection.New("killer", projection.Config{
-		BatchSize: 10,
+		BatchSize:      10,
+		CrashLoopLimit: projection.CrashLoopLimitSuggested,
 		InitFunc: func(ctx context.Context, p projection.HookParams) error {
 			_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS killer (n int PRIMARY KEY, times int NOT NULL)`)
 			return err
@@ -97,7 +98,7 @@ func TestCrashLoopBecomesPoison(t *testing.T) {
 		}
 	}
 	t.Logf("the process died %d times before the event was judged poison", crashes)
-	require.Equal(t, 2*projection.CrashLoopLimitDefault, crashes, "3 deaths in the full batch, 3 more on the event itself")
+	require.Equal(t, 2*projection.CrashLoopLimitSuggested, crashes, "3 deaths in the full batch, 3 more on the event itself")
 	require.Contains(t, out, "stopped 3 times while handling this event")
 
 	r := runner(t, e.backend, crashLoopProjection(t, false))

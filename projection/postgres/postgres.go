@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -257,15 +258,29 @@ func errorText(err error) string {
 
 // StartAttempt implements projection.Backend. It commits at once, on its own connection, so the
 // count survives the death of the process running the batch.
+//
+// It needs a second connection while the batch holds one. If none is free within
+// AttemptTimeout it returns projection.ErrAttemptNotRecorded rather than wait: with a pool
+// smaller than the number of projections catching up at once, every batch could otherwise wait
+// for another's connection. Give the pool more connections than projections.
 func (b *Backend) StartAttempt(ctx context.Context, p *projection.Projection, at, careful eventstore.Position) (projection.Attempt, error) {
 	var att projection.Attempt
+	ctx, cancel := context.WithTimeout(ctx, AttemptTimeout)
+	defer cancel()
 	err := b.db.QueryRow(ctx, b.sql.startAttempt, p.Name(), at.TransactionID, at.GlobalPosition, !careful.IsZero(),
 		careful.TransactionID, careful.GlobalPosition).Scan(&att.Starts, &att.CarefulUntil.TransactionID, &att.CarefulUntil.GlobalPosition)
-	if errors.Is(err, pgx.ErrNoRows) {
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
 		return att, fmt.Errorf("projection %s: %w", p.Name(), projection.ErrNotRegistered)
+	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return att, fmt.Errorf("projection %s: %w within %s (is the pool smaller than the projections running at once?): %w",
+			p.Name(), projection.ErrAttemptNotRecorded, AttemptTimeout, err)
 	}
 	return att, err
 }
+
+// AttemptTimeout bounds StartAttempt's wait for a connection and its update.
+const AttemptTimeout = time.Second
 
 // EndAttempt implements projection.Backend.
 func (b *Backend) EndAttempt(ctx context.Context, p *projection.Projection, at *eventstore.Position) error {

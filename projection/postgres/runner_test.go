@@ -410,3 +410,43 @@ func TestPoller(t *testing.T) {
 	require.Equal(t, 80*time.Millisecond, idle[len(idle)-1], "idle waits reach the cap: %v", idle)
 	require.Equal(t, 310, rec.Calls(), "each event handled once")
 }
+
+// TestSmallPoolDoesNotDeadlock: as many projections catching up at once as the pool has
+// connections, with crash-loop tracking on. Each batch holds a connection and its tracking wants
+// another; the tracking gives up in time instead of waiting for ever.
+func TestSmallPoolDoesNotDeadlock(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	projectiontest.AppendN(t, e.store, 0, 200, "A")
+	pool := e.db.NewPool(t, 2)
+	store, err := espg.New(pool, espg.Config{})
+	require.NoError(t, err)
+	backend, err := postgres.New(pool, store)
+	require.NoError(t, err)
+	var ps []*projection.Projection
+	recs := map[string]*projectiontest.Recorder{}
+	for i := range 2 {
+		name := fmt.Sprintf("p%d", i)
+		recs[name] = projectiontest.NewRecorder()
+		p, err := projection.New(name, projection.Config{BatchSize: 100, CrashLoopLimit: projection.CrashLoopLimitSuggested},
+			projection.OnIdempotent("A", recs[name].Handle))
+		require.NoError(t, err)
+		ps = append(ps, p)
+	}
+	r := runner(t, backend, ps...)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, p := range ps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := r.CatchUp(ctx, p.Name())
+			require.NoError(t, err)
+		}()
+	}
+	wg.Wait()
+	for name, rec := range recs {
+		require.Equal(t, 200, rec.Distinct(), name)
+	}
+}
