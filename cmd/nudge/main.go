@@ -1,0 +1,273 @@
+// Command nudge is the operator's tool for a nudge deployment: it lists, inspects, replays,
+// resolves and purges dead letters, skips an event a projection cannot handle, and runs the
+// database migrations.
+//
+// Global flags (--db, --amqp, --amqp-prefix, --channel, --schema) may be given before the
+// command or after it, between the command's own flags. Run `nudge help` for the commands.
+//
+// Exit codes: 0 success, 1 the command failed (database unreachable, unknown id, refused
+// skip, …), 2 the command line is wrong.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+// Environment variables the global flags default to.
+const (
+	envDatabaseURL = "NUDGE_DATABASE_URL"
+	envAMQPURL     = "NUDGE_AMQP_URL"
+	envAMQPPrefix  = "NUDGE_AMQP_PREFIX"
+	envSchema      = "NUDGE_SCHEMA"
+)
+
+// Channel names for --channel.
+const (
+	channelAMQP     = "amqp"
+	channelPostgres = "postgres"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+const mainUsage = `nudge — operate a nudge deployment.
+
+Usage:
+  nudge [global flags] <command> [arguments and flags]
+
+Commands:
+  deadletter list    [--projection P] [--status failed|replayed|resolved] [--limit N] [--json]
+  deadletter show    ID [--json]
+  deadletter replay  (ID... | --projection P | --all) [--by NAME]
+  deadletter resolve ID [--by NAME] [--note TEXT]
+  deadletter purge   [--older-than 720h] [--include-unresolved]
+  skip               PROJECTION --event EVENT_UUID --reason TEXT [--by NAME] [--force]
+  migrate            create or upgrade the event store, projection and dead-letter tables
+  help [command]     show this text, or a command's
+
+Global flags (before or after the command):
+  --db URL           PostgreSQL URL; defaults to $NUDGE_DATABASE_URL
+  --schema NAME      schema of nudge's tables; defaults to $NUDGE_SCHEMA, else the search_path
+  --amqp URL         RabbitMQ URL, for replay; defaults to $NUDGE_AMQP_URL
+  --amqp-prefix P    prefix of the channel's exchanges and queues; defaults to $NUDGE_AMQP_PREFIX
+  --channel NAME     channel replay publishes to: amqp or postgres; defaults to amqp when an
+                     AMQP URL is set, else postgres
+
+Run 'nudge <command> -h' for a command's flags.
+Exit codes: 0 success, 1 the command failed, 2 the command line is wrong.
+`
+
+// globals holds the global flags.
+type globals struct {
+	db, schema, amqp, amqpPrefix, channel string
+}
+
+// register adds the global flags to fs, bound to the fields of g. Their defaults are empty, so
+// usage never shows a URL (with its password) from the environment.
+func (g *globals) register(fs *flag.FlagSet) {
+	fs.StringVar(&g.db, "db", "", "PostgreSQL `URL` (default $"+envDatabaseURL+")")
+	fs.StringVar(&g.schema, "schema", "", "`schema` of nudge's tables (default $"+envSchema+", else the search_path)")
+	fs.StringVar(&g.amqp, "amqp", "", "RabbitMQ `URL` (default $"+envAMQPURL+")")
+	fs.StringVar(&g.amqpPrefix, "amqp-prefix", "", "`prefix` of the AMQP channel's exchanges and queues (default $"+envAMQPPrefix+")")
+	fs.StringVar(&g.channel, "channel", "", "channel replay publishes to: amqp or postgres (default amqp when an AMQP URL is set, else postgres)")
+}
+
+// merge copies into g the global flags that were set on fs (bound to from).
+func (g *globals) merge(fs *flag.FlagSet, from *globals) {
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "db":
+			g.db = from.db
+		case "schema":
+			g.schema = from.schema
+		case "amqp":
+			g.amqp = from.amqp
+		case "amqp-prefix":
+			g.amqpPrefix = from.amqpPrefix
+		case "channel":
+			g.channel = from.channel
+		}
+	})
+}
+
+// resolve fills unset globals from the environment and checks --channel.
+func (g *globals) resolve(env func(string) string) error {
+	if g.db == "" {
+		g.db = env(envDatabaseURL)
+	}
+	if g.schema == "" {
+		g.schema = env(envSchema)
+	}
+	if g.amqp == "" {
+		g.amqp = env(envAMQPURL)
+	}
+	if g.amqpPrefix == "" {
+		g.amqpPrefix = env(envAMQPPrefix)
+	}
+	switch g.channel {
+	case "":
+		g.channel = channelPostgres
+		if g.amqp != "" {
+			g.channel = channelAMQP
+		}
+	case channelAMQP, channelPostgres:
+	default:
+		return usageErrorf("--channel %q: use amqp or postgres", g.channel)
+	}
+	return nil
+}
+
+// cli is one invocation: its output streams, environment and global flags.
+type cli struct {
+	stdout, stderr io.Writer
+	env            func(string) string
+	g              globals
+}
+
+// usageError is a wrong command line: exit code 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usageErrorf(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// errHelp ends a command that printed its usage on request: exit code 0.
+var errHelp = errors.New("help requested")
+
+// run runs the command line args (without the program name) and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string) int {
+	if env == nil {
+		env = func(string) string { return "" }
+	}
+	c := &cli{stdout: stdout, stderr: stderr, env: env}
+	err := c.dispatch(ctx, args)
+	var uerr *usageError
+	switch {
+	case err == nil, errors.Is(err, errHelp):
+		return 0
+	case errors.As(err, &uerr):
+		fmt.Fprintf(stderr, "nudge: %s\nRun 'nudge help' for usage.\n", uerr.msg)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "nudge: %s\n", err)
+		return 1
+	}
+}
+
+func (c *cli) dispatch(ctx context.Context, args []string) error {
+	fs := newFlagSet("nudge")
+	var set globals
+	set.register(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(c.stdout, mainUsage)
+			return errHelp
+		}
+		return usageErrorf("%v", err)
+	}
+	c.g.merge(fs, &set)
+	rest := fs.Args()
+	if len(rest) == 0 {
+		fmt.Fprint(c.stderr, mainUsage)
+		return usageErrorf("no command given")
+	}
+	cmd, rest := rest[0], rest[1:]
+	switch cmd {
+	case "help", "-h", "--help":
+		return c.help(ctx, rest)
+	case "deadletter":
+		return c.deadletter(ctx, rest)
+	case "skip":
+		return c.skip(ctx, rest)
+	case "migrate":
+		return c.migrate(ctx, rest)
+	default:
+		return usageErrorf("unknown command %q; the commands are deadletter, skip, migrate and help", cmd)
+	}
+}
+
+func (c *cli) help(ctx context.Context, args []string) error {
+	switch strings.Join(args, " ") {
+	case "":
+		fmt.Fprint(c.stdout, mainUsage)
+		return nil
+	case "deadletter":
+		fmt.Fprint(c.stdout, deadletterUsage)
+		return nil
+	}
+	// Reuse the command's own -h.
+	switch args[0] {
+	case "deadletter", "skip", "migrate":
+		return c.dispatch(ctx, append(args, "-h"))
+	}
+	return usageErrorf("unknown command %q; the commands are deadletter, skip, migrate and help", strings.Join(args, " "))
+}
+
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // run reports parse errors itself
+	fs.Usage = func() {}
+	return fs
+}
+
+// command describes a subcommand for parse.
+type command struct {
+	name     string // e.g. "deadletter list"
+	synopsis string // arguments, after the name
+	doc      string // a paragraph or two
+}
+
+// parse parses a subcommand's args with fs, whose own flags are registered already: it adds
+// the global flags, allows flags after positional arguments, merges the global flags into
+// c.g and resolves them. It returns the positional arguments. -h prints the command's usage
+// to stdout and returns errHelp.
+func (c *cli) parse(fs *flag.FlagSet, cmd command, args []string) ([]string, error) {
+	var set globals
+	set.register(fs)
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				printUsage(c.stdout, fs, cmd)
+				return nil, errHelp
+			}
+			return nil, usageErrorf("%s: %v; run 'nudge %s -h' for its flags", cmd.name, err, cmd.name)
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if rest[0] == "--" {
+			positional = append(positional, rest[1:]...)
+			break
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+	c.g.merge(fs, &set)
+	if err := c.g.resolve(c.env); err != nil {
+		return nil, err
+	}
+	return positional, nil
+}
+
+func printUsage(w io.Writer, fs *flag.FlagSet, cmd command) {
+	fmt.Fprintf(w, "Usage: nudge %s %s\n\n%s\nFlags:\n", cmd.name, cmd.synopsis, cmd.doc)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+}

@@ -1,0 +1,423 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	chamqp "github.com/nudgeworks/nudge/channel/amqp"
+	chpg "github.com/nudgeworks/nudge/channel/postgres"
+	"github.com/nudgeworks/nudge/deadletter"
+	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
+	"github.com/nudgeworks/nudge/eventstore"
+	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/amqptest"
+	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/projection"
+	pjpg "github.com/nudgeworks/nudge/projection/postgres"
+	"github.com/nudgeworks/nudge/trigger"
+)
+
+// result is one run of the CLI.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// runCLI runs the CLI with env as its whole environment.
+func runCLI(t *testing.T, env map[string]string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, args, &stdout, &stderr, func(k string) string { return env[k] })
+	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// fixture is a migrated database of the test's own with three dead letters:
+//
+//	1: orders, failing on event failingOrders (type OrderBad)
+//	2: orders, failing on another event (type OrderBad)
+//	3: invoices, an invalid trigger (no failing event)
+type fixture struct {
+	db     *pgtest.DB
+	env    map[string]string
+	store  *dlpg.Store
+	events [2]uuid.UUID
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	db := pgtest.New(t)
+	f := &fixture{db: db, env: map[string]string{envDatabaseURL: db.URL, "USER": "tester"}}
+	res := runCLI(t, f.env, "migrate")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "migrated: dead letters")
+
+	store, err := dlpg.New(db.Pool, dlpg.Config{})
+	require.NoError(t, err)
+	f.store = store
+	ctx := context.Background()
+	at := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	for i := range f.events {
+		f.events[i] = uuid.New()
+		_, err := store.Add(ctx, deadletter.Entry{
+			Projection: "orders", MessageUUID: uuid.NewString(), Payload: []byte(`{"projection":"orders"}`),
+			Metadata: map[string]string{"k": "v"},
+			Error:    "handler failed: " + strings.Repeat("boom ", 30),
+			FailingEvent: &deadletter.FailingEvent{ID: f.events[i], Type: "OrderBad",
+				Position: eventstore.Position{TransactionID: 700, GlobalPosition: int64(40 + i)}},
+			Attempts: 3, At: at.Add(time.Duration(i) * time.Minute),
+		})
+		require.NoError(t, err)
+	}
+	_, err = store.Add(ctx, deadletter.Entry{Projection: "invoices", MessageUUID: "m-3", Payload: []byte{0xff, 0x00},
+		Error: "trigger does not decode", At: at})
+	require.NoError(t, err)
+	return f
+}
+
+func TestList(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+
+	res := runCLI(t, f.env, "deadletter", "list")
+	require.Equal(t, 0, res.code, res.stderr)
+	lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
+	require.Len(t, lines, 4, res.stdout)
+	require.Regexp(t, `^ID\s+PROJECTION\s+STATUS\s+COUNT\s+ATTEMPTS\s+EVENT TYPE\s+EVENT ID\s+POSITION\s+LAST FAILURE\s+ERROR$`, lines[0])
+	require.Regexp(t, `^1\s+orders\s+failed\s+1\s+3\s+OrderBad\s+`+f.events[0].String()+`\s+700/40\s+2025-03-01T12:00:00Z\s+handler failed: boom`, lines[1])
+	require.True(t, strings.HasSuffix(lines[1], "…"), "a long error is truncated: %q", lines[1])
+	require.Regexp(t, `^3\s+invoices\s+failed\s+1\s+1\s+-\s+-\s+-\s+`, lines[3])
+
+	res = runCLI(t, f.env, "deadletter", "list", "--projection", "invoices", "--status", "failed")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, 2, strings.Count(res.stdout, "\n"), res.stdout)
+
+	// Global flags after the command work too.
+	res = runCLI(t, map[string]string{}, "deadletter", "list", "--status=resolved", "--db", f.db.URL)
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, "No dead letters match.\n", res.stdout)
+
+	res = runCLI(t, f.env, "deadletter", "list", "--json", "--limit", "2")
+	require.Equal(t, 0, res.code, res.stderr)
+	var recs []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &recs))
+	require.Len(t, recs, 2)
+	require.InDelta(t, 1, recs[0]["id"], 0)
+	require.Equal(t, "orders", recs[0]["projection"])
+	require.Equal(t, "failed", recs[0]["status"])
+	require.Equal(t, map[string]any{"id": f.events[0].String(), "type": "OrderBad", "position": "700/40"}, recs[0]["failing_event"])
+	require.Contains(t, res.stderr, "showing the first 2")
+}
+
+func TestShow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+
+	res := runCLI(t, f.env, "deadletter", "show", "1")
+	require.Equal(t, 0, res.code, res.stderr)
+	for _, want := range []string{
+		"id:", "projection:             orders", "status:                 failed", "attempts:               3",
+		"failing event id:       " + f.events[0].String(), "failing event position: 700/40",
+		`payload:                {"projection":"orders"}`, "metadata k:             v", "replays:                0",
+	} {
+		require.Contains(t, res.stdout, want)
+	}
+
+	res = runCLI(t, f.env, "deadletter", "show", "3", "--json")
+	require.Equal(t, 0, res.code, res.stderr)
+	var rec map[string]any
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &rec))
+	require.Nil(t, rec["failing_event"])
+	require.Equal(t, "/wA=", rec["payload_base64"], "a payload that is not UTF-8 is base64")
+	require.Equal(t, "trigger does not decode", rec["error"])
+}
+
+func TestReplayPostgresChannel(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	ch, err := chpg.New(f.db.Pool, chpg.Config{PollInterval: 10 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	require.NoError(t, ch.Declare(ctx, "orders"))
+
+	res := runCLI(t, f.env, "deadletter", "replay", "--projection", "orders", "--by", "alice", "--channel", "postgres")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, "replayed 2 dead letter(s); triggered orders on the postgres channel\n", res.stdout)
+
+	for _, id := range []int64{1, 2} {
+		rec, err := f.store.Get(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, deadletter.StatusReplayed, rec.Status)
+		require.Equal(t, "alice", rec.ReplayedBy)
+	}
+	rec, err := f.store.Get(ctx, 3)
+	require.NoError(t, err)
+	require.Equal(t, deadletter.StatusFailed, rec.Status, "another projection's record is left alone")
+
+	var queued int
+	require.NoError(t, f.db.Pool.QueryRow(ctx, `SELECT count(*) FROM nudge_channel_triggers`).Scan(&queued))
+	require.Equal(t, 1, queued, "one trigger for the projection, however many records")
+
+	sub, topic, err := ch.Subscriber("orders")
+	require.NoError(t, err)
+	subCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	msgs, err := sub.Subscribe(subCtx, topic)
+	require.NoError(t, err)
+	select {
+	case msg := <-msgs:
+		tr, err := trigger.FromMessage(msg)
+		require.NoError(t, err)
+		msg.Ack()
+		require.Equal(t, "orders", tr.Projection)
+		require.Equal(t, trigger.ReasonReplay, tr.Reason)
+	case <-subCtx.Done():
+		t.Fatal("no trigger arrived on the postgres channel")
+	}
+
+	// By IDs: a resolved record is left alone; an unknown one fails before anything changes.
+	require.NoError(t, f.store.Resolve(ctx, 1, "bob", "", time.Time{}))
+	res = runCLI(t, f.env, "--channel", "postgres", "deadletter", "replay", "1", "2")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "replayed 1 dead letter(s), left 1 resolved one(s) alone")
+
+	res = runCLI(t, f.env, "--channel", "postgres", "deadletter", "replay", "2", "99")
+	require.Equal(t, 1, res.code)
+	require.Contains(t, res.stderr, "no dead letter with ID 99")
+
+	res = runCLI(t, f.env, "--channel", "postgres", "deadletter", "replay", "2", "--all")
+	require.Equal(t, 2, res.code)
+	require.Contains(t, res.stderr, "exactly one of")
+}
+
+func TestReplayAMQPChannel(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	amqpEnv := amqptest.New(t)
+	ctx := context.Background()
+
+	f.env[envAMQPURL] = amqpEnv.URL
+	f.env[envAMQPPrefix] = amqpEnv.Prefix
+	res := runCLI(t, f.env, "deadletter", "replay", "--all")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, "replayed 3 dead letter(s); triggered invoices, orders on the amqp channel\n", res.stdout)
+
+	ch, err := chamqp.New(ctx, chamqp.Config{URL: amqpEnv.URL, Prefix: amqpEnv.Prefix, ConnectionName: amqpEnv.ConnectionName,
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	sub, topic, err := ch.Subscriber("orders")
+	require.NoError(t, err)
+	subCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	msgs, err := sub.Subscribe(subCtx, topic)
+	require.NoError(t, err)
+	select {
+	case msg := <-msgs:
+		tr, err := trigger.FromMessage(msg)
+		require.NoError(t, err)
+		msg.Ack()
+		require.Equal(t, "orders", tr.Projection)
+		require.Equal(t, trigger.ReasonReplay, tr.Reason)
+	case <-subCtx.Done():
+		t.Fatal("no trigger arrived on the AMQP channel")
+	}
+}
+
+func TestResolveAndPurge(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+
+	res := runCLI(t, f.env, "deadletter", "resolve", "2", "--note", "fixed upstream")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, "resolved dead letter 2 (projection orders)\n", res.stdout)
+	rec, err := f.store.Get(ctx, 2)
+	require.NoError(t, err)
+	require.Equal(t, deadletter.StatusResolved, rec.Status)
+	require.Equal(t, "tester (nudge cli)", rec.ResolvedBy)
+	require.Equal(t, "fixed upstream", rec.ResolveNote)
+
+	res = runCLI(t, f.env, "deadletter", "resolve", "2", "--by", "carol")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "already resolved by tester (nudge cli)")
+
+	// The records failed on 2025-03-01, longer ago than the default 720h.
+	res = runCLI(t, f.env, "deadletter", "purge")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "purged 1 resolved dead letter(s) whose last failure is older than 720h0m0s")
+	_, err = f.store.Get(ctx, 2)
+	require.ErrorIs(t, err, deadletter.ErrNotFound)
+	for _, id := range []int64{1, 3} {
+		_, err := f.store.Get(ctx, id)
+		require.NoError(t, err, "unresolved records stay")
+	}
+
+	res = runCLI(t, f.env, "deadletter", "purge", "--include-unresolved", "--older-than", "0s")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "purged 2 any-status dead letter(s)")
+}
+
+func TestSkip(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+
+	// A projection reading OrderPlaced and OrderBad that fails on OrderBad. An event of a type it
+	// does not read sits between its position and the failing event.
+	store, err := espg.New(f.db.Pool, espg.Config{})
+	require.NoError(t, err)
+	appended, err := store.Append(ctx, "order-1", eventstore.Any,
+		eventstore.EventData{Type: "OrderPlaced", Payload: json.RawMessage(`{}`)},
+		eventstore.EventData{Type: "Unrelated", Payload: json.RawMessage(`{}`)},
+		eventstore.EventData{Type: "OrderBad", Payload: json.RawMessage(`{}`)},
+		eventstore.EventData{Type: "OrderPlaced", Payload: json.RawMessage(`{}`)},
+	)
+	require.NoError(t, err)
+	evs := appended.Events
+	backend, err := pjpg.New(f.db.Pool, store)
+	require.NoError(t, err)
+	ok := func(context.Context, projection.Event[json.RawMessage]) error { return nil }
+	p, err := projection.New("orders", projection.Config{},
+		projection.OnIdempotent("OrderPlaced", ok),
+		projection.OnIdempotent("OrderBad", func(context.Context, projection.Event[json.RawMessage]) error { return errors.New("cannot") }))
+	require.NoError(t, err)
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, p)
+	require.NoError(t, err)
+	require.NoError(t, runner.Init(ctx))
+	require.Eventually(t, func() bool {
+		_, err := runner.CatchUp(ctx, "orders")
+		return errors.Is(err, projection.ErrHandler)
+	}, 10*time.Second, 20*time.Millisecond, "the events become readable and the projection fails")
+	st, err := runner.Status(ctx, "orders")
+	require.NoError(t, err)
+	require.Equal(t, projection.StateFailing, st.State)
+	require.Equal(t, evs[2].ID, st.FailingEvent.ID)
+
+	// The wrong event: refused with the runner's reason.
+	res := runCLI(t, f.env, "skip", "orders", "--event", evs[3].ID.String(), "--reason", "bad data")
+	require.Equal(t, 1, res.code, res.stdout)
+	require.Contains(t, res.stderr, "skip refused")
+	require.Contains(t, res.stderr, "is failing on event "+evs[2].ID.String())
+
+	res = runCLI(t, f.env, "skip", "nosuch", "--event", evs[2].ID.String(), "--reason", "x")
+	require.Equal(t, 1, res.code)
+	require.Contains(t, res.stderr, "no projection named nosuch")
+
+	res = runCLI(t, f.env, "skip", "orders", "--event", evs[2].ID.String())
+	require.Equal(t, 2, res.code)
+	require.Contains(t, res.stderr, "--reason")
+
+	// The failing event: skipped through Runner.Skip.
+	res = runCLI(t, f.env, "skip", "orders", "--event", evs[2].ID.String(), "--reason", "bad data", "--by", "dave")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "skipped event "+evs[2].ID.String()+" (type OrderBad")
+	require.Contains(t, res.stdout, "state running, position "+evs[2].Position.String())
+	require.Contains(t, res.stderr, "on-skip hook")
+
+	st, err = runner.Status(ctx, "orders")
+	require.NoError(t, err)
+	require.Equal(t, projection.StateRunning, st.State)
+	require.Equal(t, evs[2].Position, st.Position)
+	require.Nil(t, st.FailingEvent)
+	require.NotNil(t, st.LastSkip)
+	require.Equal(t, evs[2].ID, st.LastSkip.Event.ID)
+	require.Equal(t, "dave", st.LastSkip.By)
+	require.Equal(t, "bad data", st.LastSkip.Reason)
+	require.False(t, st.LastSkip.Forced)
+}
+
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+
+	res := runCLI(t, nil, "frobnicate")
+	require.Equal(t, 2, res.code)
+	require.Contains(t, res.stderr, `unknown command "frobnicate"`)
+
+	res = runCLI(t, nil, "deadletter", "list")
+	require.Equal(t, 2, res.code)
+	require.Contains(t, res.stderr, "NUDGE_DATABASE_URL")
+
+	res = runCLI(t, nil, "deadletter", "list", "--status", "broken", "--db", "postgres://localhost/x")
+	require.Equal(t, 2, res.code)
+	require.Contains(t, res.stderr, `--status "broken" is not a status; use failed, replayed or resolved`)
+
+	res = runCLI(t, nil, "deadletter", "show", "abc", "--db", "postgres://localhost/x")
+	require.Equal(t, 2, res.code)
+	require.Contains(t, res.stderr, `"abc" is not a dead-letter ID`)
+
+	res = runCLI(t, nil, "deadletter", "list", "--bogus")
+	require.Equal(t, 2, res.code)
+	require.Contains(t, res.stderr, "flag provided but not defined: -bogus")
+
+	res = runCLI(t, nil, "--channel", "kafka", "deadletter", "list")
+	require.Equal(t, 2, res.code)
+	require.Contains(t, res.stderr, "use amqp or postgres")
+}
+
+func TestUnreachableDatabase(t *testing.T) {
+	t.Parallel()
+	// A port nothing listens on: take a free one and close it.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+
+	const password = "s3cr3t-Pa55"
+	url := "postgres://ops:" + password + "@127.0.0.1:" + strconv.Itoa(port) + "/nudge?sslmode=disable"
+	res := runCLI(t, map[string]string{envDatabaseURL: url}, "deadletter", "list")
+	require.Equal(t, 1, res.code)
+	require.Contains(t, res.stderr, "cannot reach PostgreSQL at 127.0.0.1:"+strconv.Itoa(port))
+	require.Contains(t, res.stderr, "NUDGE_DATABASE_URL")
+	require.NotContains(t, res.stderr+res.stdout, password)
+
+	res = runCLI(t, nil, "--db", "postgres://ops:"+password+"@[bad", "migrate")
+	require.Equal(t, 2, res.code)
+	require.NotContains(t, res.stderr+res.stdout, password)
+}
+
+func TestUnknownID(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	for _, args := range [][]string{{"deadletter", "show", "42"}, {"deadletter", "resolve", "42"}} {
+		res := runCLI(t, f.env, args...)
+		require.Equal(t, 1, res.code, args)
+		require.Contains(t, res.stderr, "no dead letter with ID 42; list the records to find their IDs", args)
+	}
+}
+
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	res := runCLI(t, nil, "help")
+	require.Equal(t, 0, res.code)
+	require.Contains(t, res.stdout, "deadletter replay")
+	require.Contains(t, res.stdout, "NUDGE_DATABASE_URL")
+
+	res = runCLI(t, nil, "skip", "-h")
+	require.Equal(t, 0, res.code)
+	require.Contains(t, res.stdout, "Usage: nudge skip PROJECTION")
+	require.Contains(t, res.stdout, "on-skip hook (projection.Config.SkipFunc) does NOT run")
+	require.Contains(t, res.stdout, "-reason")
+
+	res = runCLI(t, map[string]string{envDatabaseURL: "postgres://u:hidden@h/db"}, "help", "deadletter", "list")
+	require.Equal(t, 0, res.code)
+	require.Contains(t, res.stdout, "-status")
+	require.NotContains(t, res.stdout, "hidden", "usage never shows a URL from the environment")
+
+	res = runCLI(t, nil)
+	require.Equal(t, 2, res.code)
+	require.Contains(t, res.stderr, "no command given")
+}

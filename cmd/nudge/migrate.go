@@ -1,0 +1,58 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
+	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	pjpg "github.com/nudgeworks/nudge/projection/postgres"
+)
+
+func (c *cli) migrate(ctx context.Context, args []string) error {
+	cmd := command{name: "migrate", synopsis: "",
+		doc: "Creates or upgrades nudge's tables in --schema: the event store's, the projections'\n" +
+			"status table and the dead-letter table. Safe to run again and from several processes.\n" +
+			"(The PostgreSQL channel creates its own tables when workers declare their projections.)\n"}
+	fs := newFlagSet(cmd.name)
+	pos, err := c.parse(fs, cmd, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageErrorf("migrate takes no arguments, got %q", strings.Join(pos, " "))
+	}
+	pool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store, err := espg.New(pool, espg.Config{Schema: c.g.schema})
+	if err != nil {
+		return usageErrorf("--schema: %v", err)
+	}
+	backend, err := pjpg.New(pool, store)
+	if err != nil {
+		return err
+	}
+	dl, err := dlpg.New(pool, dlpg.Config{Schema: c.g.schema})
+	if err != nil {
+		return usageErrorf("--schema: %v", err)
+	}
+	steps := []struct {
+		what    string
+		migrate func(context.Context) error
+	}{
+		{"event store", store.Migrate},
+		{"projections", backend.Migrate},
+		{"dead letters", dl.Migrate},
+	}
+	for _, s := range steps {
+		if err := s.migrate(ctx); err != nil {
+			return fmt.Errorf("migrate the %s tables: %w", s.what, err)
+		}
+		fmt.Fprintf(c.stdout, "migrated: %s\n", s.what)
+	}
+	return nil
+}
