@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -165,9 +169,13 @@ func ticketScenario(t *testing.T, channelName, heal string) {
 	require.NoError(t, err)
 	switch heal {
 	case "replay":
-		res, err := deadletter.Replay(ctx, dead, ch, deadletter.ReplayFilter{Projection: "ticket_list"}, "ops", time.Now())
-		require.NoError(t, err)
-		require.Equal(t, 1, res.Replayed)
+		// What an operator runs: nudge deadletter replay --projection ticket_list.
+		args := []string{"--db", s.db.URL, "--channel", channelName, "deadletter", "replay", "--projection", "ticket_list", "--by", "ops"}
+		if s.amqp != nil {
+			args = append(args, "--amqp", s.amqp.URL, "--amqp-prefix", s.amqp.Prefix)
+		}
+		out, err := exec.Command(nudgeCLI(t), args...).CombinedOutput()
+		require.NoError(t, err, "%s", out)
 	case "restart":
 		stop()
 		list, stats := s.tickets(t)
@@ -254,4 +262,29 @@ func TestDeadLetterWriteFails(t *testing.T) {
 	}, 30*time.Second, 5*time.Millisecond, "dead-lettered once the store is back")
 	require.Equal(t, 1, recs[0].Count)
 	require.Contains(t, recs[0].Error, "broken")
+}
+
+var (
+	cliOnce sync.Once
+	cliPath string
+	cliErr  error
+)
+
+// nudgeCLI builds cmd/nudge once per test binary and returns its path.
+func nudgeCLI(t testing.TB) string {
+	t.Helper()
+	cliOnce.Do(func() {
+		// One fixed place, overwritten by every run, so nothing piles up in the temp directory.
+		dir := filepath.Join(os.TempDir(), "nudge-worker-test-cli")
+		if cliErr = os.MkdirAll(dir, 0o755); cliErr != nil {
+			return
+		}
+		cliPath = filepath.Join(dir, fmt.Sprintf("nudge-%d", os.Getpid()))
+		out, err := exec.Command("go", "build", "-o", cliPath, "../cmd/nudge").CombinedOutput()
+		if err != nil {
+			cliErr = fmt.Errorf("build cmd/nudge: %w: %s", err, out)
+		}
+	})
+	require.NoError(t, cliErr)
+	return cliPath
 }
