@@ -279,11 +279,14 @@ func nudgeCLI(t testing.TB) string {
 		if cliErr = os.MkdirAll(dir, 0o755); cliErr != nil {
 			return
 		}
-		cliPath = filepath.Join(dir, fmt.Sprintf("nudge-%d", os.Getpid()))
-		out, err := exec.Command("go", "build", "-o", cliPath, "../cmd/nudge").CombinedOutput()
+		cliPath = filepath.Join(dir, "nudge")
+		building := fmt.Sprintf("%s.%d", cliPath, os.Getpid())
+		out, err := exec.Command("go", "build", "-o", building, "../cmd/nudge").CombinedOutput()
 		if err != nil {
 			cliErr = fmt.Errorf("build cmd/nudge: %w: %s", err, out)
+			return
 		}
+		cliErr = os.Rename(building, cliPath) // atomic: a concurrent run never sees half a binary
 	})
 	require.NoError(t, cliErr)
 	return cliPath
