@@ -43,7 +43,7 @@ bench: up ## Run the benchmarks, each beside its baseline in the same run (BENCH
 
 demo: ## Run the embedded quickstart (not yet: it lands with the quickstart issue).
 	@echo "demo: not yet. The embedded quickstart (in-memory store + GoChannel) lands with the"
-	@echo "      quickstart issue; until then, 'make test' shows the event store working."
+	@echo "      quickstart issue; until then, 'make test' runs every part against real servers."
 
 $(GOLANGCI_LINT):
 	@mkdir -p $(BIN)

@@ -14,6 +14,7 @@ import (
 	"github.com/nudgeworks/nudge/channel/channeltest"
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/eventstore/storetest"
 	"github.com/nudgeworks/nudge/internal/amqptest"
 	pgproj "github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/trigger"
@@ -80,7 +81,10 @@ func TestTriggerSurvivesCrashAfterCommit(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, committed, 5, "the appends committed before the crash")
 
-	// The restarted process's relay publishes what the dead one could not.
+	// The restarted process's relay publishes what the dead one could not: once the five
+	// events are readable (an open transaction elsewhere in the cluster may delay that), in one
+	// coalesced trigger.
+	storetest.Settle(t, s.store, committed[4].Position)
 	relay, err := trigger.NewRelay(s.backend, ch, trigger.RelayConfig{Logger: s.logger})
 	require.NoError(t, err)
 	runCtx, cancel := context.WithCancel(ctx)

@@ -37,7 +37,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
 		// pgx pools and watermill's GoChannel close asynchronously after the tests that own them.
 		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
-		goleak.IgnoreTopFunction("time.Sleep"),
 	)
 }
 
