@@ -22,6 +22,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 
 	"github.com/nudgeworks/nudge/eventstore"
 )
@@ -45,7 +46,18 @@ const (
 	ReasonStartup Reason = "startup"
 	// ReasonReplay: an operator replayed a dead letter.
 	ReasonReplay Reason = "replay"
+	// ReasonSkip: an operator asks the projection's worker to skip one event (Trigger.Skip), so
+	// that the skip runs with the projection's definition and its on-skip hook.
+	ReasonSkip Reason = "skip"
 )
+
+// SkipRequest is an operator's request, carried by a ReasonSkip trigger, to skip one event.
+type SkipRequest struct {
+	EventID uuid.UUID `json:"event"`
+	Reason  string    `json:"reason"`
+	By      string    `json:"by"`
+	Force   bool      `json:"force,omitempty"`
+}
 
 // Trigger is a nudge to catch up.
 type Trigger struct {
@@ -61,6 +73,8 @@ type Trigger struct {
 	Reason Reason
 	// Projection, when set, addresses one projection only; others ignore the trigger.
 	Projection string
+	// Skip is set on ReasonSkip triggers, which must also name the Projection.
+	Skip *SkipRequest
 }
 
 // ForAppend returns the trigger for an append's result.
@@ -87,19 +101,20 @@ func (t Trigger) Concerns(types []string) bool {
 }
 
 type wire struct {
-	V          *int      `json:"v"`
-	Pos        string    `json:"pos,omitempty"`
-	Stream     string    `json:"stream,omitempty"`
-	Types      []string  `json:"types,omitempty"`
-	At         time.Time `json:"at"`
-	Reason     Reason    `json:"reason,omitempty"`
-	Projection string    `json:"for,omitempty"`
+	V          *int         `json:"v"`
+	Pos        string       `json:"pos,omitempty"`
+	Stream     string       `json:"stream,omitempty"`
+	Types      []string     `json:"types,omitempty"`
+	At         time.Time    `json:"at"`
+	Reason     Reason       `json:"reason,omitempty"`
+	Projection string       `json:"for,omitempty"`
+	Skip       *SkipRequest `json:"skip,omitempty"`
 }
 
 // Encode returns t as JSON of at most MaxSize bytes.
 func (t Trigger) Encode() ([]byte, error) {
 	v := Version
-	w := wire{V: &v, Stream: t.StreamID, Types: t.Types, At: t.At.UTC(), Reason: t.Reason, Projection: t.Projection}
+	w := wire{V: &v, Stream: t.StreamID, Types: t.Types, At: t.At.UTC(), Reason: t.Reason, Projection: t.Projection, Skip: t.Skip}
 	if !t.Position.IsZero() {
 		w.Pos = t.Position.String()
 	}
@@ -170,7 +185,10 @@ func Decode(b []byte) (Trigger, error) {
 	case *w.V != Version:
 		return Trigger{}, &DecodeError{Reason: fmt.Sprintf("version %d; this build reads version %d", *w.V, Version), Version: *w.V}
 	}
-	t := Trigger{StreamID: w.Stream, Types: w.Types, At: w.At, Reason: w.Reason, Projection: w.Projection}
+	if w.Reason == ReasonSkip && (w.Skip == nil || w.Skip.EventID == uuid.Nil || w.Projection == "") {
+		return Trigger{}, &DecodeError{Reason: `a skip trigger needs "for" and "skip" with an event id`}
+	}
+	t := Trigger{StreamID: w.Stream, Types: w.Types, At: w.At, Reason: w.Reason, Projection: w.Projection, Skip: w.Skip}
 	if w.Pos != "" {
 		p, err := eventstore.ParsePosition(w.Pos)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/eventstore"
@@ -82,7 +83,18 @@ func TestDecodeRefusesWithReasons(t *testing.T) {
 		var de *trigger.DecodeError
 		require.True(t, errors.As(err, &de), in)
 	}
-	_, err := trigger.Decode([]byte(`{"v":9}`))
+	skip := trigger.Trigger{Projection: "ticket_list", Reason: trigger.ReasonSkip,
+		Skip: &trigger.SkipRequest{EventID: uuid.New(), Reason: "bad data", By: "ann"}}
+	b, err := skip.Encode()
+	require.NoError(t, err)
+	back, err := trigger.Decode(b)
+	require.NoError(t, err)
+	require.Equal(t, skip.Skip, back.Skip)
+	for _, bad := range []string{`{"v":1,"reason":"skip","for":"p"}`, `{"v":1,"reason":"skip","skip":{"event":"` + uuid.NewString() + `"}}`} {
+		_, err = trigger.Decode([]byte(bad))
+		require.ErrorIs(t, err, trigger.ErrInvalid, bad)
+	}
+	_, err = trigger.Decode([]byte(`{"v":9}`))
 	require.ErrorIs(t, err, trigger.ErrUnsupportedVersion)
 	_, err = trigger.Decode([]byte(`{}`))
 	require.NotErrorIs(t, err, trigger.ErrUnsupportedVersion)

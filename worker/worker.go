@@ -288,6 +288,9 @@ func (w *Worker) handler(name string) message.NoPublishHandlerFunc {
 			c.redundant.Add(1)
 			return nil
 		}
+		if t.Reason == trigger.ReasonSkip {
+			return w.skip(msg.Context(), name, t.Skip, log)
+		}
 		if t.Reason == trigger.ReasonReplay {
 			// An operator replays after a fix: an event judged to kill the process gets another go.
 			if err := w.cfg.Runner.ClearCrashLoop(msg.Context(), name); err != nil {
@@ -309,6 +312,22 @@ func (w *Worker) handler(name string) message.NoPublishHandlerFunc {
 		}
 		return nil
 	}
+}
+
+// skip performs an operator's skip request with the projection's definition (its on-skip hook
+// runs), then catches up. A refused skip is logged and acked: the request was wrong, retrying
+// it cannot help; the operator sees in the projection's status that nothing was skipped.
+func (w *Worker) skip(ctx context.Context, name string, req *trigger.SkipRequest, log *slog.Logger) error {
+	e, err := w.cfg.Runner.Skip(ctx, name, req.EventID, projection.SkipOptions{Reason: req.Reason, By: req.By, Force: req.Force})
+	if errors.Is(err, projection.ErrSkipRefused) {
+		log.WarnContext(ctx, "skip request refused", slog.String("event_id", req.EventID.String()), slog.String("by", req.By), slog.Any("error", err))
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	log.InfoContext(ctx, "skip request done", slog.String("event_id", e.ID.String()), slog.String("by", req.By))
+	return w.catchUp(ctx, name, log)
 }
 
 // waitReadable waits, up to HorizonWait, until the store can read up to pos, and reports

@@ -470,3 +470,51 @@ func TestRedundantTriggersCostNoRead(t *testing.T) {
 	require.Equal(t, before.Redundant+10, after.Redundant, "before %+v after %+v", before, after)
 	require.Equal(t, before.CatchUps, after.CatchUps, "no catch-up, so no read, for redundant triggers")
 }
+
+// TestSkipRequest: an operator's skip request travels as a trigger to the projection's worker,
+// which skips with the projection's definition — its on-skip hook runs — and carries on.
+func TestSkipRequest(t *testing.T) {
+	t.Parallel()
+	for name, cc := range channels {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := newSetup(t)
+			ch := s.newChannel(t, cc)
+			var hooked atomic.Value
+			p, err := projection.New("picky", projection.Config{
+				SkipFunc: func(_ context.Context, sp projection.SkipParams) error { hooked.Store(sp.Event.ID); return nil },
+			}, projection.OnIdempotent("A", func(_ context.Context, e projection.Event[projectiontest.Payload]) error {
+				if e.Data.N == 2 {
+					return errors.New("cannot take 2")
+				}
+				return nil
+			}))
+			require.NoError(t, err)
+			w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, Retry: retry.Policy{MaxAttempts: 1}}, p)
+			for n := 1; n <= 3; n++ {
+				s.append(t, "s", storeEvent(n))
+			}
+			runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, p)
+			require.NoError(t, err)
+			var st projection.Status
+			require.Eventually(t, func() bool {
+				st, err = runner.Status(context.Background(), "picky")
+				require.NoError(t, err)
+				return st.FailingEvent != nil
+			}, 20*time.Second, 5*time.Millisecond)
+			poison := st.FailingEvent.ID
+
+			require.NoError(t, ch.Publish(context.Background(), trigger.Trigger{Projection: "picky", Reason: trigger.ReasonSkip, At: time.Now(),
+				Skip: &trigger.SkipRequest{EventID: poison, Reason: "bad data", By: "ann"}}))
+			require.Eventually(t, func() bool {
+				st, err = runner.Status(context.Background(), "picky")
+				require.NoError(t, err)
+				return st.LastSkip != nil && st.CaughtUp()
+			}, 20*time.Second, 5*time.Millisecond)
+			require.Equal(t, poison, hooked.Load(), "the projection's on-skip hook ran")
+			require.Equal(t, "ann", st.LastSkip.By)
+			require.Equal(t, projection.StateRunning, st.State)
+			require.Positive(t, w.Stats("picky").Received)
+		})
+	}
+}
