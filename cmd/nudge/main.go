@@ -53,7 +53,7 @@ Commands:
   deadletter replay  (ID... | --projection P | --all) [--by NAME]
   deadletter resolve ID [--by NAME] [--note TEXT]
   deadletter purge   [--older-than 720h] [--include-unresolved]
-  skip               PROJECTION --event EVENT_UUID --reason TEXT [--by NAME] [--force]
+  skip               PROJECTION --event EVENT_UUID --reason TEXT [--by NAME] [--force] [--direct]
   migrate            create or upgrade the event store, projection and dead-letter tables
   help [command]     show this text, or a command's
 
@@ -62,7 +62,7 @@ Global flags (before or after the command):
   --schema NAME      schema of nudge's tables; defaults to $NUDGE_SCHEMA, else the search_path
   --amqp URL         RabbitMQ URL, for replay; defaults to $NUDGE_AMQP_URL
   --amqp-prefix P    prefix of the channel's exchanges and queues; defaults to $NUDGE_AMQP_PREFIX
-  --channel NAME     channel replay publishes to: amqp or postgres; defaults to amqp when an
+  --channel NAME     channel replay and skip publish to: amqp or postgres; amqp when an
                      AMQP URL is set, else postgres
 
 Run 'nudge <command> -h' for a command's flags.
@@ -81,7 +81,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.schema, "schema", "", "`schema` of nudge's tables (default $"+envSchema+", else the search_path)")
 	fs.StringVar(&g.amqp, "amqp", "", "RabbitMQ `URL` (default $"+envAMQPURL+")")
 	fs.StringVar(&g.amqpPrefix, "amqp-prefix", "", "`prefix` of the AMQP channel's exchanges and queues (default $"+envAMQPPrefix+")")
-	fs.StringVar(&g.channel, "channel", "", "channel replay publishes to: amqp or postgres (default amqp when an AMQP URL is set, else postgres)")
+	fs.StringVar(&g.channel, "channel", "", "channel replay and skip publish to: amqp or postgres (default amqp when an AMQP URL is set, else postgres)")
 }
 
 // merge copies into g the global flags that were set on fs (bound to from).

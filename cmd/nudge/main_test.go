@@ -9,6 +9,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,7 +26,9 @@ import (
 	"github.com/nudgeworks/nudge/internal/pgtest"
 	"github.com/nudgeworks/nudge/projection"
 	pjpg "github.com/nudgeworks/nudge/projection/postgres"
+	"github.com/nudgeworks/nudge/retry"
 	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/worker"
 )
 
 // result is one run of the CLI.
@@ -308,12 +311,12 @@ func TestSkip(t *testing.T) {
 	require.Equal(t, evs[2].ID, st.FailingEvent.ID)
 
 	// The wrong event: refused with the runner's reason.
-	res := runCLI(t, f.env, "skip", "orders", "--event", evs[3].ID.String(), "--reason", "bad data")
+	res := runCLI(t, f.env, "skip", "--direct", "orders", "--event", evs[3].ID.String(), "--reason", "bad data")
 	require.Equal(t, 1, res.code, res.stdout)
 	require.Contains(t, res.stderr, "skip refused")
 	require.Contains(t, res.stderr, "is failing on event "+evs[2].ID.String())
 
-	res = runCLI(t, f.env, "skip", "nosuch", "--event", evs[2].ID.String(), "--reason", "x")
+	res = runCLI(t, f.env, "skip", "--direct", "nosuch", "--event", evs[2].ID.String(), "--reason", "x")
 	require.Equal(t, 1, res.code)
 	require.Contains(t, res.stderr, "no projection named nosuch")
 
@@ -322,7 +325,7 @@ func TestSkip(t *testing.T) {
 	require.Contains(t, res.stderr, "--reason")
 
 	// The failing event: skipped through Runner.Skip.
-	res = runCLI(t, f.env, "skip", "orders", "--event", evs[2].ID.String(), "--reason", "bad data", "--by", "dave")
+	res = runCLI(t, f.env, "skip", "--direct", "orders", "--event", evs[2].ID.String(), "--reason", "bad data", "--by", "dave")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, "skipped event "+evs[2].ID.String()+" (type OrderBad")
 	require.Contains(t, res.stdout, "state running, position "+evs[2].Position.String())
@@ -409,7 +412,7 @@ func TestHelp(t *testing.T) {
 	res = runCLI(t, nil, "skip", "-h")
 	require.Equal(t, 0, res.code)
 	require.Contains(t, res.stdout, "Usage: nudge skip PROJECTION")
-	require.Contains(t, res.stdout, "on-skip hook (projection.Config.SkipFunc) does NOT run")
+	require.Contains(t, res.stdout, "the on-skip hook does NOT run")
 	require.Contains(t, res.stdout, "-reason")
 
 	res = runCLI(t, map[string]string{envDatabaseURL: "postgres://u:hidden@h/db"}, "help", "deadletter", "list")
@@ -420,4 +423,57 @@ func TestHelp(t *testing.T) {
 	res = runCLI(t, nil)
 	require.Equal(t, 2, res.code)
 	require.Contains(t, res.stderr, "no command given")
+}
+
+// TestSkipThroughWorker: without --direct the request goes to the projection's worker through
+// the channel, and the projection's own on-skip hook runs.
+func TestSkipThroughWorker(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	store, err := espg.New(f.db.Pool, espg.Config{})
+	require.NoError(t, err)
+	appended, err := store.Append(ctx, "order-9", eventstore.Any,
+		eventstore.EventData{Type: "OrderPlaced", Payload: json.RawMessage(`{}`)},
+		eventstore.EventData{Type: "OrderBad", Payload: json.RawMessage(`{}`)},
+		eventstore.EventData{Type: "OrderPlaced", Payload: json.RawMessage(`{}`)},
+	)
+	require.NoError(t, err)
+	bad := appended.Events[1]
+	backend, err := pjpg.New(f.db.Pool, store)
+	require.NoError(t, err)
+	var hooked atomic.Value
+	p, err := projection.New("orders", projection.Config{
+		SkipFunc: func(_ context.Context, sp projection.SkipParams) error { hooked.Store(sp.Event.ID); return nil },
+	},
+		projection.OnIdempotent("OrderPlaced", func(context.Context, projection.Event[json.RawMessage]) error { return nil }),
+		projection.OnIdempotent("OrderBad", func(context.Context, projection.Event[json.RawMessage]) error { return errors.New("cannot") }))
+	require.NoError(t, err)
+	logger := slog.New(slog.DiscardHandler)
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: logger}, p)
+	require.NoError(t, err)
+	require.NoError(t, runner.Init(ctx))
+	ch, err := chpg.New(f.db.NewPool(t, 10), chpg.Config{PollInterval: 10 * time.Millisecond, Logger: logger})
+	require.NoError(t, err)
+	w, err := worker.New(worker.Config{Runner: runner, Channel: ch, Logger: logger, SafetyNetInterval: 100 * time.Millisecond,
+		Retry: retry.Policy{MaxAttempts: 1}})
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(runCtx) }()
+	defer func() { cancel(); require.NoError(t, <-done); require.NoError(t, ch.Close()) }()
+	require.Eventually(t, func() bool {
+		st, err := runner.Status(ctx, "orders")
+		require.NoError(t, err)
+		return st.FailingEvent != nil && st.FailingEvent.ID == bad.ID
+	}, 20*time.Second, 10*time.Millisecond, "the worker runs the projection into its failing event")
+
+	res := runCLI(t, f.env, "--channel", "postgres", "skip", "orders", "--event", bad.ID.String(), "--reason", "bad data", "--by", "dave")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "by its worker (on-skip hook included)")
+	require.Equal(t, bad.ID, hooked.Load(), "the projection's own on-skip hook ran")
+	st, err := runner.Status(ctx, "orders")
+	require.NoError(t, err)
+	require.Equal(t, "dave", st.LastSkip.By)
+	require.NotEqual(t, projection.StateFailing, st.State)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,32 +16,36 @@ import (
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/projection"
 	pjpg "github.com/nudgeworks/nudge/projection/postgres"
+	"github.com/nudgeworks/nudge/trigger"
 )
 
 const skipDoc = `Moves PROJECTION's position past exactly one event, without handling it, and records the
 skip (who, when, why) in its status. The event must be the one the projection is failing on
-(unless --force) and the next one it would handle. This goes through projection.Runner.Skip.
+(unless --force) and the next one it would handle.
 
-The projection's on-skip hook (projection.Config.SkipFunc) does NOT run: this command does
-not have the application's projection definitions. If the projection has an on-skip hook
-that must run, call Runner.Skip from the application instead.
+By default the request travels as a trigger (through --channel, like replay) to the worker of
+the projection, which skips with the projection's definition, so its on-skip hook
+(projection.Config.SkipFunc) runs; the command waits up to --wait for the skip to show in the
+projection's status. Durable channels keep the request until a worker takes it.
 
-With --force (the projection is not failing on the event), this command cannot know which
-event types the projection reads, so the event must be the very next event in the whole
-store after the projection's position; otherwise the skip is refused.
+--direct skips here instead, without a worker: the on-skip hook does NOT run, because this
+command does not have the application's projection definitions. With --direct and --force the
+event must be the very next event in the whole store after the projection's position.
 `
 
-// skipHookNote is printed after every skip done by the CLI.
+// skipHookNote is printed after every skip done by the CLI itself.
 const skipHookNote = "note: the projection's on-skip hook (SkipFunc), if it has one, did not run: " +
-	"the CLI does not have the projection's definition; call Runner.Skip from the application when the hook must run"
+	"--direct skips without the projection's definition; skip through a worker (without --direct) when the hook must run"
 
 func (c *cli) skip(ctx context.Context, args []string) error {
-	cmd := command{name: "skip", synopsis: "PROJECTION --event EVENT_UUID --reason TEXT [--by NAME] [--force]", doc: skipDoc}
+	cmd := command{name: "skip", synopsis: "PROJECTION --event EVENT_UUID --reason TEXT [--by NAME] [--force] [--direct] [--wait 30s]", doc: skipDoc}
 	fs := newFlagSet(cmd.name)
 	event := fs.String("event", "", "`UUID` of the event to skip (required)")
 	reason := fs.String("reason", "", "why the event is skipped, recorded with the skip (required)")
 	by := fs.String("by", "", "who skips (default $USER)")
 	force := fs.Bool("force", false, "skip the event even though the projection is not failing on it")
+	direct := fs.Bool("direct", false, "skip here, without the projection's worker (its on-skip hook does not run)")
+	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the worker to do the skip")
 	pos, err := c.parse(fs, cmd, args)
 	if err != nil {
 		return err
@@ -85,6 +90,9 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 			return fmt.Errorf("no projection named %s in this database (no status row in nudge_projections); check the name and --schema", name)
 		}
 		return fmt.Errorf("read the status of projection %s: %w", name, err)
+	}
+	if !*direct {
+		return c.skipThroughWorker(ctx, pool, runner, st, name, trigger.SkipRequest{EventID: eventID, Reason: *reason, By: c.actor(*by), Force: *force}, *wait)
 	}
 	if fe := st.FailingEvent; fe != nil && fe.ID == eventID {
 		// The failing event is the first event of the projection's own types after its
@@ -141,4 +149,50 @@ func (c *cli) projectionBackend(pool *pgxpool.Pool) (*pjpg.Backend, error) {
 		return nil, usageErrorf("--schema: %v", err)
 	}
 	return pjpg.New(pool, store)
+}
+
+// skipThroughWorker sends the skip request to the projection's worker and waits until the skip
+// shows in the projection's status.
+func (c *cli) skipThroughWorker(ctx context.Context, pool *pgxpool.Pool, runner *projection.Runner, st projection.Status,
+	name string, req trigger.SkipRequest, wait time.Duration,
+) error {
+	if !req.Force && (st.FailingEvent == nil || st.FailingEvent.ID != req.EventID) {
+		failing := "is not failing"
+		if st.FailingEvent != nil {
+			failing = "is failing on event " + st.FailingEvent.ID.String()
+		}
+		return fmt.Errorf("skip refused: projection %s %s, not on %s; pass --force to skip another event", name, failing, req.EventID)
+	}
+	pub, closeFn, err := c.publisher(ctx, pool)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	if err := pub.Publish(ctx, trigger.Trigger{Projection: name, Reason: trigger.ReasonSkip, At: time.Now().UTC(), Skip: &req}); err != nil {
+		return fmt.Errorf("send the skip request to projection %s's worker: %w", name, err)
+	}
+	fmt.Fprintf(c.stdout, "asked the worker of projection %s to skip event %s; waiting up to %s\n", name, req.EventID, wait)
+	deadline := time.Now().Add(wait)
+	for {
+		after, err := runner.Status(ctx, name)
+		if err != nil {
+			return fmt.Errorf("read the status of projection %s: %w", name, err)
+		}
+		if k := after.LastSkip; k != nil && k.Event.ID == req.EventID {
+			fmt.Fprintf(c.stdout, "skipped event %s (type %s, stream %s, position %s) of projection %s, by its worker (on-skip hook included)\n",
+				k.Event.ID, k.Event.Type, k.Event.StreamID, k.Event.Position, name)
+			fmt.Fprintf(c.stdout, "projection %s: state %s, position %s\n", name, after.State, after.Position)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no worker did the skip within %s: is a worker for projection %s running on this channel? "+
+				"A refused request is logged by the worker. The request stays queued on durable channels; "+
+				"--direct skips without a worker (the on-skip hook does not run)", wait, name)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
