@@ -41,9 +41,8 @@ bench: up ## Run the benchmarks, each beside its baseline in the same run (BENCH
 	@# Each live-latency scenario appends for NUDGE_BENCH_DURATION (10s by default).
 	$(GO) test -run '^$$' -bench LiveLatency -benchtime 1x -timeout 30m ./worker/
 
-demo: ## Run the embedded quickstart (not yet: it lands with the quickstart issue).
-	@echo "demo: not yet. The embedded quickstart (in-memory store + GoChannel) lands with the"
-	@echo "      quickstart issue; until then, 'make test' runs every part against real servers."
+demo: ## Run the embedded quickstart: a projection fails, is dead-lettered, fixed, replayed (no servers).
+	$(GO) run ./examples/quickstart
 
 $(GOLANGCI_LINT):
 	@mkdir -p $(BIN)

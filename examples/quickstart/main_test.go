@@ -1,0 +1,32 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestQuickstart runs the demo and checks the story it tells ends where it should.
+func TestQuickstart(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	require.NoError(t, run(ctx, &out), out.String())
+	got := out.String()
+	for _, want := range []string{
+		"ticket_list has 3 tickets, ticket_stats counted 3 registrations.",
+		"then dead-lettered:",
+		"event TicketWasRegistered at position",
+		"value too long for type character varying(25)",
+		"ticket_list is failing",
+		"ticket_stats kept going: 6 registered, 1 closed. ticket_list still shows 3 tickets",
+		"ticket_list caught up: 6 tickets, 1 closed; state running, lag 0 events.",
+		"Every one of its 7 events was handled once",
+	} {
+		require.Contains(t, got, want)
+	}
+}
