@@ -123,7 +123,7 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	ch := gochannel.New(gochannel.Config{})
-	defer ch.Close() //nolint:errcheck // closing an in-process channel at exit
+	defer ch.Close()
 	dead := dlmemory.New(dlmemory.Config{})
 
 	models := &readModels{tickets: map[string]string{}, stats: map[string]int{}, handled: map[string]int{}}
