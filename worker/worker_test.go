@@ -156,6 +156,17 @@ func (s *setup) has(t testing.TB, name string, n int) bool {
 	return ok
 }
 
+// eachChannel runs test as a parallel subtest on every channel, with a fresh setup.
+func eachChannel(t *testing.T, test func(t *testing.T, s *setup, ch channel.Channel)) {
+	for name, cc := range channels {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := newSetup(t)
+			test(t, s, s.newChannel(t, cc))
+		})
+	}
+}
+
 // start runs a worker, and a relay publishing to ch unless appends publish in their
 // transaction, until the test ends; then it closes ch.
 func (s *setup) start(t testing.TB, ch channel.Channel, cfg worker.Config, projections ...*projection.Projection) *worker.Worker {
@@ -203,37 +214,32 @@ func (s *setup) startStoppable(t testing.TB, ch channel.Channel, cfg worker.Conf
 // every channel; each event applied once.
 func TestEndToEnd(t *testing.T) {
 	t.Parallel()
-	for name, cc := range channels {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			s := newSetup(t)
-			ch := s.newChannel(t, cc)
-			w := s.start(t, ch, worker.Config{SafetyNetInterval: -1}, s.model(t, "alpha", nil), s.model(t, "beta", nil))
+	eachChannel(t, func(t *testing.T, s *setup, ch channel.Channel) {
+		w := s.start(t, ch, worker.Config{SafetyNetInterval: -1}, s.model(t, "alpha", nil), s.model(t, "beta", nil))
 
-			// Appends after the worker runs, from several writers, reach both read models
-			// through triggers alone (the safety net is off).
-			var wg sync.WaitGroup
-			for writer := range 4 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := range 50 {
-						s.append(t, fmt.Sprintf("s-%d", writer), storeEvent(writer*1000+i))
-					}
-				}()
-			}
-			wg.Wait()
-			for _, p := range []string{"alpha", "beta"} {
-				require.Eventually(t, func() bool { rows, _ := s.count(t, p); return rows == 200 }, 30*time.Second, 10*time.Millisecond, p)
-				_, wrong := s.count(t, p)
-				require.Zero(t, wrong, "%s applied an event twice", p)
-				st := w.Stats(p)
-				require.Positive(t, st.Received)
-				require.Positive(t, st.CatchUps)
-				require.LessOrEqual(t, st.CatchUps, st.Received+1, "one catch-up at start, then at most one per trigger")
-			}
-		})
-	}
+		// Appends after the worker runs, from several writers, reach both read models
+		// through triggers alone (the safety net is off).
+		var wg sync.WaitGroup
+		for writer := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 50 {
+					s.append(t, fmt.Sprintf("s-%d", writer), storeEvent(writer*1000+i))
+				}
+			}()
+		}
+		wg.Wait()
+		for _, p := range []string{"alpha", "beta"} {
+			require.Eventually(t, func() bool { rows, _ := s.count(t, p); return rows == 200 }, 30*time.Second, 10*time.Millisecond, p)
+			_, wrong := s.count(t, p)
+			require.Zero(t, wrong, "%s applied an event twice", p)
+			st := w.Stats(p)
+			require.Positive(t, st.Received)
+			require.Positive(t, st.CatchUps)
+			require.LessOrEqual(t, st.CatchUps, st.Received+1, "one catch-up at start, then at most one per trigger")
+		}
+	})
 }
 
 func storeEvent(n int) eventstore.EventData {
@@ -248,33 +254,28 @@ func storeEvent(n int) eventstore.EventData {
 // projecting every event, each within 2 s of its append.
 func TestIsolation(t *testing.T) {
 	t.Parallel()
-	for name, cc := range channels {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			s := newSetup(t)
-			ch := s.newChannel(t, cc)
-			broken := errors.New("A is broken")
-			var attempts atomic.Int64
-			w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, Retry: retry.Policy{MaxAttempts: 4, InitialInterval: 5 * time.Second, MaxInterval: 10 * time.Second, MaxElapsedTime: time.Minute}},
-				s.model(t, "failing-a", func(int) error { attempts.Add(1); return broken }), s.model(t, "healthy-b", nil))
+	eachChannel(t, func(t *testing.T, s *setup, ch channel.Channel) {
+		broken := errors.New("A is broken")
+		var attempts atomic.Int64
+		w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, Retry: retry.Policy{MaxAttempts: 4, InitialInterval: 5 * time.Second, MaxInterval: 10 * time.Second, MaxElapsedTime: time.Minute}},
+			s.model(t, "failing-a", func(int) error { attempts.Add(1); return broken }), s.model(t, "healthy-b", nil))
 
-			s.append(t, "s", storeEvent(0))
-			require.Eventually(t, func() bool { return attempts.Load() >= 2 }, 20*time.Second, 10*time.Millisecond, "A is failing and retrying")
+		s.append(t, "s", storeEvent(0))
+		require.Eventually(t, func() bool { return attempts.Load() >= 2 }, 20*time.Second, 10*time.Millisecond, "A is failing and retrying")
 
-			var worst time.Duration
-			for n := 1; n <= 10; n++ {
-				start := time.Now()
-				s.append(t, "s", storeEvent(n))
-				require.Eventually(t, func() bool { return s.has(t, "healthy-b", n) }, 10*time.Second, 2*time.Millisecond)
-				worst = max(worst, time.Since(start))
-			}
-			t.Logf("while A was failing, B's slowest event took %s from append to read model", worst)
-			require.Less(t, worst, 2*time.Second, "A's failures must not hold B back")
-			rows, _ := s.count(t, "failing-a")
-			require.Zero(t, rows)
-			require.Positive(t, w.Stats("failing-a").Failures)
-		})
-	}
+		var worst time.Duration
+		for n := 1; n <= 10; n++ {
+			start := time.Now()
+			s.append(t, "s", storeEvent(n))
+			require.Eventually(t, func() bool { return s.has(t, "healthy-b", n) }, 10*time.Second, 2*time.Millisecond)
+			worst = max(worst, time.Since(start))
+		}
+		t.Logf("while A was failing, B's slowest event took %s from append to read model", worst)
+		require.Less(t, worst, 2*time.Second, "A's failures must not hold B back")
+		rows, _ := s.count(t, "failing-a")
+		require.Zero(t, rows)
+		require.Positive(t, w.Stats("failing-a").Failures)
+	})
 }
 
 // droppingChannel loses every trigger published through Publish.
@@ -323,46 +324,41 @@ func TestLostTriggers(t *testing.T) {
 // once, with the reason, and the consumer keeps consuming.
 func TestMalformedTriggersAreDeadLettered(t *testing.T) {
 	t.Parallel()
-	for name, cc := range channels {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			s := newSetup(t)
-			ch := s.newChannel(t, cc)
-			dlSub, err := ch.DeadLetterSubscriber()
-			require.NoError(t, err)
-			require.NoError(t, ch.Declare(context.Background(), "alpha"))
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			deadLetters, err := dlSub.Subscribe(ctx, ch.DeadLetterTopic())
-			require.NoError(t, err)
-			w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, Retry: retry.Policy{InitialInterval: time.Minute, MaxInterval: time.Minute, MaxElapsedTime: -1}},
-				s.model(t, "alpha", nil))
+	eachChannel(t, func(t *testing.T, s *setup, ch channel.Channel) {
+		dlSub, err := ch.DeadLetterSubscriber()
+		require.NoError(t, err)
+		require.NoError(t, ch.Declare(context.Background(), "alpha"))
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		deadLetters, err := dlSub.Subscribe(ctx, ch.DeadLetterTopic())
+		require.NoError(t, err)
+		w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, Retry: retry.Policy{InitialInterval: time.Minute, MaxInterval: time.Minute, MaxElapsedTime: -1}},
+			s.model(t, "alpha", nil))
 
-			_, topic, err := ch.Subscriber("alpha")
-			require.NoError(t, err)
-			garbage := message.NewMessage("garbage-1", []byte("\x00\xff not json"))
-			future := message.NewMessage("future-1", []byte(`{"v":99,"pos":"1/1"}`))
-			require.NoError(t, ch.Publisher().Publish(topic, garbage))
-			require.NoError(t, ch.Publisher().Publish(topic, future))
+		_, topic, err := ch.Subscriber("alpha")
+		require.NoError(t, err)
+		garbage := message.NewMessage("garbage-1", []byte("\x00\xff not json"))
+		future := message.NewMessage("future-1", []byte(`{"v":99,"pos":"1/1"}`))
+		require.NoError(t, ch.Publisher().Publish(topic, garbage))
+		require.NoError(t, ch.Publisher().Publish(topic, future))
 
-			reasons := map[string]string{}
-			for len(reasons) < 2 {
-				select {
-				case msg := <-deadLetters:
-					reasons[msg.UUID] = msg.Metadata.Get(retry.MetadataReason)
-					msg.Ack()
-				case <-time.After(20 * time.Second):
-					t.Fatalf("dead letters so far: %v", reasons)
-				}
+		reasons := map[string]string{}
+		for len(reasons) < 2 {
+			select {
+			case msg := <-deadLetters:
+				reasons[msg.UUID] = msg.Metadata.Get(retry.MetadataReason)
+				msg.Ack()
+			case <-time.After(20 * time.Second):
+				t.Fatalf("dead letters so far: %v", reasons)
 			}
-			require.Contains(t, reasons["garbage-1"], "not a JSON trigger object")
-			require.Contains(t, reasons["future-1"], "version 99")
-			require.Equal(t, int64(2), w.Stats("alpha").Invalid, "dead-lettered at once: retries would take minutes")
+		}
+		require.Contains(t, reasons["garbage-1"], "not a JSON trigger object")
+		require.Contains(t, reasons["future-1"], "version 99")
+		require.Equal(t, int64(2), w.Stats("alpha").Invalid, "dead-lettered at once: retries would take minutes")
 
-			s.append(t, "s", storeEvent(1))
-			require.Eventually(t, func() bool { return s.has(t, "alpha", 1) }, 20*time.Second, 10*time.Millisecond, "the consumer keeps consuming")
-		})
-	}
+		s.append(t, "s", storeEvent(1))
+		require.Eventually(t, func() bool { return s.has(t, "alpha", 1) }, 20*time.Second, 10*time.Millisecond, "the consumer keeps consuming")
+	})
 }
 
 // TestGracefulShutdown: stopping the worker while a catch-up is in flight rolls the batch back,
@@ -370,71 +366,66 @@ func TestMalformedTriggersAreDeadLettered(t *testing.T) {
 // (TestMain checks).
 func TestGracefulShutdown(t *testing.T) {
 	t.Parallel()
-	for name, cc := range channels {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			s := newSetup(t)
-			ch := s.newChannel(t, cc)
-			require.NoError(t, ch.Declare(context.Background(), "slow"))
-			dlSub, err := ch.DeadLetterSubscriber()
-			require.NoError(t, err)
-			dlCtx, dlCancel := context.WithCancel(context.Background())
-			defer dlCancel()
-			deadLetters, err := dlSub.Subscribe(dlCtx, ch.DeadLetterTopic())
-			require.NoError(t, err)
+	eachChannel(t, func(t *testing.T, s *setup, ch channel.Channel) {
+		require.NoError(t, ch.Declare(context.Background(), "slow"))
+		dlSub, err := ch.DeadLetterSubscriber()
+		require.NoError(t, err)
+		dlCtx, dlCancel := context.WithCancel(context.Background())
+		defer dlCancel()
+		deadLetters, err := dlSub.Subscribe(dlCtx, ch.DeadLetterTopic())
+		require.NoError(t, err)
 
-			inHandler := make(chan struct{})
-			var once sync.Once
-			slow, err := projection.New("slow", projection.Config{}, projection.On("A",
-				func(ctx context.Context, _ pgx.Tx, _ projection.Event[projectiontest.Payload]) error {
-					once.Do(func() { close(inHandler) })
-					<-ctx.Done() // a handler that only stops when the worker does
-					return ctx.Err()
-				}))
-			require.NoError(t, err)
-			runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, slow)
-			require.NoError(t, err)
-			require.NoError(t, runner.Init(context.Background()))
-			w, err := worker.New(worker.Config{Runner: runner, Channel: ch, Logger: s.logger, SafetyNetInterval: -1, CloseTimeout: 10 * time.Second})
-			require.NoError(t, err)
+		inHandler := make(chan struct{})
+		var once sync.Once
+		slow, err := projection.New("slow", projection.Config{}, projection.On("A",
+			func(ctx context.Context, _ pgx.Tx, _ projection.Event[projectiontest.Payload]) error {
+				once.Do(func() { close(inHandler) })
+				<-ctx.Done() // a handler that only stops when the worker does
+				return ctx.Err()
+			}))
+		require.NoError(t, err)
+		runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, slow)
+		require.NoError(t, err)
+		require.NoError(t, runner.Init(context.Background()))
+		w, err := worker.New(worker.Config{Runner: runner, Channel: ch, Logger: s.logger, SafetyNetInterval: -1, CloseTimeout: 10 * time.Second})
+		require.NoError(t, err)
 
-			res, err := s.store.Append(context.Background(), "s", eventstore.Any, storeEvent(1))
+		res, err := s.store.Append(context.Background(), "s", eventstore.Any, storeEvent(1))
+		require.NoError(t, err)
+		// Readable before the worker starts: no trigger will come, the start-up catch-up
+		// must find it (an open transaction elsewhere in the cluster could hide it briefly).
+		storetest.Settle(t, s.store, res.Last())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		select {
+		case <-inHandler:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the start-up catch-up never reached the handler")
+		}
+		// A trigger arrives too: its handler waits for the projection's lock.
+		require.NoError(t, ch.Publish(context.Background(), trigger.Trigger{Reason: trigger.ReasonTick, At: time.Now()}))
+		require.Eventually(t, func() bool { return w.Stats("slow").Received == 1 }, 20*time.Second, 5*time.Millisecond)
+		cancel()
+		select {
+		case err := <-done:
 			require.NoError(t, err)
-			// Readable before the worker starts: no trigger will come, the start-up catch-up
-			// must find it (an open transaction elsewhere in the cluster could hide it briefly).
-			storetest.Settle(t, s.store, res.Last())
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- w.Run(ctx) }()
-			select {
-			case <-inHandler:
-			case <-time.After(20 * time.Second):
-				t.Fatal("the start-up catch-up never reached the handler")
-			}
-			// A trigger arrives too: its handler waits for the projection's lock.
-			require.NoError(t, ch.Publish(context.Background(), trigger.Trigger{Reason: trigger.ReasonTick, At: time.Now()}))
-			require.Eventually(t, func() bool { return w.Stats("slow").Received == 1 }, 20*time.Second, 5*time.Millisecond)
-			cancel()
-			select {
-			case err := <-done:
-				require.NoError(t, err)
-			case <-time.After(15 * time.Second):
-				t.Fatal("Run did not return after its context ended")
-			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("Run did not return after its context ended")
+		}
 
-			st, err := runner.Status(context.Background(), "slow")
-			require.NoError(t, err)
-			require.Equal(t, projection.StateRunning, st.State, "a shutdown is not a failure")
-			require.True(t, st.Position.IsZero(), "the batch in flight rolled back")
-			require.Zero(t, st.Attempts)
-			select {
-			case msg := <-deadLetters:
-				t.Fatalf("dead-lettered on shutdown: %s", msg.Metadata.Get(retry.MetadataReason))
-			default:
-			}
-			require.NoError(t, ch.Close())
-		})
-	}
+		st, err := runner.Status(context.Background(), "slow")
+		require.NoError(t, err)
+		require.Equal(t, projection.StateRunning, st.State, "a shutdown is not a failure")
+		require.True(t, st.Position.IsZero(), "the batch in flight rolled back")
+		require.Zero(t, st.Attempts)
+		select {
+		case msg := <-deadLetters:
+			t.Fatalf("dead-lettered on shutdown: %s", msg.Metadata.Get(retry.MetadataReason))
+		default:
+		}
+		require.NoError(t, ch.Close())
+	})
 }
 
 func testLogger() *slog.Logger {
@@ -475,46 +466,41 @@ func TestRedundantTriggersCostNoRead(t *testing.T) {
 // which skips with the projection's definition — its on-skip hook runs — and carries on.
 func TestSkipRequest(t *testing.T) {
 	t.Parallel()
-	for name, cc := range channels {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			s := newSetup(t)
-			ch := s.newChannel(t, cc)
-			var hooked atomic.Value
-			p, err := projection.New("picky", projection.Config{
-				SkipFunc: func(_ context.Context, sp projection.SkipParams) error { hooked.Store(sp.Event.ID); return nil },
-			}, projection.OnIdempotent("A", func(_ context.Context, e projection.Event[projectiontest.Payload]) error {
-				if e.Data.N == 2 {
-					return errors.New("cannot take 2")
-				}
-				return nil
-			}))
-			require.NoError(t, err)
-			w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, Retry: retry.Policy{MaxAttempts: 1}}, p)
-			for n := 1; n <= 3; n++ {
-				s.append(t, "s", storeEvent(n))
+	eachChannel(t, func(t *testing.T, s *setup, ch channel.Channel) {
+		var hooked atomic.Value
+		p, err := projection.New("picky", projection.Config{
+			SkipFunc: func(_ context.Context, sp projection.SkipParams) error { hooked.Store(sp.Event.ID); return nil },
+		}, projection.OnIdempotent("A", func(_ context.Context, e projection.Event[projectiontest.Payload]) error {
+			if e.Data.N == 2 {
+				return errors.New("cannot take 2")
 			}
-			runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, p)
+			return nil
+		}))
+		require.NoError(t, err)
+		w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, Retry: retry.Policy{MaxAttempts: 1}}, p)
+		for n := 1; n <= 3; n++ {
+			s.append(t, "s", storeEvent(n))
+		}
+		runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, p)
+		require.NoError(t, err)
+		var st projection.Status
+		require.Eventually(t, func() bool {
+			st, err = runner.Status(context.Background(), "picky")
 			require.NoError(t, err)
-			var st projection.Status
-			require.Eventually(t, func() bool {
-				st, err = runner.Status(context.Background(), "picky")
-				require.NoError(t, err)
-				return st.FailingEvent != nil
-			}, 20*time.Second, 5*time.Millisecond)
-			poison := st.FailingEvent.ID
+			return st.FailingEvent != nil
+		}, 20*time.Second, 5*time.Millisecond)
+		poison := st.FailingEvent.ID
 
-			require.NoError(t, ch.Publish(context.Background(), trigger.Trigger{Projection: "picky", Reason: trigger.ReasonSkip, At: time.Now(),
-				Skip: &trigger.SkipRequest{EventID: poison, Reason: "bad data", By: "ann"}}))
-			require.Eventually(t, func() bool {
-				st, err = runner.Status(context.Background(), "picky")
-				require.NoError(t, err)
-				return st.LastSkip != nil && st.CaughtUp()
-			}, 20*time.Second, 5*time.Millisecond)
-			require.Equal(t, poison, hooked.Load(), "the projection's on-skip hook ran")
-			require.Equal(t, "ann", st.LastSkip.By)
-			require.Equal(t, projection.StateRunning, st.State)
-			require.Positive(t, w.Stats("picky").Received)
-		})
-	}
+		require.NoError(t, ch.Publish(context.Background(), trigger.Trigger{Projection: "picky", Reason: trigger.ReasonSkip, At: time.Now(),
+			Skip: &trigger.SkipRequest{EventID: poison, Reason: "bad data", By: "ann"}}))
+		require.Eventually(t, func() bool {
+			st, err = runner.Status(context.Background(), "picky")
+			require.NoError(t, err)
+			return st.LastSkip != nil && st.CaughtUp()
+		}, 20*time.Second, 5*time.Millisecond)
+		require.Equal(t, poison, hooked.Load(), "the projection's on-skip hook ran")
+		require.Equal(t, "ann", st.LastSkip.By)
+		require.Equal(t, projection.StateRunning, st.State)
+		require.Positive(t, w.Stats("picky").Received)
+	})
 }

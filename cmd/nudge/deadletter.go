@@ -156,19 +156,16 @@ func (c *cli) deadletterShow(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	ids, err := parseIDs(pos, "deadletter show")
+	id, err := parseOneID(pos, "deadletter show")
 	if err != nil {
 		return err
-	}
-	if len(ids) != 1 {
-		return usageErrorf("deadletter show takes one ID, got %d", len(ids))
 	}
 	store, pool, err := c.deadletterStore(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	r, err := store.Get(ctx, ids[0])
+	r, err := store.Get(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -248,19 +245,16 @@ func (c *cli) deadletterResolve(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	ids, err := parseIDs(pos, "deadletter resolve")
+	id, err := parseOneID(pos, "deadletter resolve")
 	if err != nil {
 		return err
-	}
-	if len(ids) != 1 {
-		return usageErrorf("deadletter resolve takes one ID, got %d", len(ids))
 	}
 	store, pool, err := c.deadletterStore(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	r, err := store.Get(ctx, ids[0])
+	r, err := store.Get(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -451,4 +445,16 @@ func writeRecord(w io.Writer, r deadletter.Record) error {
 	}
 	line("updated at", when(r.UpdatedAt))
 	return tw.Flush()
+}
+
+// parseOneID parses the single ID a command takes.
+func parseOneID(args []string, cmd string) (int64, error) {
+	ids, err := parseIDs(args, cmd)
+	if err != nil {
+		return 0, err
+	}
+	if len(ids) != 1 {
+		return 0, usageErrorf("%s takes one ID, got %d", cmd, len(ids))
+	}
+	return ids[0], nil
 }
