@@ -17,6 +17,7 @@ import (
 
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/eventload"
 	"github.com/nudgeworks/nudge/internal/pgtest"
 )
 
@@ -56,8 +57,6 @@ const (
 	// benchReadEvents and benchReadStreams size the store the read benchmarks page through.
 	benchReadEvents  = 100_000
 	benchReadStreams = 10_000
-	// benchCopyBatch is how many events each COPY (one transaction) loads.
-	benchCopyBatch = 1_000
 )
 
 // benchPayload is a JSON object of about 200 bytes, the size of a typical event.
@@ -215,7 +214,8 @@ type benchReadFunc func(ctx context.Context, after eventstore.Position, limit in
 func BenchmarkRead(b *testing.B) {
 	store, rawPool := benchDB(b)
 	ctx := context.Background()
-	last := loadEvents(b, rawPool)
+	last := eventload.Load(b, rawPool, benchReadEvents, benchReadStreams, benchEventType,
+		func(string, int) string { return string(benchPayload) })
 
 	// The load is readable once no transaction older than it is running anywhere in the cluster.
 	require.EventuallyWithT(b, func(c *assert.CollectT) {
@@ -278,45 +278,6 @@ func rawRead(ctx context.Context, pool *pgxpool.Pool, after eventstore.Position,
 		events = append(events, e)
 	}
 	return events, rows.Err()
-}
-
-// loadEvents fills the store with benchReadEvents events on benchReadStreams streams, with COPY
-// in transactions of benchCopyBatch events, and returns the last event's position.
-func loadEvents(b *testing.B, pool *pgxpool.Pool) eventstore.Position {
-	b.Helper()
-	ctx := context.Background()
-	columns := []string{"event_id", "stream_id", "stream_version", "event_type", "payload"}
-	payload := string(benchPayload)
-	for start := 0; start < benchReadEvents; start += benchCopyBatch {
-		rows := make([][]any, 0, benchCopyBatch)
-		for i := start; i < min(start+benchCopyBatch, benchReadEvents); i++ {
-			// Event i is version i/streams+1 of stream i%streams: versions rise with the position.
-			rows = append(rows, []any{
-				uuid.Must(uuid.NewV7()),
-				fmt.Sprintf("ticket-%05d", i%benchReadStreams),
-				int64(i/benchReadStreams + 1),
-				benchEventType,
-				payload,
-			})
-		}
-		n, err := pool.CopyFrom(ctx, pgx.Identifier{"nudge_events"}, columns, pgx.CopyFromRows(rows))
-		require.NoError(b, err)
-		require.EqualValues(b, len(rows), n)
-	}
-	// Keep nudge_streams consistent with the events, as appends would have left it.
-	_, err := pool.Exec(ctx, `INSERT INTO nudge_streams (stream_id, version, last_transaction_id)
-		SELECT DISTINCT ON (stream_id) stream_id, stream_version, transaction_id
-		FROM nudge_events ORDER BY stream_id, stream_version DESC`)
-	require.NoError(b, err)
-	// Give the planner statistics, as autovacuum would in a store that has been running.
-	_, err = pool.Exec(ctx, `ANALYZE nudge_events, nudge_streams`)
-	require.NoError(b, err)
-
-	var last eventstore.Position
-	err = pool.QueryRow(ctx, `SELECT transaction_id, global_position FROM nudge_events
-		ORDER BY transaction_id DESC, global_position DESC LIMIT 1`).Scan(&last.TransactionID, &last.GlobalPosition)
-	require.NoError(b, err)
-	return last
 }
 
 // TestBenchBaselines checks that the baselines still do the store's work: their SQL is a copy of

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/eventload"
 	"github.com/nudgeworks/nudge/projection"
 )
 
@@ -37,8 +37,6 @@ const (
 	// benchEvents and benchStreams size the store the projection catches up from.
 	benchEvents  = 100_000
 	benchStreams = 10_000
-	// benchCopyBatch is how many events each COPY (one transaction) loads.
-	benchCopyBatch = 5_000
 	// benchNaiveEvents is how many events the naive baseline handles an iteration: it is slow.
 	benchNaiveEvents = 20_000
 )
@@ -77,7 +75,7 @@ const (
 func BenchmarkCatchUp(b *testing.B) {
 	e := newEnv(b)
 	ctx := context.Background()
-	last := benchLoad(b, e.db.Pool, benchEvents, benchStreams)
+	last := eventload.Load(b, e.db.Pool, benchEvents, benchStreams, benchEventType, benchPayload)
 	benchWaitReadable(b, e.store, last)
 	_, err := e.db.Pool.Exec(ctx, benchCreateNaiveSQL)
 	require.NoError(b, err)
@@ -210,40 +208,6 @@ func benchNaiveHandleOne(ctx context.Context, pool *pgxpool.Pool, after *eventst
 	return false, nil
 }
 
-// benchLoad fills the store with events events on streams streams, with COPY in transactions
-// of benchCopyBatch events, and returns the last event's position. Event i is version
-// i/streams+1 of ticket i%streams.
-func benchLoad(tb testing.TB, pool *pgxpool.Pool, events, streams int) eventstore.Position {
-	tb.Helper()
-	ctx := context.Background()
-	columns := []string{"event_id", "stream_id", "stream_version", "event_type", "payload"}
-	for start := 0; start < events; start += benchCopyBatch {
-		rows := make([][]any, 0, benchCopyBatch)
-		for i := start; i < min(start+benchCopyBatch, events); i++ {
-			ticket := benchTicketID(i % streams)
-			// The id as [16]byte, which pgx encodes natively (uuid.UUID would go through text).
-			rows = append(rows, []any{[16]byte(uuid.Must(uuid.NewV7())), ticket, int64(i/streams + 1), benchEventType, benchPayload(ticket, i)})
-		}
-		n, err := pool.CopyFrom(ctx, pgx.Identifier{"nudge_events"}, columns, pgx.CopyFromRows(rows))
-		require.NoError(tb, err)
-		require.EqualValues(tb, len(rows), n)
-	}
-	// Keep nudge_streams consistent with the events, as appends would have left it.
-	_, err := pool.Exec(ctx, `INSERT INTO nudge_streams (stream_id, version, last_transaction_id)
-		SELECT DISTINCT ON (stream_id) stream_id, stream_version, transaction_id
-		FROM nudge_events ORDER BY stream_id, stream_version DESC`)
-	require.NoError(tb, err)
-	// Give the planner statistics, as autovacuum would in a store that has been running.
-	_, err = pool.Exec(ctx, `ANALYZE nudge_events, nudge_streams`)
-	require.NoError(tb, err)
-
-	var last eventstore.Position
-	err = pool.QueryRow(ctx, `SELECT transaction_id, global_position FROM nudge_events
-		ORDER BY transaction_id DESC, global_position DESC LIMIT 1`).Scan(&last.TransactionID, &last.GlobalPosition)
-	require.NoError(tb, err)
-	return last
-}
-
 // benchWaitReadable waits until the store's head is last: the load is readable once no
 // transaction older than it is running anywhere in the cluster.
 func benchWaitReadable(tb testing.TB, store *espg.Store, last eventstore.Position) {
@@ -254,8 +218,6 @@ func benchWaitReadable(tb testing.TB, store *espg.Store, last eventstore.Positio
 		require.Equal(c, last, head)
 	}, time.Minute, 10*time.Millisecond, "the loaded events never became readable")
 }
-
-func benchTicketID(n int) string { return fmt.Sprintf("ticket-%05d", n) }
 
 // benchPayload is the JSON payload of event i, about 200 bytes.
 func benchPayload(ticket string, i int) string {
@@ -315,7 +277,7 @@ func TestBenchCatchUpBaseline(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	const events, streams = 2_000, 300
-	benchWaitReadable(t, e.store, benchLoad(t, e.db.Pool, events, streams))
+	benchWaitReadable(t, e.store, eventload.Load(t, e.db.Pool, events, streams, benchEventType, benchPayload))
 	_, err := e.db.Pool.Exec(ctx, benchCreateNaiveSQL)
 	require.NoError(t, err)
 
