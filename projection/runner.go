@@ -22,6 +22,25 @@ type RunnerConfig struct {
 	Logger *slog.Logger
 	// NowFunc returns the current time. Defaults to time.Now.
 	NowFunc func() time.Time
+	// OnBatch, if set, is called after every batch that committed events or failed (not for
+	// empty reads, pauses or shutdowns), on the catching-up goroutine: keep it fast. Package
+	// metrics uses it for its batch counters and durations.
+	OnBatch func(BatchReport)
+}
+
+// BatchReport describes one batch, for RunnerConfig.OnBatch.
+type BatchReport struct {
+	Projection string
+	// Events is the number of events the batch committed; 0 when it failed.
+	Events int
+	// Took is the batch's wall time, from its start to its commit or rollback.
+	Took time.Duration
+	// Position is the committed position after the batch.
+	Position eventstore.Position
+	// Err is nil for a committed batch, a *HandlerError when a handler failed on an event
+	// (errors.Is(Err, ErrHandler)), and any other error when the batch could not run (the
+	// database is down, say).
+	Err error
 }
 
 // Runner catches projections up: it reads each projection's events forward from the
@@ -35,6 +54,7 @@ type Runner struct {
 	backend     Backend
 	logger      *slog.Logger
 	now         func() time.Time
+	onBatch     func(BatchReport)
 	projections map[string]*Projection
 	names       []string
 
@@ -56,6 +76,7 @@ func NewRunner(backend Backend, cfg RunnerConfig, projections ...*Projection) (*
 		backend:     backend,
 		logger:      cfg.Logger,
 		now:         cfg.NowFunc,
+		onBatch:     cfg.OnBatch,
 		projections: make(map[string]*Projection, len(projections)),
 		positions:   make(map[string]eventstore.Position, len(projections)),
 		running:     make(map[string]chan struct{}, len(projections)),
@@ -239,8 +260,10 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 		if handled > 0 {
 			res.Events += handled
 			res.Batches++
+			took := r.now().Sub(started)
 			r.logger.DebugContext(ctx, "projection batch committed", slog.String("projection", p.name),
-				slog.Int("events", handled), slog.String("position", res.Position.String()), slog.Duration("took", r.now().Sub(started)))
+				slog.Int("events", handled), slog.String("position", res.Position.String()), slog.Duration("took", took))
+			r.report(BatchReport{Projection: p.name, Events: handled, Took: took, Position: committed})
 		}
 		return handled, nil
 	case errors.Is(err, errPaused):
@@ -250,6 +273,7 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 		// Shutting down: the batch rolled back and is not a failure of the projection's.
 		return 0, ctx.Err()
 	case failed == nil:
+		r.report(BatchReport{Projection: p.name, Took: r.now().Sub(started), Position: committed, Err: err})
 		return 0, err
 	}
 
@@ -264,6 +288,7 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 			return 0, err
 		}
 	}
+	r.report(BatchReport{Projection: p.name, Took: r.now().Sub(started), Position: res.Position, Err: failed})
 	failure := Failure{
 		Event: eventstore.Event{ID: failed.EventID, Type: failed.EventType, StreamID: failed.StreamID, Position: failed.Position},
 		Err:   failed.Err,
@@ -277,6 +302,12 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 		slog.String("event_type", failed.EventType), slog.String("position", failed.Position.String()),
 		slog.Any("error", failed.Err))
 	return 0, failed
+}
+
+func (r *Runner) report(b BatchReport) {
+	if r.onBatch != nil {
+		r.onBatch(b)
+	}
 }
 
 // remember caches a committed position seen for name. Batches of concurrent catch-ups finish

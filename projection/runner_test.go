@@ -2,6 +2,7 @@ package projection_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -39,4 +40,38 @@ func TestMaxBatchDurationEndsBatchesEarly(t *testing.T) {
 	require.Equal(t, 100, res.Events)
 	require.Greater(t, res.Batches, 10, "batches were cut short by time, not by size")
 	require.Equal(t, 100, rec.Calls(), "nothing handled twice")
+}
+
+// TestOnBatchReportsCommittedAndFailedBatches: the OnBatch hook sees every batch that committed
+// events, and a failed one with its *HandlerError, after the good prefix was committed.
+func TestOnBatchReportsCommittedAndFailedBatches(t *testing.T) {
+	t.Parallel()
+	store := memstore.New(memstore.Config{})
+	backend, err := memory.New(store, memory.Config{})
+	require.NoError(t, err)
+	projectiontest.AppendN(t, store, 0, 25, "A")
+	projectiontest.AppendN(t, store, 25, 1, "Bad")
+
+	var reports []projection.BatchReport
+	p, err := projection.New("reported", projection.Config{BatchSize: 10},
+		projection.OnIdempotent("A", func(context.Context, projection.Event[map[string]any]) error { return nil }),
+		projection.OnIdempotent("Bad", func(context.Context, projection.Event[map[string]any]) error { return errors.New("boom") }))
+	require.NoError(t, err)
+	r, err := projection.NewRunner(backend, projection.RunnerConfig{OnBatch: func(b projection.BatchReport) { reports = append(reports, b) }}, p)
+	require.NoError(t, err)
+	require.NoError(t, r.Init(context.Background()))
+
+	_, err = r.CatchUp(context.Background(), "reported")
+	require.ErrorIs(t, err, projection.ErrHandler)
+	var events []int
+	for _, b := range reports[:len(reports)-1] {
+		require.NoError(t, b.Err)
+		require.Equal(t, "reported", b.Projection)
+		events = append(events, b.Events)
+	}
+	require.Equal(t, []int{10, 10, 5}, events, "two full batches, then the good prefix of the failing one")
+	last := reports[len(reports)-1]
+	require.ErrorIs(t, last.Err, projection.ErrHandler)
+	require.Zero(t, last.Events)
+	require.Equal(t, reports[len(reports)-2].Position, last.Position, "the failure reports the position it stopped at")
 }
