@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -17,12 +18,14 @@ type Event[T any] struct {
 	Data T
 }
 
-// Handler handles the events of one type for a projection. Make one with On (a PostgreSQL read
-// model, exactly-once) or OnIdempotent (any other read model, at-least-once).
+// Handler handles the events of one type for a projection. Make one with On or OnQueued (a
+// PostgreSQL read model, exactly-once) or OnIdempotent (any other read model, at-least-once).
 type Handler struct {
 	eventType     string
 	transactional bool
 	handle        func(ctx context.Context, tx pgx.Tx, e eventstore.Event) error
+	// queued is set for OnQueued handlers: the runner gives them the batch's queue.
+	queued func(ctx context.Context, q *Queue, e eventstore.Event) error
 }
 
 // EventType returns the event type the handler handles.
@@ -74,9 +77,17 @@ func typed[T any](eventType string, fn func(context.Context, pgx.Tx, Event[T]) e
 	}
 	return func(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
 		typedEvent := Event[T]{Event: e}
-		if err := json.Unmarshal(e.Payload, &typedEvent.Data); err != nil {
-			return &DecodeError{EventType: eventType, Target: fmt.Sprintf("%T", typedEvent.Data), Err: err}
+		if err := decode(eventType, e, &typedEvent.Data); err != nil {
+			return err
 		}
 		return fn(ctx, tx, typedEvent)
 	}
+}
+
+// decode unmarshals e's JSON payload into data, a pointer to a handler's T.
+func decode(eventType string, e eventstore.Event, data any) error {
+	if err := json.Unmarshal(e.Payload, data); err != nil {
+		return &DecodeError{EventType: eventType, Target: strings.TrimPrefix(fmt.Sprintf("%T", data), "*"), Err: err}
+	}
+	return nil
 }

@@ -184,7 +184,48 @@ func (p *Projection) Handle(ctx context.Context, tx pgx.Tx, e eventstore.Event) 
 		h = *p.anyHandler
 	}
 	if err := h.handle(ctx, tx, e); err != nil {
-		return &HandlerError{Projection: p.name, EventID: e.ID, EventType: e.Type, StreamID: e.StreamID, Position: e.Position, Err: err}
+		return p.handlerError(e, err)
 	}
 	return nil
+}
+
+// handleInBatch runs the handler for events[i] in a runner's batch: an OnQueued handler queues
+// its statements on q; any other handler first sends what earlier events queued, so it sees
+// their writes.
+func (p *Projection) handleInBatch(ctx context.Context, tx pgx.Tx, q *Queue, events []eventstore.Event, i int) error {
+	e := events[i]
+	h, ok := p.handlers[e.Type]
+	if !ok {
+		if p.anyHandler == nil {
+			return nil
+		}
+		h = *p.anyHandler
+	}
+	if h.queued != nil {
+		q.event = i
+		if err := h.queued(ctx, q, e); err != nil {
+			return p.handlerError(e, err)
+		}
+		return nil
+	}
+	if err := p.sendQueue(ctx, tx, q, events); err != nil {
+		return err
+	}
+	if err := h.handle(ctx, tx, e); err != nil {
+		return p.handlerError(e, err)
+	}
+	return nil
+}
+
+// sendQueue sends the statements queued on q; a failure is charged to the event that queued
+// the failing statement.
+func (p *Projection) sendQueue(ctx context.Context, tx pgx.Tx, q *Queue, events []eventstore.Event) error {
+	if owner, err := q.send(ctx, tx); err != nil {
+		return p.handlerError(events[owner], err)
+	}
+	return nil
+}
+
+func (p *Projection) handlerError(e eventstore.Event, err error) *HandlerError {
+	return &HandlerError{Projection: p.name, EventID: e.ID, EventType: e.Type, StreamID: e.StreamID, Position: e.Position, Err: err}
 }

@@ -212,15 +212,18 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 			}
 		}
 		deadline := started.Add(p.cfg.MaxBatchDuration)
-		for i, e := range events {
+		var queue Queue
+		for i := range events {
 			if i > 0 && r.now().After(deadline) {
 				events = events[:i]
 				break
 			}
-			if err := p.Handle(ctx, u.Tx, e); err != nil {
-				failed, failedAt = err.(*HandlerError), i //nolint:errorlint // Handle returns *HandlerError itself.
-				return Outcome{}, err
+			if err := p.handleInBatch(ctx, u.Tx, &queue, events, i); err != nil {
+				return Outcome{}, r.failAt(err, events, &failed, &failedAt)
 			}
+		}
+		if err := p.sendQueue(ctx, u.Tx, &queue, events); err != nil {
+			return Outcome{}, r.failAt(err, events, &failed, &failedAt)
 		}
 		if p.cfg.FlushFunc != nil {
 			if err := p.cfg.FlushFunc(ctx, FlushParams{Projection: p.name, Tx: u.Tx, Events: events}); err != nil {
@@ -302,6 +305,19 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 		slog.String("event_type", failed.EventType), slog.String("position", failed.Position.String()),
 		slog.Any("error", failed.Err))
 	return 0, failed
+}
+
+// failAt records the *HandlerError err as the batch's failure, with the index of its event.
+func (r *Runner) failAt(err error, events []eventstore.Event, failed **HandlerError, failedAt *int) error {
+	he := err.(*HandlerError) //nolint:errorlint // handleInBatch and sendQueue return *HandlerError itself.
+	*failed = he
+	for i := range events {
+		if events[i].ID == he.EventID {
+			*failedAt = i
+			break
+		}
+	}
+	return err
 }
 
 func (r *Runner) report(b BatchReport) {

@@ -1,0 +1,93 @@
+package projection
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/nudgeworks/nudge/eventstore"
+)
+
+// Queue collects the SQL statements that OnQueued handlers write for one batch. The runner
+// sends them to PostgreSQL in one round trip (a pgx.Batch) inside the batch's transaction, after
+// the batch's last handler and before the flush hook, so a read model written statement by
+// statement costs one network round trip per batch instead of one per event.
+//
+// A statement that fails is charged to the event whose handler queued it: the batch rolls back,
+// the events before that one commit in a batch of their own, and the failure names that event,
+// exactly as when an On handler returns an error.
+type Queue struct {
+	batch  pgx.Batch
+	owners []int // owners[i] is the index, in the batch's events, of the event that queued statement i
+	event  int   // index of the event being handled
+}
+
+// Queue adds a statement. Arguments are encoded when the queue is sent, so do not change a
+// slice or map argument after queueing it.
+func (q *Queue) Queue(sql string, args ...any) {
+	q.batch.Queue(sql, args...)
+	q.owners = append(q.owners, q.event)
+}
+
+// Len returns the number of statements queued.
+func (q *Queue) Len() int { return len(q.owners) }
+
+// OnQueued handles events of eventType for a read model in the event store's PostgreSQL
+// database, like On, but fn does not execute SQL: it queues statements on q, and the runner
+// sends a batch's statements in one round trip. Delivery is exactly-once, as with On: the
+// statements run in the batch's transaction, which commits the position with them.
+//
+// Use it for handlers that only write (upserts, updates): a handler that needs to read what
+// earlier events of the same batch wrote must use On. The payload is decoded into T with
+// encoding/json; a payload that does not decode fails the event with a *DecodeError.
+func OnQueued[T any](eventType string, fn func(ctx context.Context, q *Queue, e Event[T]) error) Handler {
+	h := Handler{eventType: eventType, transactional: true}
+	if fn == nil {
+		return h
+	}
+	h.queued = func(ctx context.Context, q *Queue, e eventstore.Event) error {
+		typedEvent := Event[T]{Event: e}
+		if err := decode(eventType, e, &typedEvent.Data); err != nil {
+			return err
+		}
+		return fn(ctx, q, typedEvent)
+	}
+	// Handled on its own (Projection.Handle: inline projections), the queue is sent at once.
+	h.handle = func(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
+		if tx == nil {
+			return fmt.Errorf("%w: an OnQueued handler needs the PostgreSQL backend", ErrNeedsTransaction)
+		}
+		var q Queue
+		if err := h.queued(ctx, &q, e); err != nil {
+			return err
+		}
+		if _, err := q.send(ctx, tx); err != nil {
+			return err
+		}
+		return nil
+	}
+	return h
+}
+
+// send executes the queued statements in tx and empties the queue. When a statement fails it
+// returns the index of the event that queued it and the statement's error.
+func (q *Queue) send(ctx context.Context, tx pgx.Tx) (int, error) {
+	if len(q.owners) == 0 {
+		return 0, nil
+	}
+	owners := q.owners
+	batch := &q.batch
+	defer func() { q.batch, q.owners = pgx.Batch{}, nil }()
+	results := tx.SendBatch(ctx, batch)
+	for i, owner := range owners {
+		if _, err := results.Exec(); err != nil {
+			_ = results.Close()
+			return owner, fmt.Errorf("queued statement %d of the batch: %w", i+1, err)
+		}
+	}
+	if err := results.Close(); err != nil {
+		return owners[len(owners)-1], fmt.Errorf("queued statements: %w", err)
+	}
+	return 0, nil
+}
