@@ -75,6 +75,10 @@ type Config struct {
 	// CloseTimeout bounds Run's wait for handlers in flight at shutdown. Defaults to
 	// CloseTimeoutDefault.
 	CloseTimeout time.Duration
+	// RouterFunc, if set, is called by Run with its router after the handlers are added and
+	// before the router runs: add router-level middleware or plugins there, or metrics
+	// (metrics.RouterMetrics enables Watermill's own). Users of AddHandlers own their router.
+	RouterFunc func(*message.Router) error
 	// Store, if set, lets a handler wait (up to HorizonWait) until the event store can read up
 	// to the trigger's position before it catches up. Set it when triggers are published in the
 	// append's transaction (trigger.Appender with the PostgreSQL-queue channel): such a trigger
@@ -425,6 +429,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	if err := w.AddHandlers(router); err != nil {
 		return err
+	}
+	if w.cfg.RouterFunc != nil {
+		if err := w.cfg.RouterFunc(router); err != nil {
+			return fmt.Errorf("worker: RouterFunc: %w", err)
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
