@@ -1,0 +1,34 @@
+// Package projection defines projections and runs them: each reads the event store forward
+// from its own committed position, in batches, and each batch is one unit of work — with
+// PostgreSQL one transaction — that writes the read model and advances the position together.
+// A batch that fails rolls back whole; the events before the failing one commit in a batch of
+// their own, so the position stops right before it and the status names it.
+//
+// # Defining a projection
+//
+// New takes a name (it becomes part of queue and table names, so it is validated), a Config
+// with the batch size and lifecycle hooks (init, flush, reset, delete, skip) and one handler per
+// event type. Only those types are read: the filter runs in the store's query.
+//
+//   - On[T] — a read model in the event store's PostgreSQL database: the handler writes through
+//     the batch's pgx.Tx, so every event is applied exactly once.
+//   - OnQueued[T] — the same guarantee for handlers that only write: they queue statements that
+//     the runner sends in one round trip per batch (a pgx.Batch), which is several times faster
+//     than one round trip per event. A failing statement is charged to its event.
+//   - OnIdempotent[T], OnAnyIdempotent — any other read model (a cache, a file, another service):
+//     no transaction, at-least-once, so the handler must be idempotent.
+//   - Config.FlushFunc — set-based writes once per batch, for the fastest rebuilds.
+//
+// # Running it
+//
+// A Runner catches projections up on a Backend: projection/postgres (positions beside the
+// events, exactly-once read models) or projection/memory (the embedded demo and fast tests).
+// CatchUp runs batches until a read comes back empty; Status reports state, position, lag in
+// events and time and whether an open transaction holds the projection back; Reset prepares a
+// rebuild; Pause, Resume, Skip and Delete are the operator's actions. Any number of runners in
+// any number of processes may run one projection: the backend's lock serialises their batches.
+//
+// What makes a runner catch up is the caller's choice: package worker does it for triggers from
+// a broker (the usual mode), Poller does it on an adaptive interval without a broker, and
+// projection/postgres's Inline applies projections inside the append's transaction.
+package projection

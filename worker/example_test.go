@@ -1,0 +1,85 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/nudgeworks/nudge/channel/gochannel"
+	"github.com/nudgeworks/nudge/eventstore"
+	esmemory "github.com/nudgeworks/nudge/eventstore/memory"
+	"github.com/nudgeworks/nudge/projection"
+	pjmemory "github.com/nudgeworks/nudge/projection/memory"
+	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/worker"
+)
+
+type TicketWasRegistered struct {
+	ID string `json:"id"`
+}
+
+// The worker's handlers on a Watermill router you own: one handler per projection, each with
+// its own subscription, retries and dead letters. A trigger.Relay publishes a trigger for every
+// batch of appended events; the handler reads the store from the projection's own position.
+func ExampleWorker_AddHandlers() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	quiet := slog.New(slog.DiscardHandler)
+	store := esmemory.New(esmemory.Config{})
+	backend, _ := pjmemory.New(store, pjmemory.Config{})
+
+	var (
+		mu      sync.Mutex
+		tickets []string
+	)
+	ticketList, _ := projection.New("ticket_list", projection.Config{},
+		projection.OnIdempotent("TicketWasRegistered", func(_ context.Context, e projection.Event[TicketWasRegistered]) error {
+			mu.Lock()
+			defer mu.Unlock()
+			tickets = append(tickets, e.Data.ID)
+			return nil
+		}))
+	runner, _ := projection.NewRunner(backend, projection.RunnerConfig{Logger: quiet}, ticketList)
+	_ = runner.Init(ctx)
+
+	ch := gochannel.New(gochannel.Config{}) // or channel/amqp, channel/postgres
+	w, _ := worker.New(worker.Config{Runner: runner, Channel: ch, Logger: quiet})
+	router, _ := message.NewRouter(message.RouterConfig{}, watermill.NewSlogLogger(quiet))
+	_ = w.Declare(ctx) // subscriptions exist before the first append
+	_ = w.AddHandlers(router)
+	relay, _ := trigger.NewRelay(backend, ch, trigger.RelayConfig{Logger: quiet})
+
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); _ = router.Run(ctx) }()
+	go func() { defer wg.Done(); _ = relay.Run(ctx) }()
+	go func() { defer wg.Done(); <-router.Running(); w.SafetyNet(ctx) }() // start-up catch-up and the periodic tick
+	<-router.Running()
+
+	for _, id := range []string{"t-1", "t-2", "t-3"} {
+		data, _ := eventstore.NewEventData("TicketWasRegistered", TicketWasRegistered{ID: id})
+		_, _ = store.Append(ctx, "ticket-"+id, eventstore.NoStream, data)
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if st, _ := runner.Status(ctx, "ticket_list"); st.EventsProcessed == 3 && st.CaughtUp() {
+			break
+		}
+	}
+	mu.Lock()
+	fmt.Println("ticket_list:", tickets)
+	mu.Unlock()
+	st, _ := runner.Status(ctx, "ticket_list")
+	fmt.Println("state:", st.State, "lag:", st.LagEvents)
+
+	cancel()
+	wg.Wait()
+	_ = ch.Close()
+	// Output:
+	// ticket_list: [t-1 t-2 t-3]
+	// state: running lag: 0
+}
