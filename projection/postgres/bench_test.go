@@ -81,26 +81,28 @@ func BenchmarkCatchUp(b *testing.B) {
 	require.NoError(b, err)
 
 	for _, batch := range []int{100, 500, 1000} {
-		b.Run(fmt.Sprintf("batch=%d/nudge", batch), func(b *testing.B) {
-			runner, name := benchRunner(b, e, batch)
-			b.ReportAllocs()
-			benchResetPeakRSS(b)
-			var total int
-			b.ResetTimer()
-			for range b.N {
+		for _, queued := range []bool{false, true} {
+			b.Run(fmt.Sprintf("batch=%d/%s", batch, map[bool]string{false: "nudge", true: "queued"}[queued]), func(b *testing.B) {
+				runner, name := benchRunner(b, e, batch, queued)
+				b.ReportAllocs()
+				benchResetPeakRSS(b)
+				var total int
+				b.ResetTimer()
+				for range b.N {
+					b.StopTimer()
+					require.NoError(b, runner.Reset(ctx, name))
+					b.StartTimer()
+					res, err := runner.CatchUp(ctx, name)
+					require.NoError(b, err)
+					require.Equal(b, benchEvents, res.Events)
+					total += res.Events
+				}
 				b.StopTimer()
-				require.NoError(b, runner.Reset(ctx, name))
-				b.StartTimer()
-				res, err := runner.CatchUp(ctx, name)
-				require.NoError(b, err)
-				require.Equal(b, benchEvents, res.Events)
-				total += res.Events
-			}
-			b.StopTimer()
-			require.Equal(b, benchStreams, benchCount(b, e.db.Pool, "ticket_list"))
-			b.ReportMetric(float64(total)/b.Elapsed().Seconds(), "events/s")
-			benchReportRSS(b)
-		})
+				require.Equal(b, benchStreams, benchCount(b, e.db.Pool, "ticket_list"))
+				b.ReportMetric(float64(total)/b.Elapsed().Seconds(), "events/s")
+				benchReportRSS(b)
+			})
+		}
 	}
 
 	b.Run("naive", func(b *testing.B) {
@@ -127,9 +129,19 @@ func BenchmarkCatchUp(b *testing.B) {
 }
 
 // benchRunner returns an initialised runner of the ticket_list projection with batches of
-// batch events, and the projection's name.
-func benchRunner(tb testing.TB, e env, batch int) (*projection.Runner, string) {
+// batch events, and the projection's name; queued picks an OnQueued handler over an On one.
+func benchRunner(tb testing.TB, e env, batch int, queued bool) (*projection.Runner, string) {
 	tb.Helper()
+	handler := projection.On(benchEventType, func(ctx context.Context, tx pgx.Tx, e projection.Event[benchTicketWasRegistered]) error {
+		_, err := tx.Exec(ctx, benchUpsertTicketSQL, e.Data.TicketID, e.Data.Customer, e.Data.Price, e.StreamVersion)
+		return err
+	})
+	if queued {
+		handler = projection.OnQueued(benchEventType, func(_ context.Context, q *projection.Queue, e projection.Event[benchTicketWasRegistered]) error {
+			q.Queue(benchUpsertTicketSQL, e.Data.TicketID, e.Data.Customer, e.Data.Price, e.StreamVersion)
+			return nil
+		})
+	}
 	p, err := projection.New("ticket_list", projection.Config{
 		BatchSize: batch,
 		InitFunc: func(ctx context.Context, p projection.HookParams) error {
@@ -140,10 +152,7 @@ func benchRunner(tb testing.TB, e env, batch int) (*projection.Runner, string) {
 			_, err := p.Tx.Exec(ctx, `TRUNCATE ticket_list`)
 			return err
 		},
-	}, projection.On(benchEventType, func(ctx context.Context, tx pgx.Tx, e projection.Event[benchTicketWasRegistered]) error {
-		_, err := tx.Exec(ctx, benchUpsertTicketSQL, e.Data.TicketID, e.Data.Customer, e.Data.Price, e.StreamVersion)
-		return err
-	}))
+	}, handler)
 	require.NoError(tb, err)
 	// Reset logs at info level every iteration.
 	runner, err := projection.NewRunner(e.backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, p)
@@ -281,7 +290,7 @@ func TestBenchCatchUpBaseline(t *testing.T) {
 	_, err := e.db.Pool.Exec(ctx, benchCreateNaiveSQL)
 	require.NoError(t, err)
 
-	runner, name := benchRunner(t, e, 128)
+	runner, name := benchRunner(t, e, 128, false)
 	res, err := runner.CatchUp(ctx, name)
 	require.NoError(t, err)
 	require.Equal(t, events, res.Events)
