@@ -1,8 +1,13 @@
 package worker_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,4 +49,46 @@ func TestRouterFunc(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.ErrorIs(t, w.Run(ctx), boom)
+}
+
+// TestRouterLogsNameTheProjection: the lines Run's router logs about a projection's handler
+// carry the projection's name, like every other line about it.
+func TestRouterLogsNameTheProjection(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	var buf syncBuffer
+	s.logger = slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	ch := gochannel.New(gochannel.Config{})
+	s.start(t, ch, worker.Config{SafetyNetInterval: -1}, s.model(t, "logged", nil))
+	s.append(t, "s", storeEvent(1))
+	require.Eventually(t, func() bool { return s.has(t, "logged", 1) }, 30*time.Second, 10*time.Millisecond)
+
+	var handlerLines int
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &rec), line)
+		if rec["handler_name"] == "nudge.logged" {
+			handlerLines++
+			require.Equal(t, "logged", rec["projection"], line)
+		}
+	}
+	require.Positive(t, handlerLines, "the router logged about the handler")
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

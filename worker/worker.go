@@ -187,10 +187,10 @@ func (w *Worker) Declare(ctx context.Context) error {
 	return nil
 }
 
-// AddHandlers adds one handler per projection to router, each consuming the projection's own
-// subscription, with handler-level middleware from package retry: dead-lettering outermost,
-// then retries with backoff, then panic recovery (a router-level Recoverer would turn a panic
-// into an endless redelivery loop).
+// AddHandlers adds one handler per projection to router, named "nudge.<projection>", each
+// consuming the projection's own subscription, with handler-level middleware from package
+// retry: dead-lettering outermost, then retries with backoff, then panic recovery (a
+// router-level Recoverer would turn a panic into an endless redelivery loop).
 func (w *Worker) AddHandlers(router *message.Router) error {
 	for _, name := range w.names {
 		sub, topic, err := w.cfg.Channel.Subscriber(name)
@@ -206,7 +206,7 @@ func (w *Worker) AddHandlers(router *message.Router) error {
 		if err != nil {
 			return fmt.Errorf("worker: middleware of %s: %w", name, err)
 		}
-		router.AddConsumerHandler("nudge."+name, topic, sub, w.handler(name)).AddMiddleware(mw...)
+		router.AddConsumerHandler(handlerPrefix+name, topic, sub, w.handler(name)).AddMiddleware(mw...)
 	}
 	return nil
 }
@@ -423,7 +423,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: w.cfg.CloseTimeout}, watermill.NewSlogLogger(w.logger))
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: w.cfg.CloseTimeout}, newRouterLogger(watermill.NewSlogLogger(w.logger)))
 	if err != nil {
 		return fmt.Errorf("worker: router: %w", err)
 	}

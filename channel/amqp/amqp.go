@@ -396,14 +396,15 @@ func (c *Channel) queueName(name string) string {
 	return c.projectionConfig(name).Queue.GenerateName(c.triggerTopic)
 }
 
-// newSubscriber returns a subscriber on the shared connection, closed by Close.
-func (c *Channel) newSubscriber(cfg amqp.Config) (*amqp.Subscriber, error) {
+// newSubscriber returns a subscriber on the shared connection, closed by Close, that logs
+// through log.
+func (c *Channel) newSubscriber(cfg amqp.Config, log watermill.LoggerAdapter) (*amqp.Subscriber, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil, ErrClosed
 	}
-	sub, err := amqp.NewSubscriberWithConnection(cfg, c.wlog, c.conn)
+	sub, err := amqp.NewSubscriberWithConnection(cfg, log, c.conn)
 	if err != nil {
 		return nil, fmt.Errorf("amqp: create subscriber: %w", err)
 	}
@@ -561,7 +562,7 @@ func (c *Channel) Subscriber(name string) (message.Subscriber, string, error) {
 	if err := projection.ValidateName(name); err != nil {
 		return nil, "", err
 	}
-	sub, err := c.newSubscriber(c.projectionConfig(name))
+	sub, err := c.newSubscriber(c.projectionConfig(name), watermill.NewSlogLogger(c.log.With(slog.String("projection", name))))
 	if err != nil {
 		return nil, "", err
 	}
@@ -580,7 +581,7 @@ func (c *Channel) DeadLetterTopic() string { return c.deadLetterTopic }
 
 // DeadLetterSubscriber implements channel.Channel: a new subscriber of the dead-letter queue.
 func (c *Channel) DeadLetterSubscriber() (message.Subscriber, error) {
-	return c.newSubscriber(amqp.NewDurableQueueConfig(""))
+	return c.newSubscriber(amqp.NewDurableQueueConfig(""), c.wlog)
 }
 
 // Durable implements channel.Channel: queues and messages are durable.

@@ -1,0 +1,50 @@
+package worker
+
+import (
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill"
+)
+
+// handlerPrefix starts the name of every router handler the worker adds: "nudge." + projection.
+const handlerPrefix = "nudge."
+
+// routerLogger tags the router's log lines about a worker handler with the handler's
+// projection, so that every line about a projection carries its name, the router's too.
+type routerLogger struct{ watermill.LoggerAdapter }
+
+func newRouterLogger(inner watermill.LoggerAdapter) watermill.LoggerAdapter {
+	return routerLogger{inner}
+}
+
+// withProjection adds "projection" to fields that name one of the worker's handlers.
+func withProjection(fields watermill.LogFields) watermill.LogFields {
+	name, ok := fields["handler_name"].(string)
+	if !ok || !strings.HasPrefix(name, handlerPrefix) {
+		return fields
+	}
+	if _, set := fields["projection"]; set {
+		return fields
+	}
+	return fields.Add(watermill.LogFields{"projection": strings.TrimPrefix(name, handlerPrefix)})
+}
+
+func (l routerLogger) Error(msg string, err error, fields watermill.LogFields) {
+	l.LoggerAdapter.Error(msg, err, withProjection(fields))
+}
+
+func (l routerLogger) Info(msg string, fields watermill.LogFields) {
+	l.LoggerAdapter.Info(msg, withProjection(fields))
+}
+
+func (l routerLogger) Debug(msg string, fields watermill.LogFields) {
+	l.LoggerAdapter.Debug(msg, withProjection(fields))
+}
+
+func (l routerLogger) Trace(msg string, fields watermill.LogFields) {
+	l.LoggerAdapter.Trace(msg, withProjection(fields))
+}
+
+func (l routerLogger) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return routerLogger{l.LoggerAdapter.With(withProjection(fields))}
+}
