@@ -6,8 +6,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 )
 
-// handlerPrefix starts the name of every router handler the worker adds: "nudge." + projection.
-const handlerPrefix = "nudge."
+// HandlerPrefix starts the name of every router handler the worker adds: "nudge." + the
+// projection's name. Router-level middleware and metrics can tell a projection by it.
+const HandlerPrefix = "nudge."
 
 // routerLogger tags the router's log lines about a worker handler with the handler's
 // projection, so that every line about a projection carries its name, the router's too.
@@ -20,13 +21,13 @@ func newRouterLogger(inner watermill.LoggerAdapter) watermill.LoggerAdapter {
 // withProjection adds "projection" to fields that name one of the worker's handlers.
 func withProjection(fields watermill.LogFields) watermill.LogFields {
 	name, ok := fields["handler_name"].(string)
-	if !ok || !strings.HasPrefix(name, handlerPrefix) {
+	if !ok || !strings.HasPrefix(name, HandlerPrefix) {
 		return fields
 	}
 	if _, set := fields["projection"]; set {
 		return fields
 	}
-	return fields.Add(watermill.LogFields{"projection": strings.TrimPrefix(name, handlerPrefix)})
+	return fields.Add(watermill.LogFields{"projection": strings.TrimPrefix(name, HandlerPrefix)})
 }
 
 func (l routerLogger) Error(msg string, err error, fields watermill.LogFields) {

@@ -76,8 +76,9 @@ type Config struct {
 	// CloseTimeoutDefault.
 	CloseTimeout time.Duration
 	// RouterFunc, if set, is called by Run with its router after the handlers are added and
-	// before the router runs: add router-level middleware or plugins there, or metrics
-	// (metrics.RouterMetrics enables Watermill's own). Users of AddHandlers own their router.
+	// before the router runs: add router-level middleware or plugins there, or Watermill's
+	// metrics (RouterFunc: m.AddRouterMetrics, with package metrics). Users of AddHandlers own
+	// their router.
 	RouterFunc func(*message.Router) error
 	// Store, if set, lets a handler wait (up to HorizonWait) until the event store can read up
 	// to the trigger's position before it catches up. Set it when triggers are published in the
@@ -206,7 +207,7 @@ func (w *Worker) AddHandlers(router *message.Router) error {
 		if err != nil {
 			return fmt.Errorf("worker: middleware of %s: %w", name, err)
 		}
-		router.AddConsumerHandler(handlerPrefix+name, topic, sub, w.handler(name)).AddMiddleware(mw...)
+		router.AddConsumerHandler(HandlerPrefix+name, topic, sub, w.handler(name)).AddMiddleware(mw...)
 	}
 	return nil
 }

@@ -1,0 +1,285 @@
+// Package metrics exposes nudge's projections, workers and dead letters as Prometheus metrics,
+// on a prometheus.Registerer of the caller's: nothing is registered on the global default
+// registry unless it is the one passed.
+//
+//	reg := prometheus.NewRegistry()
+//	m, err := metrics.New(metrics.Config{Registerer: reg})
+//	runner, err := projection.NewRunner(backend, projection.RunnerConfig{OnBatch: m.ObserveBatch}, list)
+//	err = m.WatchRunner(runner)                      // lag, state, horizon: read at scrape time
+//	err = m.WatchWorker(w, runner.Names()...)        // the worker's trigger counters
+//	err = m.WatchDeadLetters(dead, runner.Names()...) // failed dead letters per projection
+//	err = m.AddRouterMetrics(router)                 // Watermill's router metrics, same registry
+//	// or, with worker.Run's own router: worker.Config{RouterFunc: m.AddRouterMetrics, …}
+//	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+//
+// # Metrics
+//
+// Names below use the default namespace "nudge" (Config.Namespace). Every metric about a
+// projection has the label projection.
+//
+//	name                                          type       labels              source
+//	nudge_projection_events_projected_total       counter    projection          ObserveBatch: events committed
+//	nudge_projection_batches_total                counter    projection,outcome  ObserveBatch: committed|failed|error
+//	nudge_projection_batch_duration_seconds       histogram  projection          ObserveBatch: every batch, any outcome
+//	nudge_projection_handler_failures_total       counter    projection,event_type  ObserveBatch: a handler failed
+//	nudge_projection_lag_events                   gauge      projection          WatchRunner: readable events not yet handled
+//	nudge_projection_lag_seconds                  gauge      projection          WatchRunner: age of the oldest of them
+//	nudge_projection_state                        gauge      projection,state    WatchRunner: 1 for the current state, 0 for the others
+//	nudge_projection_held_by_horizon              gauge      projection          WatchRunner: 1 while an open transaction holds events back
+//	nudge_worker_triggers_received_total          counter    projection          WatchWorker: triggers delivered (redeliveries and retries included)
+//	nudge_worker_triggers_redundant_total         counter    projection          WatchWorker: triggers already passed; no read
+//	nudge_worker_triggers_ignored_total           counter    projection          WatchWorker: triggers addressed to another projection
+//	nudge_worker_triggers_invalid_total           counter    projection          WatchWorker: triggers that did not decode
+//	nudge_worker_triggers_dead_lettered_total     counter    projection          WatchWorker: triggers handed to the dead letters
+//	nudge_worker_catchups_total                   counter    projection          WatchWorker: catch-ups (triggers, start-up, safety net)
+//	nudge_worker_catchup_failures_total           counter    projection          WatchWorker: catch-ups that returned an error
+//	nudge_dead_letters_failed                     gauge      projection          WatchDeadLetters: records in status failed
+//	nudge_metrics_collect_errors_total            counter    source              scrape-time queries that failed (source status|dead_letters)
+//	nudge_metrics_collect_duration_seconds        gauge      source              how long the last scrape-time query took
+//	nudge_router_handler_execution_time_seconds   histogram  handler_name,success,projection   AddRouterMetrics (Watermill)
+//	nudge_router_subscriber_messages_received_total  counter  handler_name,subscriber_name,acked,projection  AddRouterMetrics
+//	nudge_router_publish_time_seconds             histogram  publisher_name,handler_name,success,projection  AddRouterMetrics
+//
+// outcome is committed (the batch committed events), failed (a handler failed on an event:
+// projection.ErrHandler) or error (the batch could not run: the database is down, say).
+// event_type is the type of the event a handler failed on. The batch counters and the
+// histogram count this process's batches; the lag, state and dead-letter gauges are read from
+// the database and are the same in every process.
+//
+// # Scrape-time queries
+//
+// The gauges of WatchRunner and WatchDeadLetters are read when Prometheus scrapes, one query
+// per projection (Runner.Status) and a listing of the failed dead letters. Each query has
+// Config.QueryTimeout, so a slow database never holds a scrape for long; concurrent scrapes
+// share one query, and a result is reused for Config.CacheTTL. A query that fails or times out
+// leaves its gauges out of that scrape (no stale or made-up values), counts in
+// nudge_metrics_collect_errors_total and is logged; the rest of the scrape goes on. Alert on
+// that counter as well as on the gauges.
+//
+// The status query counts the lag, so its cost grows with the backlog. Measured on
+// PostgreSQL (2 shared cores, 10 projections, BenchmarkScrapeOnPostgreSQL): 1.7 ms a scrape
+// when caught up, 37 ms at 10,000 events behind each, 0.68 s at 200,000, 4.2 s at 1,000,000 —
+// beyond QueryTimeoutDefault, so the projections not reached in time drop out of such scrapes:
+// raise QueryTimeout (below scrape_timeout) where backlogs of millions are expected (a rebuild).
+// Listing 10,000 failed dead letters takes 0.13–0.24 s.
+//
+// # Watermill's router metrics
+//
+// AddRouterMetrics adds Watermill's components/metrics to a router. Its handler histogram
+// counts a dead-lettered trigger as a success (the dead-letter step acks it); count dead
+// letters with nudge_worker_triggers_dead_lettered_total instead. Retries wait inside the
+// handler, so its execution time includes the backoff.
+package metrics
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nudgeworks/nudge/projection"
+)
+
+// Defaults for Config.
+const (
+	// NamespaceDefault prefixes every metric name.
+	NamespaceDefault = "nudge"
+	// QueryTimeoutDefault bounds each scrape-time query.
+	QueryTimeoutDefault = 2 * time.Second
+	// CacheTTLDefault is how long a scrape-time query's result is reused.
+	CacheTTLDefault = time.Second
+)
+
+// BatchDurationBucketsDefault are the batch-duration histogram's buckets, in seconds: 1 ms to
+// 10 s (a batch is bounded by projection.Config.MaxBatchDuration).
+var BatchDurationBucketsDefault = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+
+// Batch outcomes, the values of the outcome label of nudge_projection_batches_total.
+const (
+	// OutcomeCommitted: the batch committed events.
+	OutcomeCommitted = "committed"
+	// OutcomeFailed: a handler failed on an event (projection.ErrHandler); the batch rolled back.
+	OutcomeFailed = "failed"
+	// OutcomeError: the batch could not run (an infrastructure error); it rolled back.
+	OutcomeError = "error"
+)
+
+// Outcomes lists every batch outcome.
+func Outcomes() []string { return []string{OutcomeCommitted, OutcomeFailed, OutcomeError} }
+
+var (
+	// ErrInvalidConfig reports a Config or argument that cannot work: no Registerer, a namespace
+	// that is not a Prometheus name, no projection names, …
+	ErrInvalidConfig = errors.New("metrics: invalid configuration")
+
+	// ErrAlreadyRegistered reports collectors that are already registered: New twice with one
+	// Registerer and namespace, a second WatchRunner on one Metrics, AddRouterMetrics twice on
+	// one router. When the Registerer refused them, the error also wraps its
+	// prometheus.AlreadyRegisteredError.
+	ErrAlreadyRegistered = errors.New("metrics: already registered")
+)
+
+// Config configures Metrics.
+type Config struct {
+	// Registerer receives every collector. Required: pass prometheus.DefaultRegisterer to use
+	// the global registry. Wrap it (prometheus.WrapRegistererWith) to add constant labels.
+	Registerer prometheus.Registerer
+	// Namespace prefixes every metric name; letters, digits and _. Defaults to NamespaceDefault.
+	Namespace string
+	// BatchDurationBuckets are the batch-duration histogram's buckets, in seconds. Defaults to
+	// BatchDurationBucketsDefault.
+	BatchDurationBuckets []float64
+	// QueryTimeout bounds each scrape-time query (statuses, dead letters). Defaults to
+	// QueryTimeoutDefault. Keep it below Prometheus's scrape_timeout.
+	QueryTimeout time.Duration
+	// CacheTTL is how long a scrape-time query's result is reused by later scrapes. Defaults to
+	// CacheTTLDefault; a negative value queries at every scrape.
+	CacheTTL time.Duration
+	// Logger receives a warning for each scrape-time query that fails. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+var namespaceRE = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
+
+// Metrics records and exposes nudge's metrics. Create it with New. It is safe for concurrent
+// use.
+type Metrics struct {
+	reg    prometheus.Registerer
+	ns     string
+	cfg    Config
+	logger *slog.Logger
+
+	eventsProjected *prometheus.CounterVec
+	batches         *prometheus.CounterVec
+	batchDuration   *prometheus.HistogramVec
+	handlerFailures *prometheus.CounterVec
+
+	mu      sync.Mutex
+	routers map[*message.Router]bool
+}
+
+// New returns Metrics with its batch metrics registered on cfg.Registerer. The scrape-time
+// metrics are added by WatchRunner, WatchWorker and WatchDeadLetters.
+func New(cfg Config) (*Metrics, error) {
+	if cfg.Registerer == nil {
+		return nil, fmt.Errorf("%w: Config.Registerer is nil; pass a registry of yours (prometheus.NewRegistry()) "+
+			"or prometheus.DefaultRegisterer", ErrInvalidConfig)
+	}
+	cfg.Namespace = cmp.Or(cfg.Namespace, NamespaceDefault)
+	if !namespaceRE.MatchString(cfg.Namespace) {
+		return nil, fmt.Errorf("%w: namespace %q is not a Prometheus name (letters, digits and _, not starting with a digit)",
+			ErrInvalidConfig, cfg.Namespace)
+	}
+	if cfg.BatchDurationBuckets == nil {
+		cfg.BatchDurationBuckets = BatchDurationBucketsDefault
+	}
+	if !slices.IsSorted(cfg.BatchDurationBuckets) || len(slices.Compact(slices.Clone(cfg.BatchDurationBuckets))) != len(cfg.BatchDurationBuckets) {
+		return nil, fmt.Errorf("%w: BatchDurationBuckets %v must increase strictly", ErrInvalidConfig, cfg.BatchDurationBuckets)
+	}
+	cfg.QueryTimeout = cmp.Or(cfg.QueryTimeout, QueryTimeoutDefault)
+	if cfg.QueryTimeout < 0 {
+		return nil, fmt.Errorf("%w: QueryTimeout %s is negative", ErrInvalidConfig, cfg.QueryTimeout)
+	}
+	cfg.CacheTTL = cmp.Or(cfg.CacheTTL, CacheTTLDefault)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	m := &Metrics{reg: cfg.Registerer, ns: cfg.Namespace, cfg: cfg, logger: cfg.Logger, routers: map[*message.Router]bool{}}
+	m.eventsProjected = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: m.ns, Subsystem: "projection", Name: "events_projected_total",
+		Help: "Events handled and committed by the projection's batches in this process.",
+	}, []string{"projection"})
+	m.batches = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: m.ns, Subsystem: "projection", Name: "batches_total",
+		Help: "Projection batches run in this process, by outcome: committed, failed (a handler failed) or error (the batch could not run).",
+	}, []string{"projection", "outcome"})
+	m.batchDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: m.ns, Subsystem: "projection", Name: "batch_duration_seconds",
+		Help:    "Wall time of projection batches in this process, from start to commit or rollback, whatever the outcome.",
+		Buckets: cfg.BatchDurationBuckets,
+	}, []string{"projection"})
+	m.handlerFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: m.ns, Subsystem: "projection", Name: "handler_failures_total",
+		Help: "Batches rolled back because a handler failed, by the type of the event it failed on.",
+	}, []string{"projection", "event_type"})
+	var done []prometheus.Collector
+	for _, c := range []prometheus.Collector{m.eventsProjected, m.batches, m.batchDuration, m.handlerFailures} {
+		if err := m.register("the batch metrics", c); err != nil {
+			for _, d := range done {
+				m.reg.Unregister(d)
+			}
+			return nil, err
+		}
+		done = append(done, c)
+	}
+	return m, nil
+}
+
+// register registers c, naming what it is in the error.
+func (m *Metrics) register(what string, c prometheus.Collector) error {
+	err := m.reg.Register(c)
+	if err == nil {
+		return nil
+	}
+	if are := (prometheus.AlreadyRegisteredError{}); errors.As(err, &are) {
+		return fmt.Errorf("%w: %s (namespace %q) on this Registerer: %w", ErrAlreadyRegistered, what, m.ns, err)
+	}
+	return fmt.Errorf("metrics: register %s (namespace %q): %w", what, m.ns, err)
+}
+
+// ObserveBatch records one batch of a runner. Pass it as projection.RunnerConfig.OnBatch; it
+// is fast and safe for concurrent use.
+func (m *Metrics) ObserveBatch(b projection.BatchReport) {
+	outcome := OutcomeCommitted
+	var he *projection.HandlerError
+	switch {
+	case b.Err == nil:
+		m.eventsProjected.WithLabelValues(b.Projection).Add(float64(b.Events))
+	case errors.As(b.Err, &he):
+		outcome = OutcomeFailed
+		m.handlerFailures.WithLabelValues(b.Projection, he.EventType).Inc()
+	case errors.Is(b.Err, projection.ErrHandler):
+		outcome = OutcomeFailed
+		m.handlerFailures.WithLabelValues(b.Projection, "").Inc()
+	default:
+		outcome = OutcomeError
+	}
+	m.batches.WithLabelValues(b.Projection, outcome).Inc()
+	m.batchDuration.WithLabelValues(b.Projection).Observe(b.Took.Seconds())
+}
+
+// initBatchSeries creates the batch series of the named projections at zero, so that they
+// exist (and rate() works) before the first batch.
+func (m *Metrics) initBatchSeries(names []string) {
+	for _, name := range names {
+		m.eventsProjected.WithLabelValues(name)
+		for _, o := range Outcomes() {
+			m.batches.WithLabelValues(name, o)
+		}
+	}
+}
+
+// checkNames refuses an empty or repeated name.
+func checkNames(what string, names []string) error {
+	seen := make(map[string]bool, len(names))
+	for _, n := range names {
+		if n == "" {
+			return fmt.Errorf("%w: %s: an empty projection name", ErrInvalidConfig, what)
+		}
+		if seen[n] {
+			return fmt.Errorf("%w: %s: projection %s is named twice", ErrInvalidConfig, what, n)
+		}
+		seen[n] = true
+	}
+	return nil
+}
+
+func wrapInvalid(msg string) error { return fmt.Errorf("%w: %s", ErrInvalidConfig, msg) }

@@ -1,0 +1,102 @@
+package metrics
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nudgeworks/nudge/projection"
+)
+
+// StatusReader is what WatchRunner needs of a runner; *projection.Runner satisfies it.
+type StatusReader interface {
+	// Names returns the projection names.
+	Names() []string
+	// Status returns one projection's status and lag.
+	Status(ctx context.Context, name string) (projection.Status, error)
+}
+
+// WatchRunner registers a collector that reads the status of each of the runner's
+// projections at scrape time (see the package documentation): lag in events and seconds,
+// state and whether the xmin horizon holds the projection back. It also creates the
+// projections' batch series at zero. One runner per Metrics: a second call fails with an
+// error matching ErrAlreadyRegistered.
+func (m *Metrics) WatchRunner(r StatusReader) error {
+	if r == nil {
+		return wrapInvalid("WatchRunner needs a runner, got nil")
+	}
+	names := r.Names()
+	if err := checkNames("WatchRunner", names); err != nil {
+		return err
+	}
+	c := &runnerCollector{names: slices.Clone(names)}
+	desc := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(m.ns, "projection", name), help, append([]string{"projection"}, labels...), nil)
+	}
+	c.lagEvents = desc("lag_events", "Readable events of the projection's types after its committed position.")
+	c.lagSeconds = desc("lag_seconds", "Age of the oldest readable event the projection has not handled; 0 when caught up.")
+	c.state = desc("state", "The projection's state: 1 for the current one, 0 for the others.", "state")
+	c.held = desc("held_by_horizon",
+		"1 while committed events of the projection's types wait behind an older open transaction (the projection waits, it never skips).")
+	c.query = newQuery(m, SourceStatus, func(ctx context.Context) ([]projection.Status, int) {
+		out := make([]projection.Status, 0, len(c.names))
+		failed := 0
+		for _, name := range c.names {
+			st, err := r.Status(ctx, name)
+			if err != nil {
+				failed++
+				m.logger.WarnContext(ctx, "metrics: reading a projection's status failed; its gauges are left out of this scrape",
+					slog.String("projection", name), slog.Any("error", err))
+				continue
+			}
+			st.Name = name
+			out = append(out, st)
+		}
+		return out, failed
+	})
+	if err := m.register("WatchRunner's collector", c); err != nil {
+		return err
+	}
+	m.initBatchSeries(names)
+	return nil
+}
+
+type runnerCollector struct {
+	names                              []string
+	lagEvents, lagSeconds, state, held *prometheus.Desc
+	query                              *query[[]projection.Status]
+}
+
+// Describe implements prometheus.Collector.
+func (c *runnerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.lagEvents
+	ch <- c.lagSeconds
+	ch <- c.state
+	ch <- c.held
+	c.query.describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (c *runnerCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, st := range c.query.get(ch) {
+		ch <- prometheus.MustNewConstMetric(c.lagEvents, prometheus.GaugeValue, float64(st.LagEvents), st.Name)
+		ch <- prometheus.MustNewConstMetric(c.lagSeconds, prometheus.GaugeValue, st.LagTime.Seconds(), st.Name)
+		ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, boolValue(st.HeldByHorizon), st.Name)
+		states := projection.States()
+		if !slices.Contains(states, st.State) {
+			states = append(states, st.State) // a state newer than this package: still shown
+		}
+		for _, s := range states {
+			ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, boolValue(s == st.State), st.Name, string(s))
+		}
+	}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
