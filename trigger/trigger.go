@@ -7,9 +7,14 @@
 //
 //	{"v":1,"pos":"7414/1203","stream":"ticket-42","types":["TicketWasRegistered"],"at":"2026-11-22T10:00:00Z","reason":"append"}
 //
-// Decode refuses anything else (unknown versions, malformed JSON, oversized payloads) with a
-// *DecodeError matching ErrInvalid: such a trigger can never succeed, so it is dead-lettered at
-// once rather than retried.
+// Operators' requests are addressed to one projection ("for") and carry what the projection's
+// worker needs to act on them with the projection's definition:
+//
+//	{"v":1,"at":"2026-11-22T10:00:00.123456Z","reason":"rebuild","for":"ticket_list","rebuild":{"by":"ann"}}
+//
+// Decode refuses anything else (unknown versions, malformed JSON, oversized payloads, a request
+// without what it needs) with a *DecodeError matching ErrInvalid: such a trigger can never
+// succeed, so it is dead-lettered at once rather than retried.
 package trigger
 
 import (
@@ -49,7 +54,23 @@ const (
 	// ReasonSkip: an operator asks the projection's worker to skip one event (Trigger.Skip), so
 	// that the skip runs with the projection's definition and its on-skip hook.
 	ReasonSkip Reason = "skip"
+	// ReasonRebuild: an operator asks the projection's worker to rebuild it (Trigger.Rebuild):
+	// run its reset hook and set its position back to the start (projection.Runner.Reset), then
+	// catch up. Only the worker has the projection's definition, and so its reset hook. The
+	// trigger must name the Projection and carry At, the time of the request: a worker resets
+	// only if the projection's last rebuild started before At, so a redelivered trigger does not
+	// start the same rebuild again. At and the projection's RebuildStartedAt (stamped by the
+	// database) must come from the same clock: take At from the database (SELECT
+	// clock_timestamp()), as the operator CLI does, or from a clock kept in sync with it.
+	ReasonRebuild Reason = "rebuild"
 )
+
+// RebuildRequest is an operator's request, carried by a ReasonRebuild trigger, to rebuild a
+// projection.
+type RebuildRequest struct {
+	// By names who asked, for the worker's logs.
+	By string `json:"by"`
+}
 
 // SkipRequest is an operator's request, carried by a ReasonSkip trigger, to skip one event.
 type SkipRequest struct {
@@ -75,6 +96,9 @@ type Trigger struct {
 	Projection string
 	// Skip is set on ReasonSkip triggers, which must also name the Projection.
 	Skip *SkipRequest
+	// Rebuild may be set on ReasonRebuild triggers, which must name the Projection and have a
+	// non-zero At (the time of the request).
+	Rebuild *RebuildRequest
 }
 
 // ForAppend returns the trigger for an append's result.
@@ -101,20 +125,22 @@ func (t Trigger) Concerns(types []string) bool {
 }
 
 type wire struct {
-	V          *int         `json:"v"`
-	Pos        string       `json:"pos,omitempty"`
-	Stream     string       `json:"stream,omitempty"`
-	Types      []string     `json:"types,omitempty"`
-	At         time.Time    `json:"at"`
-	Reason     Reason       `json:"reason,omitempty"`
-	Projection string       `json:"for,omitempty"`
-	Skip       *SkipRequest `json:"skip,omitempty"`
+	V          *int            `json:"v"`
+	Pos        string          `json:"pos,omitempty"`
+	Stream     string          `json:"stream,omitempty"`
+	Types      []string        `json:"types,omitempty"`
+	At         time.Time       `json:"at"`
+	Reason     Reason          `json:"reason,omitempty"`
+	Projection string          `json:"for,omitempty"`
+	Skip       *SkipRequest    `json:"skip,omitempty"`
+	Rebuild    *RebuildRequest `json:"rebuild,omitempty"`
 }
 
 // Encode returns t as JSON of at most MaxSize bytes.
 func (t Trigger) Encode() ([]byte, error) {
 	v := Version
-	w := wire{V: &v, Stream: t.StreamID, Types: t.Types, At: t.At.UTC(), Reason: t.Reason, Projection: t.Projection, Skip: t.Skip}
+	w := wire{V: &v, Stream: t.StreamID, Types: t.Types, At: t.At.UTC(), Reason: t.Reason, Projection: t.Projection, Skip: t.Skip,
+		Rebuild: t.Rebuild}
 	if !t.Position.IsZero() {
 		w.Pos = t.Position.String()
 	}
@@ -188,7 +214,11 @@ func Decode(b []byte) (Trigger, error) {
 	if w.Reason == ReasonSkip && (w.Skip == nil || w.Skip.EventID == uuid.Nil || w.Projection == "") {
 		return Trigger{}, &DecodeError{Reason: `a skip trigger needs "for" and "skip" with an event id`}
 	}
-	t := Trigger{StreamID: w.Stream, Types: w.Types, At: w.At, Reason: w.Reason, Projection: w.Projection, Skip: w.Skip}
+	if w.Reason == ReasonRebuild && (w.Projection == "" || w.At.IsZero()) {
+		return Trigger{}, &DecodeError{Reason: `a rebuild trigger needs "for" and the request time "at"`}
+	}
+	t := Trigger{StreamID: w.Stream, Types: w.Types, At: w.At, Reason: w.Reason, Projection: w.Projection, Skip: w.Skip,
+		Rebuild: w.Rebuild}
 	if w.Pos != "" {
 		p, err := eventstore.ParsePosition(w.Pos)
 		if err != nil {

@@ -94,6 +94,25 @@ func TestDecodeRefusesWithReasons(t *testing.T) {
 		_, err = trigger.Decode([]byte(bad))
 		require.ErrorIs(t, err, trigger.ErrInvalid, bad)
 	}
+	rebuild := trigger.Trigger{Projection: "ticket_list", Reason: trigger.ReasonRebuild,
+		At: time.Date(2026, 11, 22, 10, 0, 0, 123456000, time.UTC), Rebuild: &trigger.RebuildRequest{By: "ann"}}
+	b, err = rebuild.Encode()
+	require.NoError(t, err)
+	back, err = trigger.Decode(b)
+	require.NoError(t, err)
+	require.Equal(t, rebuild, back, "the request time keeps its microseconds")
+	bare, err := trigger.Decode([]byte(`{"v":1,"reason":"rebuild","for":"p","at":"2026-11-22T10:00:00Z"}`))
+	require.NoError(t, err, "the request's details are optional")
+	require.Nil(t, bare.Rebuild)
+	for _, bad := range []string{
+		`{"v":1,"reason":"rebuild","at":"2026-11-22T10:00:00Z","rebuild":{"by":"ann"}}`, // for no projection
+		`{"v":1,"reason":"rebuild","for":"p","rebuild":{"by":"ann"}}`,                   // no request time
+		`{"v":1,"reason":"rebuild","for":"p","at":"0001-01-01T00:00:00Z"}`,
+	} {
+		_, err = trigger.Decode([]byte(bad))
+		require.ErrorIs(t, err, trigger.ErrInvalid, bad)
+		require.ErrorContains(t, err, `a rebuild trigger needs "for" and the request time "at"`, bad)
+	}
 	_, err = trigger.Decode([]byte(`{"v":9}`))
 	require.ErrorIs(t, err, trigger.ErrUnsupportedVersion)
 	_, err = trigger.Decode([]byte(`{}`))
@@ -105,6 +124,8 @@ func TestDecodeRefusesWithReasons(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"v":1,"pos":"7414/1203","stream":"s","types":["A"],"at":"2026-11-22T10:00:00Z","reason":"append"}`))
 	f.Add([]byte(`{"v":1,"for":"ticket_list","reason":"replay","at":"2026-11-22T10:00:00Z"}`))
+	f.Add([]byte(`{"v":1,"for":"ticket_list","reason":"rebuild","at":"2026-11-22T10:00:00.123456Z","rebuild":{"by":"ann"}}`))
+	f.Add([]byte(`{"v":1,"for":"ticket_list","reason":"rebuild"}`))
 	f.Add([]byte(`{"v":2}`))
 	f.Add([]byte(`{"v":1,"pos":"-1/2"}`))
 	f.Add([]byte("\x00\x01"))
@@ -124,7 +145,8 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			t.Fatalf("re-encoded trigger does not decode: %v", err)
 		}
-		if !back.At.Equal(tr.At) || back.Position != tr.Position || back.StreamID != tr.StreamID || back.Projection != tr.Projection {
+		if !back.At.Equal(tr.At) || back.Position != tr.Position || back.StreamID != tr.StreamID || back.Projection != tr.Projection ||
+			back.Reason != tr.Reason || (back.Rebuild == nil) != (tr.Rebuild == nil) {
 			t.Fatalf("round trip changed the trigger: %+v → %+v", tr, back)
 		}
 	})

@@ -296,6 +296,9 @@ func (w *Worker) handler(name string) message.NoPublishHandlerFunc {
 		if t.Reason == trigger.ReasonSkip {
 			return w.skip(msg.Context(), name, t.Skip, log)
 		}
+		if t.Reason == trigger.ReasonRebuild {
+			return w.rebuild(msg.Context(), name, t, log)
+		}
 		if t.Reason == trigger.ReasonReplay {
 			// An operator replays after a fix: an event judged to kill the process gets another go.
 			if err := w.cfg.Runner.ClearCrashLoop(msg.Context(), name); err != nil {
@@ -333,6 +336,50 @@ func (w *Worker) skip(ctx context.Context, name string, req *trigger.SkipRequest
 	}
 	log.InfoContext(ctx, "skip request done", slog.String("event_id", e.ID.String()), slog.String("by", req.By))
 	return w.catchUp(ctx, name, log)
+}
+
+// rebuild performs an operator's rebuild request with the projection's definition: Runner.Reset
+// (its reset hook runs) and then a catch-up from the start, inside the handler, so the trigger
+// is acked once the rebuild has caught up (keep the channel's ack deadline in mind for long
+// rebuilds: a redelivery only joins the catch-up).
+//
+// A redelivered request must not start the same rebuild again, so the projection is reset only
+// if its last rebuild started before the request's time (t.At); otherwise it only catches up.
+// Both times come from the database's clock: the reset stamps RebuildStartedAt with the
+// database's now(), and the CLI takes At from the database too (see trigger.ReasonRebuild).
+func (w *Worker) rebuild(ctx context.Context, name string, t trigger.Trigger, log *slog.Logger) error {
+	var by string
+	if t.Rebuild != nil {
+		by = t.Rebuild.By
+	}
+	st, err := w.cfg.Runner.Status(ctx, name)
+	if err != nil {
+		return fmt.Errorf("rebuild request: %w", err)
+	}
+	attrs := []any{slog.String("by", by), slog.Time("requested_at", t.At)}
+	if st.RebuildStartedAt.Before(t.At) {
+		if err := w.cfg.Runner.Reset(ctx, name); err != nil {
+			err = fmt.Errorf("rebuild request: %w", err) // err names the projection
+			if ctx.Err() != nil {
+				return err // shutting down: the request comes back
+			}
+			// The reset rolled back whole. The request is dead-lettered at once, with the error,
+			// where the operator (and `nudge rebuild`, which is waiting) sees it; after the fix
+			// the operator asks again.
+			return retry.Permanent(err)
+		}
+		log.InfoContext(ctx, "rebuild request: projection reset, rebuilding", attrs...)
+	} else {
+		log.InfoContext(ctx, "rebuild request already carried out; catching up",
+			append(attrs, slog.Time("rebuild_started_at", st.RebuildStartedAt))...)
+	}
+	if err := w.catchUp(ctx, name, log); err != nil {
+		if errors.Is(err, projection.ErrCrashLoop) {
+			return retry.Permanent(err) // as for any trigger: handled no more until a replay
+		}
+		return err
+	}
+	return nil
 }
 
 // waitReadable waits, up to HorizonWait, until the store can read up to pos, and reports

@@ -1,12 +1,19 @@
-// Command nudge is the operator's tool for a nudge deployment: it lists, inspects, replays,
-// resolves and purges dead letters, skips an event a projection cannot handle, and runs the
-// database migrations.
+// Command nudge is the operator's tool for a nudge deployment: it shows the projections' status
+// and lag (once, or redrawn with --watch, or as JSON), rebuilds a projection through its worker
+// and follows the rebuild's progress, lists, inspects, replays, resolves and purges dead
+// letters, skips an event a projection cannot handle, and runs the database migrations.
+//
+// It needs no projection definitions: status reads everything from the database (the event
+// types each projection handles are recorded there when its worker starts), and the commands
+// that need a definition's hooks (rebuild, skip) send their request as a trigger to the
+// projection's worker.
 //
 // Global flags (--db, --amqp, --amqp-prefix, --channel, --schema) may be given before the
 // command or after it, between the command's own flags. Run `nudge help` for the commands.
 //
-// Exit codes: 0 success, 1 the command failed (database unreachable, unknown id, refused
-// skip, …), 2 the command line is wrong.
+// Exit codes: 0 success, 1 the command failed (database or broker unreachable, unknown
+// projection or id, refused skip, a rebuild that failed or timed out, …), 2 the command line is
+// wrong.
 package main
 
 import (
@@ -48,6 +55,8 @@ Usage:
   nudge [global flags] <command> [arguments and flags]
 
 Commands:
+  status             [PROJECTION...] [--json] [--watch] [--interval 2s]
+  rebuild            PROJECTION [--no-wait] [--by NAME] [--timeout 1h]   (alias: reset)
   deadletter list    [--projection P] [--status failed|replayed|resolved] [--limit N] [--json]
   deadletter show    ID [--json]
   deadletter replay  (ID... | --projection P | --all) [--by NAME]
@@ -60,10 +69,10 @@ Commands:
 Global flags (before or after the command):
   --db URL           PostgreSQL URL; defaults to $NUDGE_DATABASE_URL
   --schema NAME      schema of nudge's tables; defaults to $NUDGE_SCHEMA, else the search_path
-  --amqp URL         RabbitMQ URL, for replay; defaults to $NUDGE_AMQP_URL
+  --amqp URL         RabbitMQ URL, for replay, skip and rebuild; defaults to $NUDGE_AMQP_URL
   --amqp-prefix P    prefix of the channel's exchanges and queues; defaults to $NUDGE_AMQP_PREFIX
-  --channel NAME     channel replay and skip publish to: amqp or postgres; amqp when an
-                     AMQP URL is set, else postgres
+  --channel NAME     channel replay, skip and rebuild publish to: amqp or postgres; amqp
+                     when an AMQP URL is set, else postgres
 
 Run 'nudge <command> -h' for a command's flags.
 Exit codes: 0 success, 1 the command failed, 2 the command line is wrong.
@@ -81,7 +90,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.schema, "schema", "", "`schema` of nudge's tables (default $"+envSchema+", else the search_path)")
 	fs.StringVar(&g.amqp, "amqp", "", "RabbitMQ `URL` (default $"+envAMQPURL+")")
 	fs.StringVar(&g.amqpPrefix, "amqp-prefix", "", "`prefix` of the AMQP channel's exchanges and queues (default $"+envAMQPPrefix+")")
-	fs.StringVar(&g.channel, "channel", "", "channel replay and skip publish to: amqp or postgres (default amqp when an AMQP URL is set, else postgres)")
+	fs.StringVar(&g.channel, "channel", "", "channel replay, skip and rebuild publish to: amqp or postgres (default amqp when an AMQP URL is set, else postgres)")
 }
 
 // merge copies into g the global flags that were set on fs (bound to from).
@@ -189,6 +198,10 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 	switch cmd {
 	case "help", "-h", "--help":
 		return c.help(ctx, rest)
+	case "status":
+		return c.status(ctx, rest)
+	case "rebuild", "reset":
+		return c.rebuild(ctx, cmd, rest)
 	case "deadletter":
 		return c.deadletter(ctx, rest)
 	case "skip":
@@ -196,9 +209,12 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 	case "migrate":
 		return c.migrate(ctx, rest)
 	default:
-		return usageErrorf("unknown command %q; the commands are deadletter, skip, migrate and help", cmd)
+		return usageErrorf("unknown command %q; %s", cmd, commandList)
 	}
 }
+
+// commandList ends the error about an unknown command.
+const commandList = "the commands are status, rebuild (or reset), deadletter, skip, migrate and help"
 
 func (c *cli) help(ctx context.Context, args []string) error {
 	switch strings.Join(args, " ") {
@@ -211,10 +227,10 @@ func (c *cli) help(ctx context.Context, args []string) error {
 	}
 	// Reuse the command's own -h.
 	switch args[0] {
-	case "deadletter", "skip", "migrate":
+	case "status", "rebuild", "reset", "deadletter", "skip", "migrate":
 		return c.dispatch(ctx, append(args, "-h"))
 	}
-	return usageErrorf("unknown command %q; the commands are deadletter, skip, migrate and help", strings.Join(args, " "))
+	return usageErrorf("unknown command %q; %s", strings.Join(args, " "), commandList)
 }
 
 func newFlagSet(name string) *flag.FlagSet {

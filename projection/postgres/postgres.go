@@ -3,7 +3,10 @@
 // batch's transaction (projection.On handlers) are exactly-once.
 //
 // Status rows live in the table nudge_projections (create it with Backend.Migrate), one per
-// projection, readable by operators with plain SQL.
+// projection, readable by operators with plain SQL. Each row also records the event types its
+// projection handles (event_types, written by Register at every Runner.Init; NULL for every
+// type), so StatusOf and Statuses compute a projection's status and lag from the database
+// alone, without its definition: the operator CLI (cmd/nudge) does so.
 //
 // # Locking
 //
@@ -100,20 +103,22 @@ func (b *Backend) lock(ctx context.Context, tx pgx.Tx, name string) (projection.
 	if _, err := tx.Exec(ctx, b.sql.lock, name); err != nil {
 		return projection.Status{}, err
 	}
-	st, err := scanStatus(tx.QueryRow(ctx, b.sql.selectStatus, name))
+	st, _, err := scanStatus(tx.QueryRow(ctx, b.sql.selectStatus, name))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return st, fmt.Errorf("projection %s: %w", name, projection.ErrNotRegistered)
 	}
 	return st, err
 }
 
-// Register implements projection.Backend.
+// Register implements projection.Backend. It also records the event types the projection
+// handles (NULL for every type), so StatusOf can compute the lag without the definition; it
+// writes them only when they changed.
 func (b *Backend) Register(ctx context.Context, p *projection.Projection) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, b.sql.lock, p.Name()); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, b.sql.register, p.Name()); err != nil {
+		if _, err := tx.Exec(ctx, b.sql.register, p.Name(), p.Types()); err != nil {
 			return err
 		}
 		if fn := p.Config().InitFunc; fn != nil {
@@ -221,19 +226,76 @@ func (b *Backend) Delete(ctx context.Context, p *projection.Projection) error {
 }
 
 // Status implements projection.Backend. It reads the status row without waiting for a batch in
-// flight.
+// flight, and computes the lag for the event types of p's definition.
 func (b *Backend) Status(ctx context.Context, p *projection.Projection) (projection.Status, error) {
-	st, err := scanStatus(b.db.QueryRow(ctx, b.sql.selectStatus, p.Name()))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return st, fmt.Errorf("projection %s: %w", p.Name(), projection.ErrNotRegistered)
-	}
+	st, _, err := b.statusRow(ctx, p.Name())
 	if err != nil {
 		return st, err
 	}
-	var (
-		lagSeconds, openSeconds *float64
-	)
-	err = b.db.QueryRow(ctx, b.sql.lag, st.Position.TransactionID, st.Position.GlobalPosition, p.Types()).Scan(
+	return b.withLag(ctx, st, p.Types())
+}
+
+// StatusOf returns the status of the projection called name, as Status does, without its
+// definition: the lag counts the event types the projection handled when a Runner last
+// registered it (Runner.Init), read from its status row. A row registered before those types
+// were recorded (migration 0004) counts every type until its projection's next Init. A name
+// with no status row is an error matching projection.ErrNotRegistered.
+func (b *Backend) StatusOf(ctx context.Context, name string) (projection.Status, error) {
+	st, types, err := b.statusRow(ctx, name)
+	if err != nil {
+		return st, err
+	}
+	return b.withLag(ctx, st, types)
+}
+
+// Statuses returns the status of every projection that has a status row, sorted by name, as
+// StatusOf computes it. It returns an empty slice when none is registered.
+func (b *Backend) Statuses(ctx context.Context) ([]projection.Status, error) {
+	rows, err := b.db.Query(ctx, b.sql.selectAllStatus)
+	if err != nil {
+		return nil, fmt.Errorf("projection/postgres: read the status rows: %w", err)
+	}
+	type row struct {
+		st    projection.Status
+		types []string
+	}
+	var all []row
+	for rows.Next() {
+		st, types, err := scanStatus(rows)
+		if err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("projection/postgres: read the status rows: %w", err)
+		}
+		all = append(all, row{st, types})
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("projection/postgres: read the status rows: %w", err)
+	}
+	out := make([]projection.Status, 0, len(all))
+	for _, r := range all {
+		st, err := b.withLag(ctx, r.st, r.types)
+		if err != nil {
+			return nil, fmt.Errorf("projection %s: status: %w", r.st.Name, err)
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// statusRow reads the status row of name and the event types recorded with it.
+func (b *Backend) statusRow(ctx context.Context, name string) (projection.Status, []string, error) {
+	st, types, err := scanStatus(b.db.QueryRow(ctx, b.sql.selectStatus, name))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return st, nil, fmt.Errorf("projection %s: %w", name, projection.ErrNotRegistered)
+	}
+	return st, types, err
+}
+
+// withLag fills st's lag fields against the store, counting events of types (nil: every type).
+func (b *Backend) withLag(ctx context.Context, st projection.Status, types []string) (projection.Status, error) {
+	var lagSeconds, openSeconds *float64
+	err := b.db.QueryRow(ctx, b.sql.lag, st.Position.TransactionID, st.Position.GlobalPosition, types).Scan(
 		&st.Head.TransactionID, &st.Head.GlobalPosition, &st.LagEvents, &lagSeconds, &st.HeldByHorizon, &openSeconds)
 	if err != nil {
 		return st, err

@@ -13,6 +13,8 @@ import (
 type statements struct {
 	lock, register, selectStatus, advance, recordFailure, reset, setState, delete, lag, recordSkip string
 	startAttempt, endAttempt                                                                       string
+	// selectAllStatus is selectStatus for every projection, by name.
+	selectAllStatus string
 }
 
 // lockClass is the first key of the advisory locks on projections ("nudg" in ASCII). Two-key
@@ -23,7 +25,12 @@ const lockClass = "1853187175"
 const statusColumns = `p.name, p.transaction_id, p.global_position, p.state, p.events_processed, coalesce(p.last_error, ''),
 	p.failing_transaction_id, p.failing_global_position, p.failing_event_id, p.failing_event_type, p.failing_stream_id,
 	p.attempts, p.first_failed_at, p.last_failed_at, p.rebuild_started_at, p.updated_at,
-	k.event_id, k.event_type, k.stream_id, k.transaction_id, k.global_position, k.skipped_by, k.reason, k.forced, k.skipped_at`
+	k.event_id, k.event_type, k.stream_id, k.transaction_id, k.global_position, k.skipped_by, k.reason, k.forced, k.skipped_at,
+	p.event_types`
+
+// statusFrom is the FROM clause of the status queries: the status row and its last skip.
+const statusFrom = `FROM {projections} p
+	LEFT JOIN LATERAL (SELECT * FROM {skips} s WHERE s.projection = p.name ORDER BY s.id DESC LIMIT 1) k ON true`
 
 func newStatements(schema string) statements {
 	table := func(name string) string {
@@ -35,11 +42,12 @@ func newStatements(schema string) statements {
 	r := strings.NewReplacer("{projections}", table("nudge_projections"), "{events}", table("nudge_events"), "{skips}", table("nudge_projection_skips"),
 		"{columns}", statusColumns, "{class}", lockClass, "{schema}", schema)
 	return statements{
-		lock:     r.Replace(`SELECT pg_advisory_xact_lock({class}, hashtext('{schema}.' || $1))`),
-		register: r.Replace(`INSERT INTO {projections} (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`),
-		selectStatus: r.Replace(`SELECT {columns} FROM {projections} p
-			LEFT JOIN LATERAL (SELECT * FROM {skips} s WHERE s.projection = p.name ORDER BY s.id DESC LIMIT 1) k ON true
-			WHERE p.name = $1`),
+		lock: r.Replace(`SELECT pg_advisory_xact_lock({class}, hashtext('{schema}.' || $1))`),
+		register: r.Replace(`INSERT INTO {projections} AS p (name, event_types) VALUES ($1, $2)
+			ON CONFLICT (name) DO UPDATE SET event_types = EXCLUDED.event_types
+			WHERE p.event_types IS DISTINCT FROM EXCLUDED.event_types`),
+		selectStatus:    r.Replace(`SELECT {columns} ` + statusFrom + ` WHERE p.name = $1`),
+		selectAllStatus: r.Replace(`SELECT {columns} ` + statusFrom + ` ORDER BY p.name`),
 		recordSkip: r.Replace(`INSERT INTO {skips} (projection, event_id, event_type, stream_id, transaction_id, global_position,
 				skipped_by, reason, forced, skipped_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`),
 		advance: r.Replace(`UPDATE {projections} SET
@@ -118,10 +126,12 @@ func newStatements(schema string) statements {
 	}
 }
 
-// scanStatus reads a row of statusColumns.
-func scanStatus(row pgx.Row) (projection.Status, error) {
+// scanStatus reads a row of statusColumns: the status without lag fields, and the event types
+// the projection handled when it was last registered (nil: every type, or not recorded yet).
+func scanStatus(row pgx.Row) (projection.Status, []string, error) {
 	var (
 		st                             projection.Status
+		types                          []string
 		state                          string
 		failTx, skipTx                 *uint64
 		failPos, skipPos               *int64
@@ -136,8 +146,8 @@ func scanStatus(row pgx.Row) (projection.Status, error) {
 	if err := row.Scan(&st.Name, &st.Position.TransactionID, &st.Position.GlobalPosition, &state, &st.EventsProcessed,
 		&st.LastError, &failTx, &failPos, &failID, &failType, &failStream, &st.Attempts, &firstFail, &lastFail,
 		&rebuiltAt, &st.UpdatedAt, &skipID, &skipType, &skipStream, &skipTx, &skipPos, &skipBy, &skipReason,
-		&skipForced, &skipAt); err != nil {
-		return st, err
+		&skipForced, &skipAt, &types); err != nil {
+		return st, nil, err
 	}
 	if skipID != nil {
 		st.LastSkip = &projection.SkipRecord{
@@ -148,7 +158,7 @@ func scanStatus(row pgx.Row) (projection.Status, error) {
 	}
 	var err error
 	if st.State, err = projection.ParseState(state); err != nil {
-		return st, err
+		return st, nil, err
 	}
 	if failID != nil {
 		st.FailingEvent = &projection.FailingEvent{ID: *failID, Type: deref(failType), StreamID: deref(failStream)}
@@ -157,7 +167,7 @@ func scanStatus(row pgx.Row) (projection.Status, error) {
 		}
 	}
 	st.FirstFailureAt, st.LastFailureAt, st.RebuildStartedAt = deref(firstFail), deref(lastFail), deref(rebuiltAt)
-	return st, nil
+	return st, types, nil
 }
 
 func deref[T any](p *T) T {

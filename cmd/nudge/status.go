@@ -1,0 +1,454 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/nudgeworks/nudge/deadletter"
+	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
+	"github.com/nudgeworks/nudge/projection"
+	pjpg "github.com/nudgeworks/nudge/projection/postgres"
+)
+
+const statusDoc = `Shows every projection registered in the database (or the ones named), one row each: its
+state, committed position, the store's head, its lag in events and in time (the age of the
+oldest event it has still to handle), the event it fails on, its dead letters with status
+failed, and a note: that it waits on an open transaction (which holds every reader of the
+store back; it never skips), its last error when failing, its progress when rebuilding.
+
+The lag counts the event types the projection handled when its worker last started (Runner.Init
+records them in nudge_projections); a projection registered by an older nudge counts every
+type until its worker restarts.
+
+--json prints a JSON array sorted by name, one object per projection, with the fields
+  name, state, position, head, lag_events, lag_seconds, events_processed, held_by_horizon,
+  oldest_open_transaction_seconds, failing_event ({id, type, stream_id, position} or null),
+  last_error, attempts, first_failure_at, last_failure_at (null unless failing),
+  dead_letters (null when the dead-letter table is missing), updated_at,
+  rebuild_started_at (null if never rebuilt), rebuild ({done, total, percent} while
+  rebuilding, else null) and last_skip ({event_id, type, stream_id, position, by, reason,
+  forced, at} or null).
+Positions are "transaction/global" strings and times RFC 3339. Fields may be added, never
+removed or renamed.
+
+--watch prints the status again every --interval until Ctrl-C: on a terminal it redraws the
+screen; otherwise it prints one table after another (with --json, one array per line).
+`
+
+const (
+	// intervalDefault is status --watch's --interval default.
+	intervalDefault = 2 * time.Second
+	// intervalMin is the shortest --interval.
+	intervalMin = 100 * time.Millisecond
+	// noteErrorWidth is how many characters of the last error the status table shows.
+	noteErrorWidth = 60
+	// clearScreen moves the cursor home and clears a terminal.
+	clearScreen = "\x1b[H\x1b[2J"
+)
+
+func (c *cli) status(ctx context.Context, args []string) error {
+	cmd := command{name: "status", synopsis: "[PROJECTION...] [--json] [--watch] [--interval 2s]", doc: statusDoc}
+	fs := newFlagSet(cmd.name)
+	asJSON := fs.Bool("json", false, "print a JSON array instead of a table")
+	watch := fs.Bool("watch", false, "print the status again every --interval until Ctrl-C")
+	interval := fs.Duration("interval", intervalDefault, "how often --watch redraws")
+	names, err := c.parse(fs, cmd, args)
+	if err != nil {
+		return err
+	}
+	intervalSet := false
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "interval" {
+			intervalSet = true
+		}
+	})
+	if intervalSet && !*watch {
+		return usageErrorf("--interval needs --watch")
+	}
+	if *interval < intervalMin {
+		return usageErrorf("--interval %s is too short; use at least %s", *interval, intervalMin)
+	}
+	for _, name := range names {
+		if err := projection.ValidateName(name); err != nil {
+			return usageErrorf("status: %v", err)
+		}
+	}
+	names = uniq(names)
+
+	pool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	backend, err := c.projectionBackend(pool)
+	if err != nil {
+		return err
+	}
+	dead, err := dlpg.New(pool, dlpg.Config{Schema: c.g.schema})
+	if err != nil {
+		return usageErrorf("--schema: %v", err)
+	}
+	noted := false
+	show := func(ctx context.Context, w io.Writer) error {
+		rows, err := statusRows(ctx, backend, dead, names)
+		if err != nil {
+			return err
+		}
+		if !noted && len(rows) > 0 && rows[0].deadLetters == nil {
+			noted = true
+			fmt.Fprintln(c.stderr, "note: no dead-letter table (nudge_dead_letters) here, so no dead-letter counts; 'nudge migrate' creates it")
+		}
+		if *asJSON {
+			return writeStatusJSON(w, rows, !*watch)
+		}
+		return writeStatusTable(w, rows)
+	}
+	if !*watch {
+		return show(ctx, c.stdout)
+	}
+	return c.watchStatus(ctx, *interval, *asJSON, show)
+}
+
+// watchStatus runs show every interval until ctx ends, then returns nil. The first failure
+// ends the command (a wrong name, say); later ones are printed and the watch goes on, so a
+// database restart does not end it.
+func (c *cli) watchStatus(ctx context.Context, interval time.Duration, asJSON bool, show func(context.Context, io.Writer) error) error {
+	tty := !asJSON && isTerminal(c.stdout)
+	var out bytes.Buffer
+	for i := 0; ; i++ {
+		// Rendered first and written at once, so a terminal never shows a half-drawn screen.
+		out.Reset()
+		err := show(ctx, &out)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil
+		case err != nil && i == 0:
+			return err
+		case err != nil:
+			fmt.Fprintf(c.stderr, "nudge: %s (trying again in %s)\n", err, interval)
+		case tty:
+			fmt.Fprintf(c.stdout, "%sEvery %s: nudge status (Ctrl-C to stop)  %s\n\n%s", clearScreen, interval,
+				time.Now().Format(time.TimeOnly), out.Bytes())
+		case asJSON:
+			_, _ = c.stdout.Write(out.Bytes())
+		default:
+			if i > 0 {
+				fmt.Fprintln(c.stdout)
+			}
+			fmt.Fprintf(c.stdout, "--- %s\n%s", time.Now().UTC().Format(time.RFC3339), out.Bytes())
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(interval):
+		}
+	}
+}
+
+// statusRow is one projection's status and its count of failed dead letters (nil: unknown).
+type statusRow struct {
+	projection.Status
+	deadLetters *int
+}
+
+// statusRows reads the status of the named projections (all when names is empty) and their
+// failed dead letters (unknown, nil, when there is no dead-letter table).
+func statusRows(ctx context.Context, backend *pjpg.Backend, dead *dlpg.Store, names []string) ([]statusRow, error) {
+	all, err := backend.Statuses(ctx)
+	if err != nil {
+		return nil, projectionTableError(err)
+	}
+	statuses := all
+	if len(names) > 0 {
+		statuses = statuses[:0:0]
+		var unknown []string
+		for _, name := range names {
+			i := slices.IndexFunc(all, func(st projection.Status) bool { return st.Name == name })
+			if i < 0 {
+				unknown = append(unknown, name)
+				continue
+			}
+			statuses = append(statuses, all[i])
+		}
+		if len(unknown) > 0 {
+			return nil, unknownProjections(unknown, all)
+		}
+	}
+	counts, err := failedDeadLetters(ctx, dead)
+	switch {
+	case isUndefinedTable(err):
+		counts = nil // the counts are unknown
+	case err != nil:
+		return nil, fmt.Errorf("count the dead letters: %w", err)
+	}
+	rows := make([]statusRow, 0, len(statuses))
+	for _, st := range statuses {
+		row := statusRow{Status: st}
+		if counts != nil {
+			n := counts[st.Name]
+			row.deadLetters = &n
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+// failedDeadLetters counts the dead letters with status failed of every projection.
+func failedDeadLetters(ctx context.Context, dead *dlpg.Store) (map[string]int, error) {
+	counts := map[string]int{}
+	f := deadletter.Filter{Status: []deadletter.Status{deadletter.StatusFailed}, Limit: deadletter.ListLimitMax}
+	for {
+		recs, err := dead.List(ctx, f)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range recs {
+			counts[r.Projection]++
+		}
+		if len(recs) < f.Limit {
+			return counts, nil
+		}
+		f.AfterID = recs[len(recs)-1].ID
+	}
+}
+
+// unknownProjections is the error for names without a status row.
+func unknownProjections(unknown []string, registered []projection.Status) error {
+	quoted := make([]string, len(unknown))
+	for i, n := range unknown {
+		quoted[i] = strconv.Quote(n)
+	}
+	what := "no projection named " + strings.Join(quoted, ", ")
+	if len(registered) == 0 {
+		return fmt.Errorf("%s: no projection is registered in this database (a worker registers its projections when it starts); check --db and --schema", what)
+	}
+	names := make([]string, len(registered))
+	for i, st := range registered {
+		names[i] = st.Name
+	}
+	return fmt.Errorf("%s in this database; the registered projections are: %s", what, strings.Join(names, ", "))
+}
+
+// projectionTableError explains a missing status table.
+func projectionTableError(err error) error {
+	if isUndefinedTable(err) {
+		return fmt.Errorf("%w: nudge's tables are not in this database or schema; check --db and --schema, or run 'nudge migrate'", err)
+	}
+	return fmt.Errorf("read the projections' status: %w", err)
+}
+
+// isUndefinedTable reports a query on a table that does not exist.
+func isUndefinedTable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
+}
+
+func writeStatusTable(w io.Writer, rows []statusRow) error {
+	if len(rows) == 0 {
+		_, err := fmt.Fprintln(w, "No projections are registered in this database (a worker registers its projections when it starts).")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "PROJECTION\tSTATE\tPOSITION\tHEAD\tLAG\tLAG TIME\tFAILING EVENT\tDEAD LETTERS\tNOTE")
+	for _, r := range rows {
+		failing := "-"
+		if e := r.FailingEvent; e != nil {
+			failing = fmt.Sprintf("%s %s at %s", e.ID, e.Type, e.Position)
+		}
+		dead := "?"
+		if r.deadLetters != nil {
+			dead = strconv.Itoa(*r.deadLetters)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Name, r.State, r.Position, r.Head, r.LagEvents,
+			humanDuration(r.LagTime), failing, dead, statusNote(r.Status))
+	}
+	return tw.Flush()
+}
+
+// statusNote says what the numbers do not: why the projection waits, what it fails with, how
+// far its rebuild is.
+func statusNote(st projection.Status) string {
+	var notes []string
+	if st.HeldByHorizon {
+		if st.OldestOpenTransaction > 0 {
+			notes = append(notes, "waiting on an open transaction, "+humanDuration(st.OldestOpenTransaction)+" old")
+		} else {
+			notes = append(notes, "waiting on an open transaction")
+		}
+	}
+	if st.State == projection.StateRebuilding {
+		done, total := st.Progress()
+		notes = append(notes, fmt.Sprintf("rebuilding: %d/%d events (%s)", done, total, percent(done, total)))
+	}
+	if st.State == projection.StateFailing && st.LastError != "" {
+		notes = append(notes, fmt.Sprintf("attempt %d: %s", st.Attempts, truncate(st.LastError, noteErrorWidth)))
+	}
+	if len(notes) == 0 {
+		return "-"
+	}
+	return strings.Join(notes, "; ")
+}
+
+// percent is done of total, "100%" when there is nothing to do.
+func percent(done, total int64) string {
+	if total <= 0 {
+		return "100%"
+	}
+	p := 100 * float64(done) / float64(total)
+	if p >= 10 || p == 0 {
+		return fmt.Sprintf("%.0f%%", math.Floor(p))
+	}
+	return fmt.Sprintf("%.1f%%", p)
+}
+
+// humanDuration prints d the short way operators read it: "340ms", "1.2s", "42s", "3m4s",
+// "2h5m", "3d4h".
+func humanDuration(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0s"
+	case d < time.Second:
+		return strconv.FormatInt(d.Milliseconds(), 10) + "ms"
+	case d < 10*time.Second:
+		return strconv.FormatFloat(math.Floor(d.Seconds()*10)/10, 'f', 1, 64) + "s"
+	case d < time.Minute:
+		return strconv.Itoa(int(d.Seconds())) + "s"
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 24*time.Hour:
+		return fmt.Sprintf("%dh%dm", int(d.Hours()), int(d.Minutes())%60)
+	default:
+		return fmt.Sprintf("%dd%dh", int(d.Hours())/24, int(d.Hours())%24)
+	}
+}
+
+// statusJSON is a projection's status as --json prints it. Its fields are documented in
+// statusDoc: add fields, never remove or rename one.
+type statusJSON struct {
+	Name                         string        `json:"name"`
+	State                        string        `json:"state"`
+	Position                     string        `json:"position"`
+	Head                         string        `json:"head"`
+	LagEvents                    int64         `json:"lag_events"`
+	LagSeconds                   float64       `json:"lag_seconds"`
+	EventsProcessed              int64         `json:"events_processed"`
+	HeldByHorizon                bool          `json:"held_by_horizon"`
+	OldestOpenTransactionSeconds float64       `json:"oldest_open_transaction_seconds"`
+	FailingEvent                 *failingJSON  `json:"failing_event"`
+	LastError                    string        `json:"last_error"`
+	Attempts                     int           `json:"attempts"`
+	FirstFailureAt               *time.Time    `json:"first_failure_at"`
+	LastFailureAt                *time.Time    `json:"last_failure_at"`
+	DeadLetters                  *int          `json:"dead_letters"`
+	UpdatedAt                    time.Time     `json:"updated_at"`
+	RebuildStartedAt             *time.Time    `json:"rebuild_started_at"`
+	Rebuild                      *rebuildJSON  `json:"rebuild"`
+	LastSkip                     *lastSkipJSON `json:"last_skip"`
+}
+
+type failingJSON struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	StreamID string `json:"stream_id"`
+	Position string `json:"position"`
+}
+
+type rebuildJSON struct {
+	Done    int64   `json:"done"`
+	Total   int64   `json:"total"`
+	Percent float64 `json:"percent"`
+}
+
+type lastSkipJSON struct {
+	EventID  string    `json:"event_id"`
+	Type     string    `json:"type"`
+	StreamID string    `json:"stream_id"`
+	Position string    `json:"position"`
+	By       string    `json:"by"`
+	Reason   string    `json:"reason"`
+	Forced   bool      `json:"forced"`
+	At       time.Time `json:"at"`
+}
+
+func toStatusJSON(r statusRow) statusJSON {
+	st := r.Status
+	out := statusJSON{
+		Name: st.Name, State: string(st.State), Position: st.Position.String(), Head: st.Head.String(),
+		LagEvents: st.LagEvents, LagSeconds: st.LagTime.Seconds(), EventsProcessed: st.EventsProcessed,
+		HeldByHorizon: st.HeldByHorizon, OldestOpenTransactionSeconds: st.OldestOpenTransaction.Seconds(),
+		LastError: st.LastError, Attempts: st.Attempts, DeadLetters: r.deadLetters, UpdatedAt: st.UpdatedAt.UTC(),
+		FirstFailureAt: utcOrNil(st.FirstFailureAt), LastFailureAt: utcOrNil(st.LastFailureAt),
+		RebuildStartedAt: utcOrNil(st.RebuildStartedAt),
+	}
+	if e := st.FailingEvent; e != nil {
+		out.FailingEvent = &failingJSON{ID: e.ID.String(), Type: e.Type, StreamID: e.StreamID, Position: e.Position.String()}
+	}
+	if st.State == projection.StateRebuilding {
+		done, total := st.Progress()
+		p := 100.0
+		if total > 0 {
+			p = math.Round(1000*float64(done)/float64(total)) / 10
+		}
+		out.Rebuild = &rebuildJSON{Done: done, Total: total, Percent: p}
+	}
+	if k := st.LastSkip; k != nil {
+		out.LastSkip = &lastSkipJSON{EventID: k.Event.ID.String(), Type: k.Event.Type, StreamID: k.Event.StreamID,
+			Position: k.Event.Position.String(), By: k.By, Reason: k.Reason, Forced: k.Forced, At: k.At.UTC()}
+	}
+	return out
+}
+
+func utcOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
+}
+
+// writeStatusJSON prints rows as a JSON array: indented, or on one line (for --watch).
+func writeStatusJSON(w io.Writer, rows []statusRow, indent bool) error {
+	out := make([]statusJSON, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, toStatusJSON(r))
+	}
+	if indent {
+		return writeJSON(w, out)
+	}
+	return json.NewEncoder(w).Encode(out)
+}
+
+// isTerminal reports whether w is a terminal (a character device).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// uniq drops repeated names, keeping the first of each.
+func uniq(names []string) []string {
+	var out []string
+	for _, n := range names {
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}

@@ -1,0 +1,400 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nudgeworks/nudge/deadletter"
+	"github.com/nudgeworks/nudge/eventstore"
+	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/eventstore/storetest"
+	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/projection"
+	pjpg "github.com/nudgeworks/nudge/projection/postgres"
+)
+
+// syncBuffer is a bytes.Buffer that a running CLI writes to while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startCLI runs the CLI in the background until it ends or ctx does; wait returns its exit
+// code (failing the test if it takes longer than limit).
+func startCLI(t *testing.T, ctx context.Context, env map[string]string, args ...string) (stdout, stderr *syncBuffer, wait func(limit time.Duration) int) {
+	t.Helper()
+	stdout, stderr = &syncBuffer{}, &syncBuffer{}
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, args, stdout, stderr, func(k string) string { return env[k] }) }()
+	return stdout, stderr, func(limit time.Duration) int {
+		t.Helper()
+		select {
+		case code := <-done:
+			return code
+		case <-time.After(limit):
+			t.Fatalf("nudge %s did not end within %s; stderr: %s", strings.Join(args, " "), limit, stderr)
+			return -1
+		}
+	}
+}
+
+// statusFixture is newFixture's database with three projections registered by a real runner
+// on the PostgreSQL backend, over five events A, B, C, A, C (events[0..4]):
+//
+//	caught_up (A):    caught up
+//	lagging (A, B):   registered, never caught up
+//	failing (C):      fails on events[2], with one dead letter (and a resolved one)
+type statusFixture struct {
+	*fixture
+	runner *projection.Runner
+	events []eventstore.Event
+}
+
+func newStatusFixture(t *testing.T) *statusFixture {
+	t.Helper()
+	f := newFixture(t)
+	ctx := context.Background()
+	store, err := espg.New(f.db.Pool, espg.Config{})
+	require.NoError(t, err)
+	res, err := store.Append(ctx, "order-1", eventstore.Any,
+		eventstore.EventData{Type: "A", Payload: json.RawMessage(`{}`)},
+		eventstore.EventData{Type: "B", Payload: json.RawMessage(`{}`)},
+		eventstore.EventData{Type: "C", Payload: json.RawMessage(`{}`)},
+		eventstore.EventData{Type: "A", Payload: json.RawMessage(`{}`)},
+		eventstore.EventData{Type: "C", Payload: json.RawMessage(`{}`)},
+	)
+	require.NoError(t, err)
+	storetest.Settle(t, store, res.Last())
+	backend, err := pjpg.New(f.db.Pool, store)
+	require.NoError(t, err)
+	ok := func(context.Context, projection.Event[json.RawMessage]) error { return nil }
+	caughtUp, err := projection.New("caught_up", projection.Config{}, projection.OnIdempotent("A", ok))
+	require.NoError(t, err)
+	lagging, err := projection.New("lagging", projection.Config{}, projection.OnIdempotent("A", ok), projection.OnIdempotent("B", ok))
+	require.NoError(t, err)
+	failing, err := projection.New("failing", projection.Config{}, projection.OnIdempotent("C",
+		func(context.Context, projection.Event[json.RawMessage]) error { return errors.New("cannot take C") }))
+	require.NoError(t, err)
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, caughtUp, lagging, failing)
+	require.NoError(t, err)
+	require.NoError(t, runner.Init(ctx))
+	_, err = runner.CatchUp(ctx, "caught_up")
+	require.NoError(t, err)
+	_, err = runner.CatchUp(ctx, "failing")
+	require.ErrorIs(t, err, projection.ErrHandler)
+
+	// One open dead letter on the failing event, and a resolved one (on another event: records
+	// of one event fold together).
+	for i, resolved := range map[int]bool{2: false, 4: true} {
+		bad := res.Events[i]
+		rec, err := f.store.Add(ctx, deadletter.Entry{Projection: "failing", MessageUUID: "m-" + strconv.FormatBool(resolved),
+			Payload: []byte(`{"v":1}`), Error: "cannot take C", Attempts: 5, At: time.Now(),
+			FailingEvent: &deadletter.FailingEvent{ID: bad.ID, Type: bad.Type, Position: bad.Position}})
+		require.NoError(t, err)
+		if resolved {
+			require.NoError(t, f.store.Resolve(ctx, rec.ID, "ops", "", time.Time{}))
+		}
+	}
+	return &statusFixture{fixture: f, runner: runner, events: res.Events}
+}
+
+// TestStatusJSON checks every field of status --json for a caught-up, a lagging and a failing
+// projection.
+func TestStatusJSON(t *testing.T) {
+	t.Parallel()
+	f := newStatusFixture(t)
+	started := time.Now()
+
+	res := runCLI(t, f.env, "status", "--json")
+	require.Equal(t, 0, res.code, res.stderr)
+	var got []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &got), res.stdout)
+	require.Len(t, got, 3)
+	byName := map[string]map[string]any{}
+	for i, st := range got {
+		byName[st["name"].(string)] = st
+		// Times: RFC 3339, recent; fields that are not set are null.
+		updated, err := time.Parse(time.RFC3339Nano, st["updated_at"].(string))
+		require.NoError(t, err)
+		require.WithinDuration(t, started, updated, time.Minute)
+		require.Nil(t, st["rebuild_started_at"], i)
+		require.Nil(t, st["rebuild"], i)
+		require.Nil(t, st["last_skip"], i)
+		require.Equal(t, false, st["held_by_horizon"], i)
+		require.InDelta(t, 0, st["oldest_open_transaction_seconds"], 0, i)
+		require.Equal(t, f.events[4].Position.String(), st["head"], "the store's head")
+	}
+	require.Equal(t, []any{"caught_up", "failing", "lagging"}, []any{got[0]["name"], got[1]["name"], got[2]["name"]}, "sorted by name")
+
+	caughtUp := byName["caught_up"]
+	require.Equal(t, "running", caughtUp["state"])
+	require.Equal(t, f.events[3].Position.String(), caughtUp["position"], "the last A")
+	require.InDelta(t, 0, caughtUp["lag_events"], 0)
+	require.InDelta(t, 0, caughtUp["lag_seconds"], 0)
+	require.InDelta(t, 2, caughtUp["events_processed"], 0)
+	require.Nil(t, caughtUp["failing_event"])
+	require.Empty(t, caughtUp["last_error"])
+	require.InDelta(t, 0, caughtUp["attempts"], 0)
+	require.Nil(t, caughtUp["first_failure_at"])
+	require.Nil(t, caughtUp["last_failure_at"])
+	require.InDelta(t, 0, caughtUp["dead_letters"], 0)
+
+	lagging := byName["lagging"]
+	require.Equal(t, "running", lagging["state"])
+	require.Equal(t, "0/0", lagging["position"])
+	require.InDelta(t, 3, lagging["lag_events"], 0, "A, B, A: the types recorded at Init, not C")
+	require.Greater(t, lagging["lag_seconds"], 0.0)
+	require.Less(t, lagging["lag_seconds"], time.Since(started).Seconds()+60)
+	require.InDelta(t, 0, lagging["events_processed"], 0)
+	require.Nil(t, lagging["failing_event"])
+	require.InDelta(t, 0, lagging["dead_letters"], 0)
+
+	failing := byName["failing"]
+	bad := f.events[2]
+	require.Equal(t, "failing", failing["state"])
+	require.Equal(t, "0/0", failing["position"], "no C before the failing one")
+	require.InDelta(t, 2, failing["lag_events"], 0)
+	require.Greater(t, failing["lag_seconds"], 0.0)
+	require.InDelta(t, 0, failing["events_processed"], 0)
+	require.Equal(t, map[string]any{"id": bad.ID.String(), "type": "C", "stream_id": "order-1", "position": bad.Position.String()},
+		failing["failing_event"])
+	require.Equal(t, "cannot take C", failing["last_error"])
+	require.InDelta(t, 1, failing["attempts"], 0)
+	require.NotNil(t, failing["first_failure_at"])
+	require.NotNil(t, failing["last_failure_at"])
+	require.InDelta(t, 1, failing["dead_letters"], 0, "the failed one; the resolved one does not count")
+
+	// Names pick projections, in the order given.
+	res = runCLI(t, f.env, "status", "lagging", "caught_up", "--json")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &got))
+	require.Len(t, got, 2)
+	require.Equal(t, "lagging", got[0]["name"])
+	require.Equal(t, "caught_up", got[1]["name"])
+}
+
+// TestStatusTable checks the table's columns and notes.
+func TestStatusTable(t *testing.T) {
+	t.Parallel()
+	f := newStatusFixture(t)
+
+	res := runCLI(t, f.env, "status")
+	require.Equal(t, 0, res.code, res.stderr)
+	lines := strings.Split(strings.TrimRight(res.stdout, "\n"), "\n")
+	require.Len(t, lines, 4, res.stdout)
+	require.Regexp(t, `^PROJECTION\s+STATE\s+POSITION\s+HEAD\s+LAG\s+LAG TIME\s+FAILING EVENT\s+DEAD LETTERS\s+NOTE$`, lines[0])
+	head := regexp.QuoteMeta(f.events[4].Position.String())
+	bad := f.events[2]
+	require.Regexp(t, `^caught_up\s+running\s+`+regexp.QuoteMeta(f.events[3].Position.String())+`\s+`+head+`\s+0\s+0s\s+-\s+0\s+-$`, lines[1])
+	require.Regexp(t, `^failing\s+failing\s+0/0\s+`+head+`\s+2\s+\d+(\.\d)?(ms|s)\s+`+bad.ID.String()+` C at `+regexp.QuoteMeta(bad.Position.String())+
+		`\s+1\s+attempt 1: cannot take C$`, lines[2])
+	require.Regexp(t, `^lagging\s+running\s+0/0\s+`+head+`\s+3\s+\d+(\.\d)?(ms|s)\s+-\s+0\s+-$`, lines[3])
+
+	res = runCLI(t, f.env, "status", "nosuch", "lagging", "other")
+	require.Equal(t, 1, res.code)
+	require.Contains(t, res.stderr, `no projection named "nosuch", "other" in this database; the registered projections are: caught_up, failing, lagging`)
+}
+
+// TestStatusHeldByHorizon: a projection whose events wait behind an open transaction says so.
+func TestStatusHeldByHorizon(t *testing.T) {
+	t.Parallel()
+	f := newStatusFixture(t)
+	ctx := context.Background()
+	// An open transaction with an id, older than the append below: the store cannot read past
+	// it, so the new A waits.
+	tx, err := f.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT pg_current_xact_id()`)
+	require.NoError(t, err)
+	store, err := espg.New(f.db.Pool, espg.Config{})
+	require.NoError(t, err)
+	_, err = store.Append(ctx, "order-2", eventstore.Any, eventstore.EventData{Type: "A", Payload: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+
+	res := runCLI(t, f.env, "status", "caught_up")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Regexp(t, `(?m)^caught_up\s+running\s+.*\s+0\s+0s\s+-\s+0\s+waiting on an open transaction, \S+ old$`, res.stdout)
+
+	res = runCLI(t, f.env, "status", "caught_up", "--json")
+	require.Equal(t, 0, res.code, res.stderr)
+	var got []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &got))
+	require.Equal(t, true, got[0]["held_by_horizon"])
+	require.Greater(t, got[0]["oldest_open_transaction_seconds"], 0.0)
+	require.InDelta(t, 0, got[0]["lag_events"], 0, "held, not lagging")
+}
+
+// TestStatusWatch: --watch prints table after table until its context ends, then exits 0.
+func TestStatusWatch(t *testing.T) {
+	t.Parallel()
+	f := newStatusFixture(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stdout, stderr, wait := startCLI(t, ctx, f.env, "status", "failing", "--watch", "--interval", "100ms")
+	require.Eventually(t, func() bool { return strings.Count(stdout.String(), "PROJECTION") >= 3 }, 20*time.Second, 10*time.Millisecond,
+		"three tables; stderr: %s", stderr)
+	cancel()
+	require.Equal(t, 0, wait(5*time.Second), stderr.String())
+	out := stdout.String()
+	require.NotContains(t, out, clearScreen, "not a terminal: no screen clearing")
+	require.Regexp(t, `(?m)^--- \d{4}-\d\d-\d\dT`, out, "each table is stamped")
+	require.GreaterOrEqual(t, strings.Count(out, "\nfailing "), 3)
+
+	// With --json: one array per line.
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	stdout, stderr, wait = startCLI(t, ctx, f.env, "status", "--watch", "--json", "--interval", "100ms")
+	require.Eventually(t, func() bool { return strings.Count(stdout.String(), "\n") >= 2 }, 20*time.Second, 10*time.Millisecond)
+	cancel()
+	require.Equal(t, 0, wait(5*time.Second), stderr.String())
+	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		var got []map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &got), line)
+		require.Len(t, got, 3)
+	}
+
+	// A wrong name ends the watch at once.
+	_, stderr, wait = startCLI(t, context.Background(), f.env, "status", "nosuch", "--watch")
+	require.Equal(t, 1, wait(10*time.Second))
+	require.Contains(t, stderr.String(), `no projection named "nosuch"`)
+}
+
+func TestStatusBadInput(t *testing.T) {
+	t.Parallel()
+	db := map[string]string{envDatabaseURL: "postgres://localhost/x"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status", "--interval", "1s"}, "--interval needs --watch"},
+		{[]string{"status", "--watch", "--interval", "0s"}, "--interval 0s is too short; use at least 100ms"},
+		{[]string{"status", "--watch", "--interval", "soon"}, `invalid value "soon" for flag -interval`},
+		{[]string{"status", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"status", "no way"}, `invalid name "no way"`},
+	} {
+		res := runCLI(t, db, c.args...)
+		require.Equal(t, 2, res.code, c.args)
+		require.Contains(t, res.stderr, c.want, c.args)
+	}
+
+	// A database without nudge's tables.
+	f := newFixture(t)
+	res := runCLI(t, f.env, "--schema", "elsewhere", "status")
+	require.Equal(t, 1, res.code)
+	require.Contains(t, res.stderr, "check --db and --schema, or run 'nudge migrate'")
+
+	// No projection registered yet.
+	res = runCLI(t, f.env, "status")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "No projections are registered")
+	res = runCLI(t, f.env, "status", "orders")
+	require.Equal(t, 1, res.code)
+	require.Contains(t, res.stderr, `no projection named "orders": no projection is registered in this database`)
+}
+
+// TestStatusAndRebuildUnreachable: an unreachable database or broker is named, its password
+// never printed.
+func TestStatusAndRebuildUnreachable(t *testing.T) {
+	t.Parallel()
+	port := closedPort(t)
+	const password = "s3cr3t-Pa55"
+	url := "postgres://ops:" + password + "@127.0.0.1:" + port + "/nudge?sslmode=disable"
+	for _, args := range [][]string{{"status"}, {"status", "--watch"}, {"rebuild", "orders"}, {"reset", "orders", "--no-wait"}} {
+		res := runCLI(t, map[string]string{envDatabaseURL: url}, args...)
+		require.Equal(t, 1, res.code, args)
+		require.Contains(t, res.stderr, "cannot reach PostgreSQL at 127.0.0.1:"+port, args)
+		require.NotContains(t, res.stderr+res.stdout, password, args)
+	}
+
+	// The database answers, the broker does not.
+	f := newStatusFixture(t)
+	amqpURL := "amqp://ops:" + password + "@127.0.0.1:" + closedPort(t) + "/"
+	res := runCLI(t, f.env, "rebuild", "lagging", "--amqp", amqpURL)
+	require.Equal(t, 1, res.code)
+	require.Contains(t, res.stderr, "cannot connect to RabbitMQ at amqp://ops:xxxxx@127.0.0.1:")
+	require.NotContains(t, res.stderr+res.stdout, password)
+}
+
+// closedPort returns a local port nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	return strconv.Itoa(port)
+}
+
+func TestHumanDuration(t *testing.T) {
+	t.Parallel()
+	for d, want := range map[time.Duration]string{
+		0: "0s", -time.Second: "0s", 340 * time.Millisecond: "340ms", 1249 * time.Millisecond: "1.2s",
+		42*time.Second + 900*time.Millisecond: "42s", 3*time.Minute + 4*time.Second: "3m4s",
+		2*time.Hour + 5*time.Minute + 9*time.Second: "2h5m", 76 * time.Hour: "3d4h",
+	} {
+		require.Equal(t, want, humanDuration(d), d.String())
+	}
+	require.Equal(t, "100%", percent(0, 0))
+	require.Equal(t, "0%", percent(0, 10))
+	require.Equal(t, "2.5%", percent(1, 40))
+	require.Equal(t, "33%", percent(1, 3))
+	require.Equal(t, "100%", percent(5, 5))
+}
+
+// TestStatusWithoutDeadLetterTable: without the dead-letter table the counts are unknown ("?",
+// null), said once, and the rest is shown.
+func TestStatusWithoutDeadLetterTable(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	store, err := espg.New(db.Pool, espg.Config{})
+	require.NoError(t, err)
+	require.NoError(t, store.Migrate(ctx))
+	backend, err := pjpg.New(db.Pool, store)
+	require.NoError(t, err)
+	require.NoError(t, backend.Migrate(ctx))
+	p, err := projection.New("solo", projection.Config{},
+		projection.OnIdempotent("A", func(context.Context, projection.Event[json.RawMessage]) error { return nil }))
+	require.NoError(t, err)
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, p)
+	require.NoError(t, err)
+	require.NoError(t, runner.Init(ctx))
+	env := map[string]string{envDatabaseURL: db.URL}
+
+	res := runCLI(t, env, "status")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Regexp(t, `(?m)^solo\s+running\s+0/0\s+0/0\s+0\s+0s\s+-\s+\?\s+-$`, res.stdout)
+	require.Equal(t, 1, strings.Count(res.stderr, "no dead-letter table"))
+
+	res = runCLI(t, env, "status", "--json")
+	require.Equal(t, 0, res.code, res.stderr)
+	var got []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &got))
+	require.Contains(t, got[0], "dead_letters")
+	require.Nil(t, got[0]["dead_letters"])
+}
