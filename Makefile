@@ -7,7 +7,7 @@ GOLANGCI_LINT          := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 BENCH_TIME             ?= 2s
 
 .DEFAULT_GOAL := help
-.PHONY: help up down test lint bench demo
+.PHONY: help up down test lint bench bench-go demo
 
 help: ## Show the targets and what they do.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -34,9 +34,12 @@ lint: $(GOLANGCI_LINT) ## Check formatting, go vet and golangci-lint.
 	$(GO) vet ./...
 	$(GOLANGCI_LINT) run ./...
 
-bench: up ## Run the benchmarks, each beside its baseline in the same run (BENCH_TIME=2s).
+bench: up ## Run the benchmark harness: every figure beside its baseline, same run (BENCH_FLAGS=-quick).
+	$(GO) run ./internal/bench $(BENCH_FLAGS)
+
+bench-go: up ## Run the Go micro-benchmarks (go test -bench), each beside its baseline (BENCH_TIME=2s).
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCH_TIME) -timeout 30m \
-		./eventstore/postgres/ ./projection/postgres/ ./channel/amqp/ ./channel/postgres/
+		./eventstore/postgres/ ./projection/postgres/ ./channel/amqp/ ./channel/postgres/ ./metrics/
 	$(GO) test -run '^$$' -bench AppendOverhead -benchtime $(BENCH_TIME) -timeout 30m ./worker/
 	@# Each live-latency scenario appends for NUDGE_BENCH_DURATION (10s by default).
 	$(GO) test -run '^$$' -bench LiveLatency -benchtime 1x -timeout 30m ./worker/

@@ -1,0 +1,402 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/eventstore"
+	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/eventload"
+	pgproj "github.com/nudgeworks/nudge/projection/postgres"
+)
+
+// Names of what the harness creates on the servers. They follow internal/pgtest's and
+// internal/amqptest's schemes ("nudge_test_<unix seconds>_…", "nudge_test.<unix seconds>.…"),
+// so leftovers of a killed run are swept by the next test run as well as by the next bench run.
+const (
+	dbPrefix     = "nudge_test_"
+	dbMarker     = "bench"
+	amqpPrefix   = "nudge_test."
+	staleAfter   = 2 * time.Hour
+	setupTimeout = 30 * time.Second
+)
+
+// harness is what every scenario shares: the servers, the sizes and the loggers.
+type harness struct {
+	opts   options
+	sizes  sizes
+	admin  *pgxpool.Pool // on the maintenance database: creates and drops the run's databases
+	runID  string        // "<unix seconds>_<random hex>", unique to the run
+	log    *slog.Logger  // the harness's own progress lines
+	libLog *slog.Logger  // given to the library's components (-log-level)
+
+	mu  sync.Mutex
+	seq int
+}
+
+// newHarness connects to PostgreSQL and drops the databases that killed bench runs left.
+func newHarness(ctx context.Context, opts options, log, libLog *slog.Logger) (*harness, error) {
+	ctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	defer cancel()
+	admin, err := pgxpool.New(ctx, opts.postgresURL)
+	if err == nil {
+		err = admin.Ping(ctx)
+	}
+	if err != nil {
+		if admin != nil {
+			admin.Close()
+		}
+		return nil, fmt.Errorf("PostgreSQL at %s is not reachable: %w; start it with `make up`, or pass -postgres", redact(opts.postgresURL), err)
+	}
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	h := &harness{
+		opts:   opts,
+		sizes:  sizesFor(opts.quick),
+		admin:  admin,
+		runID:  strconv.FormatInt(time.Now().Unix(), 10) + "_" + dbMarker + hex.EncodeToString(b),
+		log:    log,
+		libLog: libLog,
+	}
+	h.dropStale(ctx)
+	return h, nil
+}
+
+// close releases the admin pool.
+func (h *harness) close() { h.admin.Close() }
+
+// next returns a number unique within the run, for names.
+func (h *harness) next() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.seq++
+	return h.seq
+}
+
+// dropStale drops bench databases older than staleAfter: runs killed before their cleanup.
+func (h *harness) dropStale(ctx context.Context) {
+	rows, err := h.admin.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE $1`, dbPrefix+"%\\_"+dbMarker+"%")
+	if err != nil {
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	for _, name := range names {
+		stamp, _, _ := strings.Cut(strings.TrimPrefix(name, dbPrefix), "_")
+		sec, err := strconv.ParseInt(stamp, 10, 64)
+		if err != nil || time.Since(time.Unix(sec, 0)) < staleAfter {
+			continue
+		}
+		if _, err := h.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err == nil {
+			h.log.InfoContext(ctx, "dropped a database a killed run left", slog.String("database", name))
+		}
+	}
+}
+
+// database is a PostgreSQL database that exists for one step of a scenario.
+type database struct {
+	h      *harness
+	name   string
+	url    string
+	pool   *pgxpool.Pool
+	pools  []*pgxpool.Pool
+	closed sync.Once
+}
+
+// newDatabase creates a fresh database and opens a pool of up to maxConns connections on it.
+// Close drops it.
+func (h *harness) newDatabase(ctx context.Context, maxConns int32) (*database, error) {
+	name := fmt.Sprintf("%s%s_%d", dbPrefix, h.runID, h.next())
+	cctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	defer cancel()
+	if _, err := h.admin.Exec(cctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("create database %s: %w", name, err)
+	}
+	u, err := url.Parse(h.opts.postgresURL)
+	if err != nil {
+		return nil, fmt.Errorf("-postgres must be a postgres:// URL: %w", err)
+	}
+	u.Path = "/" + name
+	db := &database{h: h, name: name, url: u.String()}
+	if db.pool, err = db.newPool(ctx, maxConns); err != nil {
+		db.close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// newPool opens another pool of up to maxConns connections on the database, closed by close.
+func (db *database) newPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(db.url)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", redact(db.url), err)
+	}
+	cfg.MaxConns = maxConns
+	cctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(cctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", redact(db.url), err)
+	}
+	db.pools = append(db.pools, pool)
+	return pool, nil
+}
+
+// resetPools closes the idle connections of the database's pools (those in use close when
+// released); the pools open new ones on demand.
+func (db *database) resetPools() {
+	for _, p := range db.pools {
+		p.Reset()
+	}
+}
+
+// close closes the database's pools and drops it, even when the run is being interrupted. It
+// may be called more than once.
+func (db *database) close() { db.closed.Do(db.drop) }
+
+func (db *database) drop() {
+	for _, p := range db.pools {
+		p.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	defer cancel()
+	if _, err := db.h.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db.name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		db.h.log.Error("could not drop a bench database; the next run drops it after 2 h",
+			slog.String("database", db.name), slog.Any("error", err))
+	}
+}
+
+// fixture is an event store and a projection backend on a fresh database.
+type fixture struct {
+	db      *database
+	store   *espg.Store
+	backend *pgproj.Backend
+}
+
+// newFixture creates a database with a pool of maxConns connections and migrates the event
+// store and the projection backend in it.
+func (h *harness) newFixture(ctx context.Context, maxConns int32) (*fixture, error) {
+	db, err := h.newDatabase(ctx, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	f := &fixture{db: db}
+	if err := f.init(ctx); err != nil {
+		db.close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func (f *fixture) init(ctx context.Context) error {
+	var err error
+	if f.store, err = espg.New(f.db.pool, espg.Config{}); err != nil {
+		return err
+	}
+	if f.backend, err = pgproj.New(f.db.pool, f.store); err != nil {
+		return err
+	}
+	if err := f.store.Migrate(ctx); err != nil {
+		return err
+	}
+	return f.backend.Migrate(ctx)
+}
+
+func (f *fixture) close() { f.db.close() }
+
+// waitReadable waits until the store's head reaches last: loaded events are readable once no
+// transaction older than them is running anywhere in the cluster.
+func (f *fixture) waitReadable(ctx context.Context, last eventstore.Position, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		head, err := f.store.Head(ctx)
+		if err != nil {
+			return fmt.Errorf("read the store's head: %w", err)
+		}
+		if !head.Less(last) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the events up to %s were not readable within %s (head %s): a long transaction elsewhere in the cluster holds readers back", last, timeout, head)
+		}
+		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// count returns the number of rows of table and the sum of its version column.
+func (f *fixture) count(ctx context.Context, table string) (rows, versions int64, err error) {
+	err = f.db.pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(version), 0) FROM `+pgx.Identifier{table}.Sanitize()).Scan(&rows, &versions)
+	return rows, versions, err
+}
+
+// loadEvents fills the store with COPY through internal/eventload. eventload reports failures
+// through a testing.TB, as its benchmarks and tests need; failTB turns them into an error here.
+func loadEvents(pool *pgxpool.Pool, events, streams int, eventType string, payload func(stream string, i int) string) (last eventstore.Position, err error) {
+	tb := &failTB{}
+	defer func() {
+		if r := recover(); r != nil {
+			if r != errFailNow { //nolint:errorlint // the sentinel itself is the panic value
+				panic(r)
+			}
+			err = fmt.Errorf("load events with COPY: %s", strings.Join(tb.msgs, "; "))
+		}
+	}()
+	return eventload.Load(tb, pool, events, streams, eventType, payload), nil
+}
+
+// errFailNow is the panic with which failTB.FailNow leaves eventload.Load.
+var errFailNow = errors.New("eventload failed")
+
+// failTB is the part of testing.TB that eventload.Load and testify's require use, outside a
+// test: messages are collected and FailNow panics with errFailNow, which loadEvents recovers.
+// Methods of testing.TB that it does not implement panic (nil embedded interface).
+type failTB struct {
+	testing.TB
+	msgs   []string
+	failed bool
+}
+
+func (t *failTB) Helper()                           {}
+func (t *failTB) Name() string                      { return "bench" }
+func (t *failTB) Log(args ...any)                   {}
+func (t *failTB) Logf(format string, args ...any)   {}
+func (t *failTB) Error(args ...any)                 { t.fail(fmt.Sprint(args...)) }
+func (t *failTB) Errorf(format string, args ...any) { t.fail(fmt.Sprintf(format, args...)) }
+func (t *failTB) Fatal(args ...any)                 { t.fail(fmt.Sprint(args...)); t.FailNow() }
+func (t *failTB) Fatalf(format string, args ...any) {
+	t.fail(fmt.Sprintf(format, args...))
+	t.FailNow()
+}
+func (t *failTB) Fail()           { t.failed = true }
+func (t *failTB) Failed() bool    { return t.failed }
+func (t *failTB) FailNow()        { t.failed = true; panic(errFailNow) }
+func (t *failTB) fail(msg string) { t.failed = true; t.msgs = append(t.msgs, strings.TrimSpace(msg)) }
+
+// amqpEnv is a run's corner of the RabbitMQ broker: a unique name prefix.
+type amqpEnv struct {
+	url            string
+	prefix         string
+	connectionName string
+}
+
+// newAMQP returns a fresh prefix for one step of a scenario.
+func (h *harness) newAMQP() amqpEnv {
+	prefix := fmt.Sprintf("%s%s.%d.", amqpPrefix, strings.ReplaceAll(h.runID, "_", "."), h.next())
+	return amqpEnv{url: h.opts.amqpURL, prefix: prefix, connectionName: prefix + "bench"}
+}
+
+// cleanup deletes the exchange and queues a channel with the env's prefix declared for
+// projections (channel/amqp's names: queue <prefix>nudge.triggers_<name> on exchange
+// <prefix>nudge.triggers, and <prefix>nudge.dead_letters).
+func (e amqpEnv) cleanup(projections []string) error {
+	conn, err := dialAMQP(e.url, e.prefix+"cleanup")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	queues := []string{e.prefix + channel.DeadLetterTopic}
+	for _, p := range projections {
+		queues = append(queues, e.prefix+channel.TriggerTopic+"_"+p)
+	}
+	var errs []error
+	for _, q := range queues {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			errs = append(errs, fmt.Errorf("delete queue %s: %w", q, err))
+			if ch, err = conn.Channel(); err != nil { // a failed delete closes the channel
+				return errors.Join(append(errs, err)...)
+			}
+		}
+	}
+	if err := ch.ExchangeDelete(e.prefix+channel.TriggerTopic, false, false); err != nil {
+		errs = append(errs, fmt.Errorf("delete exchange: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// dialAMQP opens a named connection with a short timeout.
+func dialAMQP(rawURL, name string) (*amqp091.Connection, error) {
+	props := amqp091.NewConnectionProperties()
+	props.SetClientConnectionName(name)
+	conn, err := amqp091.DialConfig(rawURL, amqp091.Config{Properties: props, Dial: amqp091.DefaultDial(5 * time.Second)})
+	if err != nil {
+		return nil, fmt.Errorf("RabbitMQ at %s is not reachable: %s; start it with `make up`, or pass -amqp", redact(rawURL), scrub(err.Error(), rawURL))
+	}
+	return conn, nil
+}
+
+// redact returns raw with any password replaced by "xxxxx".
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+// scrub replaces the password of rawURL, wherever it appears in msg, by "xxxxx".
+func scrub(msg, rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "(message withheld: it may contain the unparsable URL)"
+	}
+	if pw, ok := u.User.Password(); ok && pw != "" {
+		msg = strings.ReplaceAll(msg, pw, "xxxxx")
+	}
+	return msg
+}
+
+// sleepCtx waits for d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// waitUntil polls cond every interval until it is true, ctx ends or timeout passes; what
+// describes the condition in the error.
+func waitUntil(ctx context.Context, timeout, interval time.Duration, what string, cond func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := cond()
+		if err != nil {
+			return fmt.Errorf("wait until %s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not happen within %s", what, timeout)
+		}
+		if err := sleepCtx(ctx, interval); err != nil {
+			return err
+		}
+	}
+}

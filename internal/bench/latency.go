@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nudgeworks/nudge/trigger"
+)
+
+// liveTargets are the p99 targets at 10 projections, per channel.
+var liveTargets = map[string]Target{
+	chAMQP:      {Name: "live p99, RabbitMQ, 10 projections", Op: AtMost, Threshold: 50, Unit: "ms"},
+	chPostgres:  {Name: "live p99, PostgreSQL queue, 10 projections", Op: AtMost, Threshold: 250, Unit: "ms"},
+	chGoChannel: {Name: "live p99, GoChannel, 10 projections", Op: AtMost, Threshold: 50, Unit: "ms"},
+}
+
+// latencyTargets lists every target the latency scenario checks.
+func latencyTargets() []Target {
+	ts := make([]Target, 0, len(channelKinds))
+	for _, kind := range channelKinds {
+		ts = append(ts, liveTargets[kind])
+	}
+	return ts
+}
+
+// liveTargetProjections is the projection count the live targets apply to.
+const liveTargetProjections = 10
+
+func runLatency(ctx context.Context, h *harness, sec *Section) error {
+	sz := h.sizes
+	sec.Params["rate_per_s"], sec.Params["writers"], sec.Params["streams"] = sz.liveRate, sz.liveWriters, sz.liveStreams
+	sec.Params["duration_s"], sec.Params["projections"] = sz.liveDuration.Seconds(), []int{1, 10}
+	sec.Params["hop_rate_per_s"], sec.Params["hop_duration_s"], sec.Params["pg_poll_ms"] = sz.hopRate, sz.hopDuration.Seconds(), Ms(h.opts.pgPoll)
+	table := &Table{Header: []string{"channel", "projections", "appends/s", "p50 ms", "p99 ms", "max ms", "hop p50", "hop p99", "p99 ratio"}}
+	sec.table = table
+	for _, kind := range channelKinds {
+		label := channelLabels[kind]
+		if kind == chPostgres {
+			label += fmt.Sprintf(" (poll %s)", h.opts.pgPoll)
+		}
+		hop, err := h.measureHop(ctx, kind, sz.hopRate, sz.hopDuration)
+		if err != nil {
+			return fmt.Errorf("%s hop: %w", label, err)
+		}
+		hopCase := label + " hop (publish→consume)"
+		sec.AddMetric(Metric{Case: hopCase, Name: "p99_ms", Unit: "ms", Value: Ms(hop.P99), Extra: hop.Extra()})
+		for _, n := range []int{1, 10} {
+			res, err := h.runLive(ctx, liveConfig{channel: kind, projections: n, rate: sz.liveRate, writers: sz.liveWriters,
+				streams: sz.liveStreams, duration: sz.liveDuration})
+			if err != nil {
+				return fmt.Errorf("%s, %d projections: %w", label, n, err)
+			}
+			c := fmt.Sprintf("%s projections=%d", label, n)
+			extra := res.latency.Extra()
+			extra["appends_per_s"], extra["projections"] = res.appendsPerS, float64(n)
+			m := Metric{Case: c, Name: "p99_ms", Unit: "ms", Value: Ms(res.latency.P99), Extra: extra}.WithBaseline(hopCase, Ms(hop.P99))
+			sec.AddMetric(m)
+			table.Add(label, fmt.Sprint(n), FormatValue(res.appendsPerS, ""), FormatValue(Ms(res.latency.P50), "ms"),
+				FormatValue(Ms(res.latency.P99), "ms"), FormatValue(Ms(res.latency.Max), "ms"),
+				FormatValue(Ms(hop.P50), "ms"), FormatValue(Ms(hop.P99), "ms"), FormatValue(m.Ratio, "×"))
+			h.log.InfoContext(ctx, "latency run done", slog.String("channel", kind), slog.Int("projections", n),
+				slog.Float64("p50_ms", Ms(res.latency.P50)), slog.Float64("p99_ms", Ms(res.latency.P99)))
+			if n == liveTargetProjections {
+				sec.AddCheck(liveTargets[kind], c, Ms(res.latency.P99))
+			}
+		}
+	}
+	sec.Note("latency: from an append's return to the commit of the projection batch that wrote the event (read model visible), every event × projection")
+	sec.Note("hop: the bare channel, a trigger published → consumed, %d/s, no projection; p99 ratio = live p99 / hop p99", sz.hopRate)
+	return nil
+}
+
+// measureHop publishes triggers at rate for d to one subscription of a fresh channel of kind
+// and measures publish → receive.
+func (h *harness) measureHop(ctx context.Context, kind string, rate int, d time.Duration) (Latency, error) {
+	f, err := h.newFixture(ctx, 4)
+	if err != nil {
+		return Latency{}, err
+	}
+	defer f.close()
+	w, err := h.openChannel(ctx, f, kind, []string{"hop"})
+	if err != nil {
+		return Latency{}, err
+	}
+	defer w.close()
+	sub, topic, err := w.ch.Subscriber("hop")
+	if err != nil {
+		return Latency{}, err
+	}
+	subCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	msgs, err := sub.Subscribe(subCtx, topic)
+	if err != nil {
+		return Latency{}, err
+	}
+	var (
+		mu      sync.Mutex
+		samples []time.Duration
+	)
+	consumed := make(chan struct{})
+	go func() {
+		defer close(consumed)
+		for msg := range msgs {
+			t, err := trigger.FromMessage(msg)
+			if err == nil {
+				mu.Lock()
+				samples = append(samples, time.Since(t.At))
+				mu.Unlock()
+			}
+			msg.Ack()
+		}
+	}()
+	every := time.Second / time.Duration(rate)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	published := 0
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return Latency{}, ctx.Err()
+		case <-tick.C:
+		}
+		if err := w.ch.Publish(ctx, trigger.Trigger{Reason: trigger.ReasonTick, At: time.Now()}); err != nil {
+			return Latency{}, fmt.Errorf("publish: %w", err)
+		}
+		published++
+	}
+	err = waitUntil(ctx, 30*time.Second, 5*time.Millisecond, "every trigger was consumed", func() (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(samples) >= published, nil
+	})
+	cancel()
+	select { // the subscription closes msgs when its context ends
+	case <-consumed:
+	case <-time.After(10 * time.Second):
+	}
+	if err != nil {
+		return Latency{}, err
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return Summarize(samples), nil
+}

@@ -1,0 +1,417 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/nudgeworks/nudge/channel"
+	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
+	"github.com/nudgeworks/nudge/channel/gochannel"
+	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
+	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/worker"
+)
+
+// The channels measured, in the order they are shown.
+const (
+	chAMQP      = "amqp"
+	chPostgres  = "postgres"
+	chGoChannel = "gochannel"
+)
+
+var channelKinds = []string{chAMQP, chPostgres, chGoChannel}
+
+var channelLabels = map[string]string{chAMQP: "RabbitMQ", chPostgres: "PostgreSQL queue", chGoChannel: "GoChannel"}
+
+// wiring is a trigger channel and the way appends publish to it.
+type wiring struct {
+	kind string
+	ch   channel.Channel
+	// appender publishes in the append's transaction (PostgreSQL queue); nil: a trigger.Relay
+	// publishes (RabbitMQ, GoChannel).
+	appender *trigger.Appender
+	store    interface {
+		Append(ctx context.Context, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error)
+	}
+	cleanup func()
+}
+
+// openChannel opens a channel of kind on f's database (PostgreSQL queue) or on a fresh
+// RabbitMQ prefix, declares the projections and returns how appends publish to it. close
+// closes it and deletes its RabbitMQ topology.
+func (h *harness) openChannel(ctx context.Context, f *fixture, kind string, projections []string) (*wiring, error) {
+	w := &wiring{kind: kind, store: f.store, cleanup: func() {}}
+	switch kind {
+	case chAMQP:
+		env := h.newAMQP()
+		ch, err := amqpchannel.New(ctx, amqpchannel.Config{URL: env.url, Prefix: env.prefix, ConnectionName: env.connectionName, Logger: h.libLog})
+		if err != nil {
+			return nil, err
+		}
+		w.ch = ch
+		w.cleanup = func() {
+			if err := env.cleanup(projections); err != nil {
+				h.log.Warn("could not delete the run's RabbitMQ queues", slog.String("prefix", env.prefix), slog.Any("error", err))
+			}
+		}
+	case chPostgres:
+		pool, err := f.db.newPool(ctx, int32(len(projections)+4))
+		if err != nil {
+			return nil, err
+		}
+		ch, err := pgchannel.New(pool, pgchannel.Config{PollInterval: h.opts.pgPoll, Logger: h.libLog})
+		if err != nil {
+			return nil, err
+		}
+		w.ch = ch
+		if w.appender, err = trigger.NewAppender(f.store, ch); err != nil {
+			_ = ch.Close()
+			return nil, err
+		}
+		w.store = w.appender
+	case chGoChannel:
+		w.ch = gochannel.New(gochannel.Config{})
+	default:
+		return nil, fmt.Errorf("unknown channel %q", kind)
+	}
+	if err := w.ch.Declare(ctx, projections...); err != nil {
+		w.close()
+		return nil, fmt.Errorf("declare the projections on %s: %w", kind, err)
+	}
+	return w, nil
+}
+
+func (w *wiring) close() {
+	_ = w.ch.Close()
+	w.cleanup()
+}
+
+// startWorker runs a worker of runner on w's channel (and a relay, unless appends publish in
+// their transaction) until stop is called. It returns once the worker's handlers subscribed.
+func (h *harness) startWorker(ctx context.Context, f *fixture, w *wiring, runner *projection.Runner, cfg worker.Config) (*worker.Worker, func() error, error) {
+	cfg.Runner, cfg.Channel, cfg.Logger = runner, w.ch, h.libLog
+	if w.appender != nil {
+		cfg.Store = f.store
+	}
+	wk, err := worker.New(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	wg.Go(func() { errs <- wk.Run(ctx) })
+	if w.appender == nil {
+		relay, err := trigger.NewRelay(f.backend, w.ch, trigger.RelayConfig{Logger: h.libLog})
+		if err != nil {
+			cancel()
+			wg.Wait()
+			return nil, nil, err
+		}
+		wg.Go(func() { errs <- relay.Run(ctx) })
+	}
+	var once sync.Once
+	var stopErr error
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				stopErr = errors.Join(stopErr, err)
+			}
+		})
+		return stopErr
+	}
+	select {
+	case <-wk.Running():
+		return wk, stop, nil
+	case <-time.After(setupTimeout):
+		return nil, nil, errors.Join(fmt.Errorf("the worker did not start within %s", setupTimeout), stop())
+	case <-ctx.Done():
+		return nil, nil, errors.Join(ctx.Err(), stop())
+	}
+}
+
+// liveRecorder records, per event, when its append returned and when each projection's batch
+// that handled it committed (the read model is visible from then on).
+type liveRecorder struct {
+	measured []string
+
+	mu        sync.Mutex
+	committed map[uuid.UUID]time.Time
+	pending   map[string][]uuid.UUID // projection → the events of its batch in flight
+	visible   map[string]map[uuid.UUID]time.Time
+}
+
+func newLiveRecorder(measured []string) *liveRecorder {
+	r := &liveRecorder{measured: measured, committed: map[uuid.UUID]time.Time{}, pending: map[string][]uuid.UUID{},
+		visible: map[string]map[uuid.UUID]time.Time{}}
+	for _, name := range measured {
+		r.visible[name] = map[uuid.UUID]time.Time{}
+	}
+	return r
+}
+
+// appended records that e's append returned at.
+func (r *liveRecorder) appended(id uuid.UUID, at time.Time) {
+	r.mu.Lock()
+	r.committed[id] = at
+	r.mu.Unlock()
+}
+
+// flush notes the events of a batch about to commit (a flush hook).
+func (r *liveRecorder) flush(name string, events []eventstore.Event) {
+	ids := make([]uuid.UUID, len(events))
+	for i, e := range events {
+		ids[i] = e.ID
+	}
+	r.mu.Lock()
+	r.pending[name] = ids
+	r.mu.Unlock()
+}
+
+// onBatch stamps the events of a committed batch (projection.RunnerConfig.OnBatch).
+func (r *liveRecorder) onBatch(b projection.BatchReport) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ids := r.pending[b.Projection]
+	delete(r.pending, b.Projection)
+	seen, ok := r.visible[b.Projection]
+	if b.Err != nil || !ok {
+		return
+	}
+	for _, id := range ids {
+		if _, dup := seen[id]; !dup {
+			seen[id] = now
+		}
+	}
+}
+
+// complete reports whether every measured projection has made every appended event visible.
+func (r *liveRecorder) complete() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, name := range r.measured {
+		if len(r.visible[name]) < len(r.committed) {
+			return false
+		}
+	}
+	return true
+}
+
+// progress describes how far each measured projection got, for an error message.
+func (r *liveRecorder) progress() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := fmt.Sprintf("%d appended;", len(r.committed))
+	for _, name := range r.measured {
+		s += fmt.Sprintf(" %s %d", name, len(r.visible[name]))
+	}
+	return s
+}
+
+// samples returns, for every measured projection and every appended event, the time from the
+// append's return to the commit of the batch that handled it (0 when the batch committed first).
+func (r *liveRecorder) samples() []time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]time.Duration, 0, len(r.committed)*len(r.measured))
+	for _, name := range r.measured {
+		for id, at := range r.committed {
+			if seen, ok := r.visible[name][id]; ok {
+				out = append(out, max(seen.Sub(at), 0))
+			}
+		}
+	}
+	return out
+}
+
+// liveConfig is one live-latency run.
+type liveConfig struct {
+	channel     string
+	projections int
+	// slow adds a projection whose batches write, then sleep slowBatch in their transaction
+	// (holding back the store's readers meanwhile); it is not measured.
+	slow     bool
+	rate     int
+	writers  int
+	streams  int
+	duration time.Duration
+}
+
+// slowBatch is how long the slow projection's batches take.
+const slowBatch = 50 * time.Millisecond
+
+// liveResult is what a live run measured.
+type liveResult struct {
+	latency     Latency
+	appended    int
+	appendsPerS float64
+	slowBatches int64
+}
+
+// livePayload is the live events' payload.
+type livePayload struct {
+	Writer int `json:"w"`
+	N      int `json:"n"`
+}
+
+// liveProjection writes the latest version of each stream into a table of its own: a
+// per-event handler that queues one upsert per event, sent in one round trip per batch
+// (OnQueued), the batch's commit making them visible.
+func liveProjection(name string, flush func(ctx context.Context, p projection.FlushParams) error) (*projection.Projection, error) {
+	table := pgx.Identifier{name}.Sanitize()
+	upsert := `INSERT INTO ` + table + ` (stream, version, n) VALUES ($1, $2, $3)
+		ON CONFLICT (stream) DO UPDATE SET version = EXCLUDED.version, n = EXCLUDED.n WHERE ` + table + `.version < EXCLUDED.version`
+	return projection.New(name, projection.Config{
+		InitFunc: func(ctx context.Context, p projection.HookParams) error {
+			_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (stream text PRIMARY KEY, version bigint NOT NULL, n bigint NOT NULL)`)
+			return err
+		},
+		FlushFunc: flush,
+	}, projection.OnQueued("TicketWasUpdated", func(_ context.Context, q *projection.Queue, e projection.Event[livePayload]) error {
+		q.Queue(upsert, e.StreamID, e.StreamVersion, e.Data.N)
+		return nil
+	}))
+}
+
+// runLive appends at cfg.rate from cfg.writers writers for cfg.duration while a worker runs
+// the projections, and measures append commit → read model visible for every event and
+// projection (the slow one excepted).
+func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, error) {
+	var res liveResult
+	f, err := h.newFixture(ctx, int32(cfg.writers+cfg.projections+6))
+	if err != nil {
+		return res, err
+	}
+	defer f.close()
+
+	var names []string
+	for i := range cfg.projections {
+		names = append(names, fmt.Sprintf("live_%02d", i))
+	}
+	rec := newLiveRecorder(slices.Clone(names)) // the slow one, appended below, is not measured
+	var ps []*projection.Projection
+	for _, name := range names {
+		p, err := liveProjection(name, func(_ context.Context, fp projection.FlushParams) error {
+			rec.flush(fp.Projection, fp.Events)
+			return nil
+		})
+		if err != nil {
+			return res, err
+		}
+		ps = append(ps, p)
+	}
+	var slowBatches atomic.Int64
+	if cfg.slow {
+		p, err := liveProjection("live_slow", func(ctx context.Context, _ projection.FlushParams) error {
+			slowBatches.Add(1)
+			return sleepCtx(ctx, slowBatch) // after the handlers wrote: the transaction holds an xid
+		})
+		if err != nil {
+			return res, err
+		}
+		ps = append(ps, p)
+		names = append(names, p.Name())
+	}
+	runner, err := projection.NewRunner(f.backend, projection.RunnerConfig{Logger: h.libLog, OnBatch: rec.onBatch}, ps...)
+	if err != nil {
+		return res, err
+	}
+	if err := runner.Init(ctx); err != nil {
+		return res, err
+	}
+	w, err := h.openChannel(ctx, f, cfg.channel, names)
+	if err != nil {
+		return res, err
+	}
+	defer w.close()
+	_, stop, err := h.startWorker(ctx, f, w, runner, worker.Config{SafetyNetInterval: -1})
+	if err != nil {
+		return res, err
+	}
+	defer func() { _ = stop() }()
+
+	appended, err := appendPaced(ctx, w, cfg, rec)
+	if err != nil {
+		return res, err
+	}
+	res.appended = appended
+	res.appendsPerS = Rate(appended, cfg.duration)
+	if err := waitUntil(ctx, time.Minute, 5*time.Millisecond, "every projection made every event visible",
+		func() (bool, error) { return rec.complete(), nil }); err != nil {
+		return res, fmt.Errorf("%w (%s)", err, rec.progress())
+	}
+	res.slowBatches = slowBatches.Load()
+	if err := stop(); err != nil {
+		return res, fmt.Errorf("stop the worker: %w", err)
+	}
+	res.latency = Summarize(rec.samples())
+	return res, nil
+}
+
+// appendPaced appends one event per tick from cfg.writers writers, cfg.rate events a second
+// in all, over cfg.streams streams, for cfg.duration, recording each append's return in rec.
+// It returns how many events were appended.
+func appendPaced(ctx context.Context, w *wiring, cfg liveConfig, rec *liveRecorder) (int, error) {
+	interval := time.Second * time.Duration(cfg.writers) / time.Duration(cfg.rate)
+	deadline := time.Now().Add(cfg.duration)
+	var (
+		wg    sync.WaitGroup
+		total atomic.Int64
+		mu    sync.Mutex
+		first error
+	)
+	for wr := range cfg.writers {
+		wg.Go(func() {
+			tick := time.NewTicker(interval)
+			defer tick.Stop()
+			for i := 0; time.Now().Before(deadline); i++ {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				data, err := eventstore.NewEventData("TicketWasUpdated", livePayload{Writer: wr, N: i})
+				if err == nil {
+					var res eventstore.AppendResult
+					res, err = w.store.Append(ctx, fmt.Sprintf("ticket-%03d", (wr+i*cfg.writers)%cfg.streams), eventstore.Any, data)
+					if err == nil {
+						rec.appended(res.Events[0].ID, time.Now())
+						total.Add(1)
+						continue
+					}
+				}
+				mu.Lock()
+				first = cmpOrErr(first, err)
+				mu.Unlock()
+				return
+			}
+		})
+	}
+	wg.Wait()
+	if first != nil {
+		return 0, fmt.Errorf("append: %w", first)
+	}
+	return int(total.Load()), ctx.Err()
+}
+
+func cmpOrErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,364 @@
+// Command bench measures nudge against real PostgreSQL and RabbitMQ and prints every figure
+// beside a baseline measured in the same run, with the ratio and the project's targets
+// (PASS/MISS with the gap). It also writes the results as JSON, with the machine they were
+// measured on, to -out.
+//
+//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|fanout|recovery]
+//	                        [-out bench-results] [-cpuprofile] [-pprof-dir DIR]
+//
+// Scenarios (several may be given, comma-separated):
+//
+//   - rebuild: rebuild a ticket_list read model from position zero over events loaded with COPY,
+//     with per-event handlers (projection.On, projection.OnQueued) and a set-based flush hook,
+//     at several batch sizes, beside the naive loop (one transaction per event) and the
+//     database's own limit (one INSERT … SELECT over all events); peak RSS during each rebuild.
+//   - latency: from append commit to read model visible, at a steady append rate, with 1 and 10
+//     projections on each channel, beside the channel's bare publish-to-consume hop.
+//   - append: append throughput with trigger publishing on each channel beside the bare store,
+//     in interleaved runs.
+//   - fanout: 1, 10 and 50 projections catching up on one worker; and whether one slow
+//     projection raises the others' live latency.
+//   - recovery: a projection stuck on a poison event while events arrive; time until caught up
+//     after the fix and one dead-letter replay, beside a plain catch-up of the same events.
+//
+// Each scenario step runs on a database of its own (created and dropped, named like
+// internal/pgtest's) and a RabbitMQ prefix of its own (named like internal/amqptest's). The
+// servers come from -postgres and -amqp, which default to NUDGE_TEST_POSTGRES_URL and
+// NUDGE_TEST_AMQP_URL, else the local servers of `make up`.
+//
+// The terminal shows progress (stderr) and the tables (stdout); the library's own logs go to
+// <out>/bench-<start time>.log beside the JSON results (-log-level). With -cpuprofile, each
+// scenario's CPU profile of this process goes to -pprof-dir: where a target is missed, `go tool
+// pprof` on it shows where the client's time went (the servers' CPU is not in it; Section's
+// go_cpu_s says how much of the wall time this process used). The exit code is 0 when every
+// scenario ran, whatever the targets say, 1 when one failed, 2 for bad flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
+)
+
+// Defaults of the server URLs, as in internal/pgtest and internal/amqptest.
+const (
+	postgresURLDefault = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	amqpURLDefault     = "amqp://guest:guest@127.0.0.1:5672/"
+)
+
+// options are the command-line flags.
+type options struct {
+	quick       bool
+	scenarios   []string
+	out         string
+	cpuProfile  bool
+	pprofDir    string
+	postgresURL string
+	amqpURL     string
+	pgPoll      time.Duration
+	logLevel    slog.Level
+}
+
+// scenario is one benchmark scenario.
+type scenario struct {
+	name  string
+	title string
+	run   func(ctx context.Context, h *harness, sec *Section) error
+	// targets are the targets run checks; those it did not reach are reported as not measured.
+	targets []Target
+}
+
+// scenarios are run in this order.
+var scenarios = []scenario{
+	{"rebuild", "rebuild a read model from position zero", runRebuild, rebuildTargets()},
+	{"latency", "live latency, append commit to read model visible", runLatency, latencyTargets()},
+	{"append", "append throughput with trigger publishing", runAppend, appendTargets()},
+	{"fanout", "many projections on one worker", runFanout, []Target{targetSlowProjection}},
+	{"recovery", "poison event, fix, one replay", runRecovery, nil},
+}
+
+func scenarioNames() []string {
+	names := make([]string, len(scenarios))
+	for i, s := range scenarios {
+		names[i] = s.name
+	}
+	return names
+}
+
+// parseFlags reads the command line.
+func parseFlags(args []string, output io.Writer) (options, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(output)
+	var o options
+	var scenarioList, logLevel string
+	fs.BoolVar(&o.quick, "quick", false, "small sizes: the whole run in about 2 minutes (default: about 10 minutes)")
+	fs.StringVar(&scenarioList, "scenario", "all", "scenarios to run, comma-separated: all or "+strings.Join(scenarioNames(), ", "))
+	fs.StringVar(&o.out, "out", "bench-results", "directory for the JSON results")
+	fs.BoolVar(&o.cpuProfile, "cpuprofile", false, "write a CPU profile of each scenario to -pprof-dir")
+	fs.StringVar(&o.pprofDir, "pprof-dir", "", "directory for the CPU profiles (default: <out>/pprof); implies -cpuprofile")
+	fs.StringVar(&o.postgresURL, "postgres", envOr("NUDGE_TEST_POSTGRES_URL", postgresURLDefault), "PostgreSQL server (a database per step is created on it)")
+	fs.StringVar(&o.amqpURL, "amqp", envOr("NUDGE_TEST_AMQP_URL", amqpURLDefault), "RabbitMQ broker")
+	fs.DurationVar(&o.pgPoll, "pg-poll", pgchannel.PollIntervalDefault, "poll interval of the PostgreSQL-queue channel")
+	fs.StringVar(&logLevel, "log-level", "info", "level of the library's own logs, written to <out>/bench-<time>.log (debug, info, warn, error)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: go run ./internal/bench [flags]\n\nMeasures nudge against real PostgreSQL and RabbitMQ; every figure beside its baseline.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q; flags only (see -h)", fs.Args())
+	}
+	if err := o.logLevel.UnmarshalText([]byte(logLevel)); err != nil {
+		return o, fmt.Errorf("-log-level %q: use debug, info, warn or error", logLevel)
+	}
+	for _, s := range strings.Split(scenarioList, ",") {
+		s = strings.TrimSpace(s)
+		switch {
+		case s == "all":
+			o.scenarios = scenarioNames()
+		case slices.Contains(scenarioNames(), s):
+			if !slices.Contains(o.scenarios, s) {
+				o.scenarios = append(o.scenarios, s)
+			}
+		default:
+			return o, fmt.Errorf("-scenario %q: use all or %s", s, strings.Join(scenarioNames(), ", "))
+		}
+	}
+	if o.pgPoll <= 0 {
+		return o, fmt.Errorf("-pg-poll %s: must be positive", o.pgPoll)
+	}
+	if o.pprofDir != "" {
+		o.cpuProfile = true
+	} else {
+		o.pprofDir = filepath.Join(o.out, "pprof")
+	}
+	return o, nil
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// run runs the benchmarks and returns the exit code: 0 when every scenario ran (whether or not
+// it met its targets), 1 when one failed, 2 for bad flags.
+func run(args []string, stdout, stderr io.Writer) int {
+	opts, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	started := time.Now()
+	// The library's logs go to a file beside the results: the terminal shows the figures.
+	if err := os.MkdirAll(opts.out, 0o755); err != nil {
+		fmt.Fprintln(stderr, "bench: create the results directory:", err)
+		return 1
+	}
+	logPath := filepath.Join(opts.out, "bench-"+started.UTC().Format(stampLayout)+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 1
+	}
+	defer func() { _ = logFile.Close() }()
+	libLog := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: opts.logLevel}))
+	h, err := newHarness(ctx, opts, log, libLog)
+	if err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 1
+	}
+	defer h.close()
+	report := &Report{Format: ReportFormat, StartedAt: started.UTC(), Quick: opts.quick, Args: redactArgs(args), Machine: describeMachine(ctx),
+		LogFile: logPath}
+	report.Machine.PostgreSQL = h.postgresVersion(ctx)
+	if needsAMQP(opts.scenarios) {
+		v, err := rabbitVersion(opts.amqpURL)
+		if err != nil {
+			fmt.Fprintln(stderr, "bench:", err)
+			return 1
+		}
+		report.Machine.RabbitMQ = v
+	}
+	log.InfoContext(ctx, "bench starting", slog.Bool("quick", opts.quick), slog.String("scenarios", strings.Join(opts.scenarios, ",")),
+		slog.Int("cpus", report.Machine.CPUs), slog.Any("load_average", report.Machine.LoadAverageStart))
+
+	failed := false
+	for _, sc := range scenarios {
+		if !slices.Contains(opts.scenarios, sc.name) || ctx.Err() != nil {
+			continue
+		}
+		sec := h.runScenario(ctx, sc)
+		report.Scenarios = append(report.Scenarios, sec)
+		failed = failed || sec.Error != ""
+		if err := sec.Print(stdout); err != nil {
+			fmt.Fprintln(stderr, "bench:", err)
+		}
+	}
+	report.DurationSeconds = time.Since(started).Seconds()
+	report.Machine.LoadAverageEnd = loadAverage()
+	misses, _ := report.Summary(stdout)
+	path, err := report.Write(opts.out)
+	if err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "\n%d target(s) missed; results in %s (%.0f s)\n", misses, path, report.DurationSeconds)
+	if failed || ctx.Err() != nil {
+		return 1
+	}
+	return 0
+}
+
+// runScenario runs sc with its CPU profile and timing, and returns its section.
+func (h *harness) runScenario(ctx context.Context, sc scenario) *Section {
+	sec := &Section{Name: sc.name, Title: sc.title, Params: map[string]any{}, StartedAt: time.Now().UTC(), Metrics: []Metric{}, Checks: []Check{}}
+	h.log.InfoContext(ctx, "scenario starting", slog.String("scenario", sc.name))
+	if h.opts.cpuProfile {
+		stopProfile, path, err := startCPUProfile(h.opts.pprofDir, sc.name, sec.StartedAt)
+		if err != nil {
+			sec.Note("no CPU profile: %v", err)
+		} else {
+			sec.CPUProfile = path
+			defer stopProfile()
+		}
+	}
+	cpu := ProcessCPU()
+	err := sc.run(ctx, h, sec)
+	sec.DurationSeconds = time.Since(sec.StartedAt).Seconds()
+	sec.GoCPUSeconds = (ProcessCPU() - cpu).Seconds()
+	if err != nil {
+		sec.Error = err.Error()
+		h.log.ErrorContext(ctx, "scenario failed", slog.String("scenario", sc.name), slog.Any("error", err))
+		for _, t := range sc.targets {
+			if !slices.ContainsFunc(sec.Checks, func(c Check) bool { return c.Target == t.Name }) {
+				sec.Checks = append(sec.Checks, t.Missed("the scenario failed before measuring it"))
+			}
+		}
+	}
+	return sec
+}
+
+// startCPUProfile starts a CPU profile written to dir; stop ends it.
+func startCPUProfile(dir, name string, at time.Time) (stop func(), path string, err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, "", err
+	}
+	path = filepath.Join(dir, fmt.Sprintf("cpu-%s-%s.pprof", name, at.UTC().Format(stampLayout)))
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, "", err
+	}
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }, path, nil
+}
+
+// needsAMQP reports whether any of the scenarios uses RabbitMQ.
+func needsAMQP(names []string) bool {
+	return slices.ContainsFunc(names, func(s string) bool { return s != "rebuild" })
+}
+
+// postgresVersion returns the server's version, empty if unknown.
+func (h *harness) postgresVersion(ctx context.Context) string {
+	var v string
+	_ = h.admin.QueryRow(ctx, `SHOW server_version`).Scan(&v)
+	return v
+}
+
+// rabbitVersion connects to the broker and returns its version.
+func rabbitVersion(rawURL string) (string, error) {
+	conn, err := dialAMQP(rawURL, "nudge_bench.check")
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = conn.Close() }()
+	v, _ := conn.Properties["version"].(string)
+	return v, nil
+}
+
+// redactArgs returns args with passwords in URLs replaced.
+func redactArgs(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = a
+		if k, v, ok := strings.Cut(a, "="); ok && strings.Contains(v, "://") {
+			out[i] = k + "=" + redact(v)
+		} else if strings.Contains(a, "://") {
+			out[i] = redact(a)
+		}
+	}
+	return out
+}
+
+// sizes are a run's sizes; sizesFor picks them.
+type sizes struct {
+	rebuildEvents  int
+	rebuildStreams int
+	naiveEvents    int
+	batchSizes     []int
+
+	liveRate     int
+	liveWriters  int
+	liveStreams  int
+	liveDuration time.Duration
+	hopDuration  time.Duration
+	hopRate      int
+
+	appendRun    time.Duration
+	appendRounds int
+
+	fanoutEvents       int
+	fanoutProjections  []int
+	slowLiveDuration   time.Duration
+	slowLiveProjection int
+
+	recoveryEvents int
+}
+
+// sizesFor returns the default sizes (about 10 minutes on 2 cores) or the quick ones (about 2).
+func sizesFor(quick bool) sizes {
+	s := sizes{
+		rebuildEvents: 1_000_000, rebuildStreams: 10_000, naiveEvents: 50_000, batchSizes: []int{100, 500, 1000},
+		liveRate: 1000, liveWriters: 8, liveStreams: 100, liveDuration: 30 * time.Second,
+		hopDuration: 3 * time.Second, hopRate: 200,
+		appendRun: 3 * time.Second, appendRounds: 2,
+		fanoutEvents: 100_000, fanoutProjections: []int{1, 10, 50}, slowLiveDuration: 10 * time.Second, slowLiveProjection: 10,
+		recoveryEvents: 100_000,
+	}
+	if quick {
+		s.rebuildEvents, s.naiveEvents = 100_000, 10_000
+		s.liveDuration, s.hopDuration = 5*time.Second, time.Second
+		s.appendRun = time.Second
+		s.fanoutEvents, s.slowLiveDuration = 20_000, 3*time.Second
+		s.recoveryEvents = 20_000
+	}
+	return s
+}
