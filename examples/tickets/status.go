@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nudgeworks/nudge/deadletter"
+	"github.com/nudgeworks/nudge/projection"
+)
+
+// deadLettersShown bounds the dead letters listed per projection in GET /status.
+const deadLettersShown = 20
+
+// statusJSON is what GET /status returns.
+type statusJSON struct {
+	// Mode and Channel are this process's.
+	Mode    Mode        `json:"mode"`
+	Channel ChannelKind `json:"channel"`
+	// CaughtUp is true when every projection runs and has handled every committed event.
+	CaughtUp    bool             `json:"caught_up"`
+	Projections []projectionJSON `json:"projections"`
+	// Relay is the trigger relay's progress (RabbitMQ channel, API processes only).
+	Relay *relayJSON `json:"relay,omitempty"`
+}
+
+// projectionJSON is one projection's status.
+type projectionJSON struct {
+	Name  string           `json:"name"`
+	State projection.State `json:"state"`
+	// CaughtUp: running, and every committed event handled (none readable left, none held
+	// back by an open transaction).
+	CaughtUp bool `json:"caught_up"`
+	// Position is the last committed event's position; Head the newest readable one.
+	Position        string  `json:"position"`
+	Head            string  `json:"head"`
+	EventsProcessed int64   `json:"events_processed"`
+	LagEvents       int64   `json:"lag_events"`
+	LagSeconds      float64 `json:"lag_seconds"`
+	// HeldByHorizon: events are committed but an older open transaction keeps them unreadable;
+	// the projection waits for it.
+	HeldByHorizon bool `json:"held_by_horizon,omitempty"`
+	// OldestOpenTransactionSeconds is the age of the transaction that holds it back, when
+	// known.
+	OldestOpenTransactionSeconds float64           `json:"oldest_open_transaction_seconds,omitempty"`
+	LastError                    string            `json:"last_error,omitempty"`
+	FailingEvent                 *failingEventJSON `json:"failing_event,omitempty"`
+	Attempts                     int               `json:"attempts,omitempty"`
+	// DeadLetters are the projection's failed dead letters (up to 20), oldest first.
+	DeadLetters   []deadLetterJSON `json:"dead_letters"`
+	UpdatedAt     time.Time        `json:"updated_at"`
+	LastFailureAt *time.Time       `json:"last_failure_at,omitempty"`
+}
+
+type failingEventJSON struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	StreamID string `json:"stream_id"`
+	Position string `json:"position"`
+}
+
+// deadLetterJSON is a failed dead letter: a trigger the projection gave up on.
+type deadLetterJSON struct {
+	ID            int64     `json:"id"`
+	Error         string    `json:"error"`
+	EventID       string    `json:"event_id,omitempty"`
+	EventType     string    `json:"event_type,omitempty"`
+	Count         int       `json:"count"`
+	Attempts      int       `json:"attempts"`
+	FirstFailedAt time.Time `json:"first_failed_at"`
+	LastFailedAt  time.Time `json:"last_failed_at"`
+}
+
+type relayJSON struct {
+	Name       string           `json:"name"`
+	State      projection.State `json:"state"`
+	Position   string           `json:"position"`
+	LagEvents  int64            `json:"lag_events"`
+	LagSeconds float64          `json:"lag_seconds"`
+	LastError  string           `json:"last_error,omitempty"`
+}
+
+// status reads every projection's status and failed dead letters.
+func (s *service) status(ctx context.Context) (statusJSON, error) {
+	out := statusJSON{Mode: s.cfg.Mode, Channel: s.cfg.Channel, CaughtUp: true}
+	statuses, err := s.runner.Statuses(ctx)
+	if err != nil {
+		return statusJSON{}, err
+	}
+	for _, st := range statuses {
+		p := projectionJSON{
+			Name: st.Name, State: st.State, Position: st.Position.String(), Head: st.Head.String(),
+			EventsProcessed: st.EventsProcessed, LagEvents: st.LagEvents, LagSeconds: st.LagTime.Seconds(),
+			HeldByHorizon: st.HeldByHorizon, OldestOpenTransactionSeconds: st.OldestOpenTransaction.Seconds(), LastError: st.LastError, Attempts: st.Attempts, UpdatedAt: st.UpdatedAt,
+			DeadLetters: []deadLetterJSON{},
+		}
+		if !st.LastFailureAt.IsZero() {
+			at := st.LastFailureAt
+			p.LastFailureAt = &at
+		}
+		if fe := st.FailingEvent; fe != nil {
+			p.FailingEvent = &failingEventJSON{ID: fe.ID.String(), Type: fe.Type, StreamID: fe.StreamID, Position: fe.Position.String()}
+		}
+		records, err := s.dead.List(ctx, deadletter.Filter{Projection: st.Name, Status: []deadletter.Status{deadletter.StatusFailed}, Limit: deadLettersShown})
+		if err != nil {
+			return statusJSON{}, fmt.Errorf("list the dead letters of %s: %w", st.Name, err)
+		}
+		for _, rec := range records {
+			d := deadLetterJSON{ID: rec.ID, Error: rec.Error, Count: rec.Count, Attempts: rec.Attempts,
+				FirstFailedAt: rec.FirstFailedAt, LastFailedAt: rec.LastFailedAt}
+			if fe := rec.FailingEvent; fe != nil {
+				d.EventID, d.EventType = fe.ID.String(), fe.Type
+			}
+			p.DeadLetters = append(p.DeadLetters, d)
+		}
+		// Events an open transaction elsewhere still hides are not done either.
+		p.CaughtUp = st.State == projection.StateRunning && st.CaughtUp() && !st.HeldByHorizon
+		out.CaughtUp = out.CaughtUp && p.CaughtUp
+		out.Projections = append(out.Projections, p)
+	}
+	if s.relay != nil {
+		st, err := s.relay.Status(ctx)
+		if err == nil {
+			out.Relay = &relayJSON{Name: st.Name, State: st.State, Position: st.Position.String(),
+				LagEvents: st.LagEvents, LagSeconds: st.LagTime.Seconds(), LastError: st.LastError}
+		} // else the relay has not registered yet: it is starting
+	}
+	return out, nil
+}
