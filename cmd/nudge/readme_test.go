@@ -1,0 +1,114 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// readmeCommands returns the nudge command lines of the shell blocks of the README at path,
+// split into arguments (double quotes group words), without the trailing comments.
+func readmeCommands(t *testing.T, path string) [][]string {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer func() { _ = f.Close() }()
+	var (
+		commands [][]string
+		inShell  bool
+	)
+	scanner := bufio.NewScanner(f)
+	for scanner.Scan() {
+		line := scanner.Text()
+		switch {
+		case strings.HasPrefix(line, "```"):
+			inShell = !inShell && strings.TrimPrefix(line, "```") == "sh"
+		case inShell && strings.HasPrefix(line, "nudge "):
+			if i := strings.Index(line, "  #"); i >= 0 {
+				line = line[:i]
+			}
+			commands = append(commands, splitWords(t, strings.TrimPrefix(line, "nudge ")))
+		}
+	}
+	require.NoError(t, scanner.Err())
+	return commands
+}
+
+// splitWords splits s at spaces, keeping double-quoted words together.
+func splitWords(t *testing.T, s string) []string {
+	t.Helper()
+	var (
+		words  []string
+		word   strings.Builder
+		quoted bool
+		inWord bool
+	)
+	for _, r := range s {
+		switch {
+		case r == '"':
+			quoted, inWord = !quoted, true
+		case r == ' ' && !quoted:
+			if inWord {
+				words = append(words, word.String())
+				word.Reset()
+				inWord = false
+			}
+		default:
+			word.WriteRune(r)
+			inWord = true
+		}
+	}
+	require.False(t, quoted, "unbalanced quotes in %q", s)
+	if inWord {
+		words = append(words, word.String())
+	}
+	return words
+}
+
+// TestREADMECommands runs every nudge command of the README's shell blocks, as written, against
+// a database with dead letters and a projection whose worker runs: each must succeed, except the
+// skip, which is refused because the projection is not failing on the event.
+func TestREADMECommands(t *testing.T) {
+	t.Parallel()
+	commands := readmeCommands(t, "../../README.md")
+	require.GreaterOrEqual(t, len(commands), 10, "the README's CLI block was found")
+
+	s := newRebuildSetup(t, channelPostgres, &tickets{})
+	var eventID string
+	require.NoError(t, s.db.Pool.QueryRow(context.Background(),
+		`SELECT event_id FROM nudge_events WHERE event_type = 'TicketOpened' ORDER BY global_position LIMIT 1`).Scan(&eventID))
+	replace := strings.NewReplacer("ticket_list", "tickets", "<event-id>", eventID)
+
+	var seen []string
+	for _, words := range commands {
+		args := make([]string, len(words))
+		for i, w := range words {
+			args[i] = replace.Replace(w)
+		}
+		name := strings.Join(args, " ")
+		seen = append(seen, args[0])
+		timeout := 60 * time.Second
+		if strings.Contains(name, "--watch") {
+			timeout = 1500 * time.Millisecond // it runs until Ctrl-C
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		var stdout, stderr bytes.Buffer
+		code := run(ctx, args, &stdout, &stderr, func(k string) string { return s.env[k] })
+		cancel()
+		if args[0] == "skip" {
+			require.Equal(t, 1, code, "%s\nstdout: %s\nstderr: %s", name, stdout.String(), stderr.String())
+			require.Contains(t, stdout.String()+stderr.String(), "not failing", name)
+			continue
+		}
+		require.Equal(t, 0, code, "%s\nstdout: %s\nstderr: %s", name, stdout.String(), stderr.String())
+	}
+	for _, cmd := range []string{"migrate", "status", "rebuild", "deadletter", "skip"} {
+		require.Contains(t, seen, cmd, "the README shows nudge %s", cmd)
+	}
+}
