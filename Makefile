@@ -7,7 +7,7 @@ GOLANGCI_LINT          := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 BENCH_TIME             ?= 2s
 
 .DEFAULT_GOAL := help
-.PHONY: help up down test lint bench bench-go demo
+.PHONY: help up down test lint chaos bench bench-go demo
 
 help: ## Show the targets and what they do.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -33,6 +33,9 @@ lint: $(GOLANGCI_LINT) ## Check formatting, go vet and golangci-lint.
 	if [ -n "$$unformatted" ]; then echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GOLANGCI_LINT) run ./...
+
+chaos: up ## Inject faults (kills, outages, poison, bad input) and verify every read model (RELIABILITY.md).
+	$(GO) run ./internal/chaos $(CHAOS_FLAGS)
 
 bench: up ## Run the benchmark harness: every figure beside its baseline, same run (BENCH_FLAGS=-quick).
 	$(GO) run ./internal/bench $(BENCH_FLAGS)

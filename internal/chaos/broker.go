@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/nudgeworks/nudge/channel"
+)
+
+// broker is this run's share of the shared RabbitMQ: names under one prefix per scenario, and
+// outages that only the connections named with that prefix see (the broker itself is never
+// restarted: other people's tests use it).
+type broker struct {
+	url string
+}
+
+// amqpURLDefault is the broker used when NUDGE_TEST_AMQP_URL is not set.
+const amqpURLDefault = "amqp://guest:guest@127.0.0.1:5672/"
+
+func newBroker() *broker {
+	u := os.Getenv("NUDGE_TEST_AMQP_URL")
+	if u == "" {
+		u = amqpURLDefault
+	}
+	return &broker{url: u}
+}
+
+// ping checks that the broker answers.
+func (b *broker) ping() error {
+	conn, err := b.dial("nudge_chaos.check")
+	if err != nil {
+		return fmt.Errorf("RabbitMQ at %s is not reachable: %s; start it with `make up`", redactURL(b.url), scrubURL(err.Error(), b.url))
+	}
+	return conn.Close()
+}
+
+func (b *broker) dial(name string) (*amqp091.Connection, error) {
+	props := amqp091.NewConnectionProperties()
+	props.SetClientConnectionName(name)
+	return amqp091.DialConfig(b.url, amqp091.Config{Properties: props, Dial: amqp091.DefaultDial(5 * time.Second)})
+}
+
+// rabbitmqctl runs RabbitMQ's CLI (NUDGE_TEST_RABBITMQCTL, else rabbitmqctl).
+func rabbitmqctl(ctx context.Context, args ...string) (string, error) {
+	command := strings.Fields(os.Getenv("NUDGE_TEST_RABBITMQCTL"))
+	if len(command) == 0 {
+		command = []string{"rabbitmqctl"}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, command[0], append(command[1:], args...)...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("rabbitmqctl %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
+	}
+	return string(out), nil
+}
+
+// connectionNamePattern finds the connection name in rabbitmqctl's client_properties column.
+var connectionNamePattern = regexp.MustCompile(`\{"connection_name","([^"]*)"\}`)
+
+// closeConnections makes the broker close every connection whose name starts with prefix, as
+// a broker restart would (connection.close with CONNECTION_FORCED), and returns how many, and
+// when it started closing them.
+func (b *broker) closeConnections(ctx context.Context, prefix string) (int, time.Time, error) {
+	out, err := rabbitmqctl(ctx, "list_connections", "-q", "--no-table-headers", "pid", "client_properties")
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	var pids []string
+	for _, line := range strings.Split(out, "\n") {
+		pid, props, ok := strings.Cut(line, "\t")
+		if !ok {
+			continue
+		}
+		if m := connectionNamePattern.FindStringSubmatch(props); m != nil && strings.HasPrefix(m[1], prefix) {
+			pids = append(pids, strings.TrimSpace(pid))
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(pids))
+	issued := time.Now()
+	for i, pid := range pids {
+		wg.Go(func() {
+			_, errs[i] = rabbitmqctl(ctx, "close_connection", pid, "nudge chaos: simulated broker restart")
+		})
+	}
+	wg.Wait()
+	closed := 0
+	for _, err := range errs {
+		if err == nil {
+			closed++
+		}
+	}
+	if closed == 0 && len(pids) > 0 {
+		return 0, issued, errs[0]
+	}
+	return closed, issued, nil
+}
+
+// queueNames lists the queues of the vhost whose names start with prefix.
+func (b *broker) queueNames(ctx context.Context, prefix string) ([]string, error) {
+	out, err := rabbitmqctl(ctx, "list_queues", "-q", "--no-table-headers", "name")
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, n := range strings.Split(out, "\n") {
+		if n = strings.TrimSpace(n); strings.HasPrefix(n, prefix) {
+			names = append(names, n)
+		}
+	}
+	return names, nil
+}
+
+// queueName is the queue of a projection under prefix, as channel/amqp names it.
+func queueName(prefix, projection string) string {
+	return prefix + channel.TriggerTopic + "_" + projection
+}
+
+// deleteTopology deletes the exchange and queues a scenario declared under prefix.
+func (b *broker) deleteTopology(prefix string, projections []string) error {
+	conn, err := b.dial(prefix + "cleanup")
+	if err != nil {
+		return fmt.Errorf("delete the queues of %s: %s", prefix, scrubURL(err.Error(), b.url))
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	for _, p := range projections {
+		if _, err := ch.QueueDelete(queueName(prefix, p), false, false, false); err != nil {
+			return fmt.Errorf("delete queue %s: %w", queueName(prefix, p), err)
+		}
+	}
+	if _, err := ch.QueueDelete(prefix+channel.DeadLetterTopic, false, false, false); err != nil {
+		return fmt.Errorf("delete queue %s: %w", prefix+channel.DeadLetterTopic, err)
+	}
+	if err := ch.ExchangeDelete(prefix+channel.TriggerTopic, false, false); err != nil {
+		return fmt.Errorf("delete exchange %s: %w", prefix+channel.TriggerTopic, err)
+	}
+	return nil
+}
+
+// rawMessage is a message published straight to a queue, bypassing the channel.
+type rawMessage struct {
+	// UUID goes into Watermill's message-UUID header; empty leaves the header out.
+	UUID string
+	Body []byte
+}
+
+// publishRaw publishes msgs to queue through the default exchange, with publisher confirms.
+func (b *broker) publishRaw(ctx context.Context, connName, queue string, msgs []rawMessage) error {
+	conn, err := b.dial(connName)
+	if err != nil {
+		return fmt.Errorf("publish to %s: %s", queue, scrubURL(err.Error(), b.url))
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return err
+	}
+	for _, m := range msgs {
+		pub := amqp091.Publishing{Body: m.Body, DeliveryMode: amqp091.Persistent}
+		if m.UUID != "" {
+			pub.Headers = amqp091.Table{"_watermill_message_uuid": m.UUID}
+		}
+		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, pub)
+		if err != nil {
+			return fmt.Errorf("publish to %s: %w", queue, err)
+		}
+		ok, err := conf.WaitContext(ctx)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("publish to %s: the broker nacked the message", queue)
+		}
+	}
+	return nil
+}

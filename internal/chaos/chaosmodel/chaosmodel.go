@@ -1,0 +1,175 @@
+// Package chaosmodel defines the read models of the fault-injection suite (internal/chaos): the
+// event its writers append and three projections of it that the worker processes run and the
+// suite verifies against the event store afterwards.
+//
+//   - ExactProjection (projection.On): a table in the event store's database keyed by event
+//     id, with a counter that every handling increments inside the batch's transaction, so a
+//     duplicate shows as a counter above 1. It is exactly-once: no duplicate is allowed.
+//     A payload marked Poison fails it until the control table holds PoisonFixedKey.
+//   - IdempotentProjection (projection.OnIdempotent): an upsert through the pool, outside the
+//     batch's transaction, counting deliveries. At-least-once: duplicates are allowed.
+//   - FileProjection (projection.OnIdempotent): appends a line per event to a file of the
+//     process's own. At-least-once: duplicates are allowed, missing lines are not.
+package chaosmodel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/nudgeworks/nudge/projection"
+)
+
+// Names of the event type, projections and tables.
+const (
+	// EventType is the type of every event the suite appends.
+	EventType = "ChaosAppended"
+	// ExactProjection is the exactly-once projection; its table has the same name.
+	ExactProjection = "chaos_exact"
+	// IdempotentProjection is the at-least-once projection writing through the pool; its
+	// table has the same name.
+	IdempotentProjection = "chaos_idem"
+	// FileProjection is the at-least-once projection appending to a file.
+	FileProjection = "chaos_file"
+	// ControlTable holds switches the handlers read (key text primary key).
+	ControlTable = "chaos_control"
+	// PoisonFixedKey in ControlTable is the "fix" that lets ExactProjection handle a Poison
+	// event.
+	PoisonFixedKey = "poison_fixed"
+)
+
+// Names lists the three projections, sorted.
+func Names() []string { return []string{ExactProjection, FileProjection, IdempotentProjection} }
+
+// Payload is the payload of an EventType event.
+type Payload struct {
+	// Writer and Seq say which writer appended the event and its sequence number there.
+	Writer int `json:"w"`
+	Seq    int `json:"n"`
+	// Poison makes ExactProjection fail on the event until the fix is in ControlTable.
+	Poison bool `json:"poison,omitempty"`
+}
+
+// ErrPoison is the failure of ExactProjection on a Poison event before the fix.
+var ErrPoison = errors.New("chaosmodel: poison event (insert " + PoisonFixedKey + " into " + ControlTable + " to fix)")
+
+// DB is what the idempotent projection writes through; *pgxpool.Pool satisfies it.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Config configures the projections of one process.
+type Config struct {
+	// DB receives IdempotentProjection's upserts. Required.
+	DB DB
+	// SinkPath is the file FileProjection appends to; created if missing. Required. Give every
+	// process a file of its own: lines of concurrent processes never interleave then, and a
+	// process killed mid-write can only leave a torn last line in its own file.
+	SinkPath string
+	// BatchSize of every projection. Defaults to 100: small batches put more batch boundaries
+	// (and so more kill points) into a run.
+	BatchSize int
+}
+
+// Models are the three projections of one process and the file behind FileProjection.
+type Models struct {
+	// Projections are ExactProjection, IdempotentProjection and FileProjection.
+	Projections []*projection.Projection
+
+	mu   sync.Mutex
+	sink *os.File
+}
+
+// New defines the projections. Close the Models when done.
+func New(cfg Config) (*Models, error) {
+	if cfg.DB == nil || cfg.SinkPath == "" {
+		return nil, errors.New("chaosmodel: Config.DB and Config.SinkPath are required")
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = 100
+	}
+	sink, err := os.OpenFile(cfg.SinkPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("chaosmodel: open the file sink: %w", err)
+	}
+	m := &Models{sink: sink}
+	exact, err := projection.New(ExactProjection, projection.Config{
+		BatchSize: cfg.BatchSize,
+		InitFunc: func(ctx context.Context, p projection.HookParams) error {
+			_, err := p.Tx.Exec(ctx, `
+				CREATE TABLE IF NOT EXISTS `+ExactProjection+` (
+					event_id     uuid PRIMARY KEY,
+					times        integer NOT NULL,
+					projected_at timestamptz NOT NULL DEFAULT clock_timestamp());
+				CREATE TABLE IF NOT EXISTS `+ControlTable+` (key text PRIMARY KEY)`)
+			return err
+		},
+	}, projection.On(EventType, func(ctx context.Context, tx pgx.Tx, e projection.Event[Payload]) error {
+		if e.Data.Poison {
+			var fixed bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+ControlTable+` WHERE key = $1)`, PoisonFixedKey).Scan(&fixed); err != nil {
+				return err
+			}
+			if !fixed {
+				return ErrPoison
+			}
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+ExactProjection+` (event_id, times) VALUES ($1, 1)
+			ON CONFLICT (event_id) DO UPDATE SET times = `+ExactProjection+`.times + 1`, e.ID)
+		return err
+	}))
+	if err != nil {
+		return nil, errors.Join(err, sink.Close())
+	}
+	idem, err := projection.New(IdempotentProjection, projection.Config{
+		BatchSize: cfg.BatchSize,
+		InitFunc: func(ctx context.Context, p projection.HookParams) error {
+			_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+IdempotentProjection+` (
+				event_id   uuid PRIMARY KEY,
+				deliveries integer NOT NULL,
+				first_at   timestamptz NOT NULL DEFAULT clock_timestamp())`)
+			return err
+		},
+	}, projection.OnIdempotent(EventType, func(ctx context.Context, e projection.Event[Payload]) error {
+		_, err := cfg.DB.Exec(ctx, `INSERT INTO `+IdempotentProjection+` (event_id, deliveries) VALUES ($1, 1)
+			ON CONFLICT (event_id) DO UPDATE SET deliveries = `+IdempotentProjection+`.deliveries + 1`, e.ID)
+		return err
+	}))
+	if err != nil {
+		return nil, errors.Join(err, sink.Close())
+	}
+	file, err := projection.New(FileProjection, projection.Config{BatchSize: cfg.BatchSize},
+		projection.OnIdempotent(EventType, func(_ context.Context, e projection.Event[Payload]) error {
+			return m.writeLine(e.ID.String(), time.Now())
+		}))
+	if err != nil {
+		return nil, errors.Join(err, sink.Close())
+	}
+	m.Projections = []*projection.Projection{exact, idem, file}
+	return m, nil
+}
+
+// writeLine appends "<event id> <unix nanoseconds>\n" to the sink in one write.
+func (m *Models) writeLine(id string, at time.Time) error {
+	line := make([]byte, 0, len(id)+21)
+	line = append(line, id...)
+	line = append(line, ' ')
+	line = strconv.AppendInt(line, at.UnixNano(), 10)
+	line = append(line, '\n')
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, err := m.sink.Write(line); err != nil {
+		return fmt.Errorf("chaosmodel: write to the file sink: %w", err)
+	}
+	return nil
+}
+
+// Close closes the file sink.
+func (m *Models) Close() error { return m.sink.Close() }

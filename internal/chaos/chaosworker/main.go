@@ -1,0 +1,176 @@
+// Command chaosworker is the worker process of the fault-injection suite (internal/chaos): it
+// runs the three chaosmodel projections with a worker.Worker on RabbitMQ triggers, dead letters
+// in PostgreSQL, until SIGTERM or SIGINT. The suite builds it once and starts, kills and
+// restarts it many times.
+//
+// Secrets come from the environment, never from flags (which anyone can read in ps):
+//
+//	CHAOS_DATABASE_URL  PostgreSQL URL of the scenario's database
+//	CHAOS_AMQP_URL      RabbitMQ URL
+//
+// It logs JSON lines to stderr and prints "ready" to stdout once its handlers are subscribed.
+// Exit codes: 0 after a signal, 1 when it cannot start or its worker fails.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
+	dlpostgres "github.com/nudgeworks/nudge/deadletter/postgres"
+	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/chaos/chaosmodel"
+	"github.com/nudgeworks/nudge/projection"
+	pgproj "github.com/nudgeworks/nudge/projection/postgres"
+	"github.com/nudgeworks/nudge/retry"
+	"github.com/nudgeworks/nudge/worker"
+)
+
+// Environment variables holding the connection URLs.
+const (
+	envDatabaseURL = "CHAOS_DATABASE_URL"
+	envAMQPURL     = "CHAOS_AMQP_URL"
+)
+
+// options are the worker's flags.
+type options struct {
+	name         string
+	prefix       string
+	sink         string
+	safetyNet    time.Duration
+	batchSize    int
+	attempts     int
+	retryInitial time.Duration
+	startup      time.Duration
+	debug        bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.name, "name", "chaosworker", "worker `name`; its RabbitMQ connection is named <prefix><name>")
+	flag.StringVar(&o.prefix, "prefix", "", "`prefix` of the RabbitMQ exchanges, queues and connection names")
+	flag.StringVar(&o.sink, "sink", "", "`file` the file projection appends to (one per process)")
+	flag.DurationVar(&o.safetyNet, "safety-net", 10*time.Second, "safety-net `interval`")
+	flag.IntVar(&o.batchSize, "batch", 100, "batch `size` of the projections")
+	flag.IntVar(&o.attempts, "attempts", 3, "attempts of a failing trigger before it is dead-lettered")
+	flag.DurationVar(&o.retryInitial, "retry-initial", 100*time.Millisecond, "first retry `wait`")
+	flag.DurationVar(&o.startup, "startup-timeout", 20*time.Second, "how long to retry the first connections")
+	flag.BoolVar(&o.debug, "debug", false, "log at debug level")
+	flag.Parse()
+
+	level := slog.LevelInfo
+	if o.debug {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})).
+		With(slog.String("worker", o.name), slog.Int("pid", os.Getpid()))
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	err := run(ctx, o, logger)
+	stop()
+	if err != nil {
+		logger.Error("chaosworker failed", slog.Any("error", err))
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options, logger *slog.Logger) error {
+	dbURL, amqpURL := os.Getenv(envDatabaseURL), os.Getenv(envAMQPURL)
+	if dbURL == "" || amqpURL == "" || o.sink == "" {
+		return fmt.Errorf("set %s and %s, and pass -sink", envDatabaseURL, envAMQPURL)
+	}
+	pool, err := connect(ctx, dbURL, o.startup)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store, err := espg.New(pool, espg.Config{})
+	if err != nil {
+		return err
+	}
+	backend, err := pgproj.New(pool, store)
+	if err != nil {
+		return err
+	}
+	dead, err := dlpostgres.New(pool, dlpostgres.Config{})
+	if err != nil {
+		return err
+	}
+	models, err := chaosmodel.New(chaosmodel.Config{DB: pool, SinkPath: o.sink, BatchSize: o.batchSize})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = models.Close() }()
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: logger}, models.Projections...)
+	if err != nil {
+		return err
+	}
+	if err := runner.Init(ctx); err != nil {
+		return fmt.Errorf("init the projections: %w", err)
+	}
+	ch, err := amqpchannel.New(ctx, amqpchannel.Config{URL: amqpURL, Prefix: o.prefix, ConnectionName: o.prefix + o.name,
+		Logger: logger, StartupTimeout: o.startup})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ch.Close() }()
+	w, err := worker.New(worker.Config{
+		Runner:            runner,
+		Channel:           ch,
+		Logger:            logger,
+		SafetyNetInterval: o.safetyNet,
+		DeadLetters:       dead,
+		Retry:             retry.Policy{MaxAttempts: o.attempts, InitialInterval: o.retryInitial},
+		CloseTimeout:      5 * time.Second,
+	})
+	if err != nil {
+		return err
+	}
+	go func() {
+		select {
+		case <-w.Running():
+			fmt.Println("ready")
+		case <-ctx.Done():
+		}
+	}()
+	return w.Run(ctx)
+}
+
+// connect opens the pool and waits, up to timeout, for the server to answer.
+func connect(ctx context.Context, dbURL string, timeout time.Duration) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, errors.New("CHAOS_DATABASE_URL is not a valid PostgreSQL URL")
+	}
+	cfg.MaxConns = 12
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	where := fmt.Sprintf("%s:%d/%s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to PostgreSQL at %s: %w", where, err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		err := pool.Ping(ctx)
+		if err == nil {
+			return pool, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			pool.Close()
+			return nil, fmt.Errorf("PostgreSQL at %s did not answer within %s: %w", where, timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// clusterDirPrefix starts the name of the temporary directory of every private cluster, so a
+// later run can find and remove the cluster of a run that was killed.
+const clusterDirPrefix = "nudge-chaos-pg-"
+
+// cluster is a private PostgreSQL cluster in a temporary directory, run as the postgres OS user
+// with trust authentication on 127.0.0.1 and a free port. Only this suite connects to it, so
+// restarting it disturbs nobody.
+type cluster struct {
+	bin    string // directory of initdb, pg_ctl, postgres
+	dir    string // temporary directory: data/, the socket, server.log
+	port   int
+	runAs  string // OS user the server runs as; "" when not root
+	log    *slog.Logger
+	logged string // server log path
+}
+
+// findPGBin returns the directory of PostgreSQL's server programs.
+func findPGBin() (string, error) {
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		dir := strings.TrimSpace(string(out))
+		if _, err := os.Stat(filepath.Join(dir, "pg_ctl")); err == nil {
+			return dir, nil
+		}
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_ctl")
+	if len(matches) > 0 {
+		return filepath.Dir(matches[len(matches)-1]), nil // the newest version sorts last
+	}
+	if path, err := exec.LookPath("pg_ctl"); err == nil {
+		return filepath.Dir(path), nil
+	}
+	return "", errors.New("PostgreSQL's server programs (initdb, pg_ctl) were not found: install the server package " +
+		"(e.g. postgresql-15) or put its bin directory on the PATH")
+}
+
+// freePort returns a TCP port on 127.0.0.1 that nothing listens on now.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	return port, ln.Close()
+}
+
+// newCluster creates (initdb) and starts a private cluster.
+func newCluster(ctx context.Context, log *slog.Logger) (*cluster, error) {
+	bin, err := findPGBin()
+	if err != nil {
+		return nil, err
+	}
+	removeStaleClusters(ctx, bin, log)
+	dir, err := os.MkdirTemp("", clusterDirPrefix)
+	if err != nil {
+		return nil, err
+	}
+	c := &cluster{bin: bin, dir: dir, log: log, logged: filepath.Join(dir, "server.log")}
+	if os.Geteuid() == 0 {
+		// PostgreSQL refuses to run as root: hand the directory to the postgres user.
+		c.runAs = "postgres"
+		u, err := user.Lookup(c.runAs)
+		if err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, fmt.Errorf("running as root needs the OS user postgres to run PostgreSQL as: %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, uid, gid); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+	if c.port, err = freePort(); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	if _, err := c.run(ctx, "initdb", "-D", c.data(), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync", "--no-instructions"); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := c.start(ctx); err != nil {
+		c.remove(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return c, nil
+}
+
+// removeStaleClusters stops and removes the clusters of earlier runs that were killed before
+// their clean-up (their directories start with clusterDirPrefix and are over an hour old).
+func removeStaleClusters(ctx context.Context, bin string, log *slog.Logger) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), clusterDirPrefix+"*"))
+	for _, dir := range dirs {
+		info, err := os.Stat(dir)
+		if err != nil || time.Since(info.ModTime()) < time.Hour {
+			continue
+		}
+		stale := &cluster{bin: bin, dir: dir, log: log}
+		if os.Geteuid() == 0 {
+			stale.runAs = "postgres"
+		}
+		stale.remove(ctx)
+		log.Info("removed the private PostgreSQL cluster of an earlier run", slog.String("dir", dir))
+	}
+}
+
+func (c *cluster) data() string { return filepath.Join(c.dir, "data") }
+
+// run runs one of PostgreSQL's programs, as c.runAs when set, and returns its output.
+func (c *cluster) run(ctx context.Context, program string, args ...string) (string, error) {
+	name := filepath.Join(c.bin, program)
+	if c.runAs != "" {
+		args = append([]string{"-u", c.runAs, "--", name}, args...)
+		name = "runuser"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = c.dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", program, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// start starts the server and waits until it accepts connections. fsync is off: the faults
+// injected are process stops, never a lost page cache, and the machine is shared.
+func (c *cluster) start(ctx context.Context) error {
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off "+
+		"-c max_connections=200 -c shared_buffers=64MB", c.port, c.dir)
+	_, err := c.run(ctx, "pg_ctl", "-D", c.data(), "-o", opts, "-l", c.logged, "-w", "-t", "60", "start")
+	return err
+}
+
+// stop shuts the server down with the given mode (fast: roll back open transactions,
+// disconnect every client, checkpoint).
+func (c *cluster) stop(ctx context.Context, mode string) error {
+	_, err := c.run(ctx, "pg_ctl", "-D", c.data(), "-m", mode, "-w", "-t", "60", "stop")
+	return err
+}
+
+// running reports whether the server runs.
+func (c *cluster) running(ctx context.Context) bool {
+	_, err := c.run(ctx, "pg_ctl", "-D", c.data(), "status")
+	return err == nil
+}
+
+// ensureRunning starts the server if a scenario left it stopped.
+func (c *cluster) ensureRunning(ctx context.Context) error {
+	if c.running(ctx) {
+		return nil
+	}
+	c.log.Warn("the private PostgreSQL cluster was stopped; starting it again")
+	return c.start(ctx)
+}
+
+// remove stops the server (immediately) and deletes its directory.
+func (c *cluster) remove(ctx context.Context) {
+	if _, err := os.Stat(filepath.Join(c.data(), "postmaster.pid")); err == nil {
+		if err := c.stop(ctx, "immediate"); err != nil {
+			c.log.Warn("stopping the private PostgreSQL cluster failed", slog.Any("error", err))
+		}
+	}
+	if err := os.RemoveAll(c.dir); err != nil {
+		c.log.Warn("removing the private PostgreSQL cluster failed", slog.String("dir", c.dir), slog.Any("error", err))
+	}
+}
+
+// url returns the URL of database db on the cluster, with password as the password: trust
+// authentication ignores it, and the security scenario looks for it in every output.
+func (c *cluster) url(db, password string) string {
+	u := url.URL{Scheme: "postgres", User: url.UserPassword("postgres", password), Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(c.port)),
+		Path: "/" + db, RawQuery: "sslmode=disable"}
+	return u.String()
+}

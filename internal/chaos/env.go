@@ -1,0 +1,369 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	mrand "math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
+	dlpostgres "github.com/nudgeworks/nudge/deadletter/postgres"
+	"github.com/nudgeworks/nudge/eventstore"
+	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/chaos/chaosmodel"
+	"github.com/nudgeworks/nudge/projection"
+	pgproj "github.com/nudgeworks/nudge/projection/postgres"
+	"github.com/nudgeworks/nudge/trigger"
+)
+
+// suite is what every scenario of a run shares.
+type suite struct {
+	cluster    *cluster
+	broker     *broker
+	workerBin  string
+	cliBin     string
+	logDir     string // chaos-results/logs
+	runID      string
+	pgPassword string // in every PostgreSQL URL; trust authentication ignores it
+	seed       uint64
+	rate       int
+	verbose    bool
+	log        *slog.Logger
+}
+
+// progress prints a line about the run's progress to stderr with -v.
+func (s *suite) progress(scenario, format string, args ...any) {
+	if s.verbose {
+		fmt.Fprintf(os.Stderr, "  %-17s %s\n", scenario, fmt.Sprintf(format, args...))
+	}
+}
+
+// env is one scenario's world: a database of its own on the private cluster, RabbitMQ names
+// under a prefix of its own, the writers and the relay in this process, and worker processes.
+type env struct {
+	s       *suite
+	name    string
+	log     *slog.Logger
+	dbURL   string
+	prefix  string
+	pool    *pgxpool.Pool
+	store   *espg.Store
+	backend *pgproj.Backend
+	dead    *dlpostgres.Store
+	models  *chaosmodel.Models
+	status  *projection.Runner // the projections' definitions, for Status only: it never catches up
+	channel *amqpchannel.Channel
+	lossy   *lossyPublisher
+	workers *pool
+	load    *load
+	logDir  string
+	sinkDir string
+	rng     *mrand.Rand
+
+	settings scenarioSettings
+	// verified is what verify read, for the scenarios' own checks.
+	verified verified
+
+	// Set by the scenarios for their own checks.
+	poisonID          uuid.UUID            // poison: the poison event
+	poisonAt, fixedAt time.Time            // poison: when it was appended, when it was fixed
+	malformed         map[string]malformed // malformed-input: "<projection>/<message uuid>" → what was sent
+	secrets           []string             // security: passwords that must appear nowhere
+	droppedBefore     int64                // dropped-triggers: triggers dropped before all were
+
+	relayCancel context.CancelFunc
+	relayDone   chan struct{}
+
+	// faultEnd is when the last fault ended (faultsOver); zero if never.
+	faultEnd time.Time
+}
+
+// verified is the appended events (id → recorded time) and what each read model holds.
+type verified struct {
+	appended map[uuid.UUID]time.Time
+	seen     map[string]map[uuid.UUID]sighting
+}
+
+// scenarioSettings are a scenario's knobs for its environment.
+type scenarioSettings struct {
+	safetyNet time.Duration
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// newEnv creates the scenario's database, schema, channel and relay. The workers are created
+// but not started: scenarios start them when they want (after a backlog, say).
+func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (_ *env, err error) {
+	dbName := "chaos_" + strings.ReplaceAll(name, "-", "_")
+	e := &env{
+		s: s, name: name, log: s.log.With(slog.String("scenario", name)),
+		dbURL:    s.cluster.url(dbName, s.pgPassword),
+		prefix:   fmt.Sprintf("nudge_chaos.%s.%s.", s.runID, name),
+		logDir:   filepath.Join(s.logDir, name),
+		rng:      mrand.New(mrand.NewPCG(s.seed, hashName(name))),
+		settings: set,
+	}
+	defer func() {
+		if err != nil {
+			e.close()
+		}
+	}()
+	e.sinkDir = filepath.Join(e.logDir, "sink")
+	if err := os.MkdirAll(e.sinkDir, 0o755); err != nil {
+		return nil, err
+	}
+	admin, err := pgx.Connect(ctx, s.cluster.url("postgres", s.pgPassword))
+	if err != nil {
+		return nil, fmt.Errorf("connect to the private cluster: %w", err)
+	}
+	_, err = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{dbName}.Sanitize()+" WITH (FORCE)")
+	if err == nil {
+		_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{dbName}.Sanitize())
+	}
+	_ = admin.Close(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("create database %s: %w", dbName, err)
+	}
+	cfg, err := pgxpool.ParseConfig(e.dbURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 16
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	if e.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return nil, err
+	}
+	if e.store, err = espg.New(e.pool, espg.Config{}); err != nil {
+		return nil, err
+	}
+	if e.backend, err = pgproj.New(e.pool, e.store); err != nil {
+		return nil, err
+	}
+	if e.dead, err = dlpostgres.New(e.pool, dlpostgres.Config{}); err != nil {
+		return nil, err
+	}
+	for _, m := range []func(context.Context) error{e.store.Migrate, e.backend.Migrate, e.dead.Migrate} {
+		if err := m(ctx); err != nil {
+			return nil, err
+		}
+	}
+	// The runner's models never handle an event: its file sink stays empty.
+	if e.models, err = chaosmodel.New(chaosmodel.Config{DB: e.pool, SinkPath: filepath.Join(e.logDir, "status-only.sink")}); err != nil {
+		return nil, err
+	}
+	if e.status, err = projection.NewRunner(e.backend, projection.RunnerConfig{Logger: e.log}, e.models.Projections...); err != nil {
+		return nil, err
+	}
+	// Created here once, so the workers' Init finds the tables (concurrent CREATE TABLE IF NOT
+	// EXISTS can fail in PostgreSQL).
+	if err := e.status.Init(ctx); err != nil {
+		return nil, err
+	}
+	e.channel, err = amqpchannel.New(ctx, amqpchannel.Config{URL: s.broker.url, Prefix: e.prefix, ConnectionName: e.prefix + "publisher",
+		Logger: e.log, StartupTimeout: 10 * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	if err := e.channel.Declare(ctx, chaosmodel.Names()...); err != nil {
+		return nil, err
+	}
+	e.lossy = &lossyPublisher{inner: e.channel, rng: mrand.New(mrand.NewPCG(s.seed, 7))}
+	relay, err := trigger.NewRelay(e.backend, e.lossy, trigger.RelayConfig{Logger: e.log, MinInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond})
+	if err != nil {
+		return nil, err
+	}
+	relayCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	e.relayCancel, e.relayDone = cancel, make(chan struct{})
+	go func() {
+		defer close(e.relayDone)
+		if err := relay.Run(relayCtx); err != nil {
+			e.log.Error("relay stopped", slog.String("projection", trigger.RelayNameDefault), slog.Any("error", err))
+		}
+	}()
+	e.workers = newPool(workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: s.broker.url, prefix: e.prefix,
+		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet}, 2)
+	e.load = newLoad(e.store, e.log, 4, s.rate, s.seed^hashName(name))
+	return e, nil
+}
+
+// hashName turns a scenario name into a seed component.
+func hashName(name string) uint64 {
+	h := uint64(1469598103934665603)
+	for i := range len(name) {
+		h = (h ^ uint64(name[i])) * 1099511628211
+	}
+	return h
+}
+
+// close stops everything the environment started and deletes its RabbitMQ names. The
+// database stays until the cluster is removed.
+// It is safe on an environment whose set-up failed half-way.
+func (e *env) close() {
+	if e.load != nil {
+		e.load.stopWriters()
+	}
+	if e.workers != nil {
+		e.workers.stopAll()
+	}
+	if e.relayCancel != nil {
+		e.relayCancel()
+		<-e.relayDone
+	}
+	if e.channel != nil {
+		_ = e.channel.Close()
+		if err := e.s.broker.deleteTopology(e.prefix, chaosmodel.Names()); err != nil {
+			e.log.Warn("could not delete the scenario's queues", slog.Any("error", err))
+		}
+	}
+	if e.models != nil {
+		_ = e.models.Close()
+	}
+	if e.pool != nil {
+		e.pool.Close()
+	}
+}
+
+// statuses returns every projection's status.
+func (e *env) statuses(ctx context.Context) ([]projection.Status, error) {
+	return e.status.Statuses(ctx)
+}
+
+// caughtUpTo reports whether every projection has committed a position at or past pos.
+func (e *env) caughtUpTo(ctx context.Context, pos eventstore.Position) bool {
+	sts, err := e.statuses(ctx)
+	if err != nil {
+		return false
+	}
+	for _, st := range sts {
+		if st.Position.Less(pos) {
+			return false
+		}
+	}
+	return true
+}
+
+// faultsOver marks the end of the last fault, from which the time to recover is measured.
+func (e *env) faultsOver() { e.faultEnd = time.Now() }
+
+// recovery is the time to recover from the faults (see recoveryTime), measured on what
+// verify read; -1 when a model misses an event it needs.
+func (e *env) recovery() time.Duration {
+	var models []map[uuid.UUID]sighting
+	for _, name := range chaosmodel.Names() {
+		models = append(models, e.verified.seen[name])
+	}
+	d, ok := recoveryTime(e.verified.appended, models, e.faultEnd)
+	if !ok {
+		return -1
+	}
+	return d
+}
+
+// waitCaughtUp waits until every projection has handled everything readable and fails no
+// more, up to timeout.
+func (e *env) waitCaughtUp(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last []projection.Status
+	for {
+		head, err := e.store.Head(ctx)
+		if err == nil && e.caughtUpTo(ctx, head) {
+			sts, err := e.statuses(ctx)
+			if err == nil && allCaughtUp(sts) {
+				return nil
+			}
+			last = sts
+		}
+		select {
+		case <-ctx.Done():
+			var desc []string
+			for _, st := range last {
+				desc = append(desc, fmt.Sprintf("%s: %s at %s, lag %d", st.Name, st.State, st.Position, st.LagEvents))
+			}
+			return fmt.Errorf("the projections did not catch up within %s (%s)", timeout, strings.Join(desc, "; "))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func allCaughtUp(sts []projection.Status) bool {
+	for _, st := range sts {
+		if !st.CaughtUp() || st.HeldByHorizon || st.State != projection.StateRunning {
+			return false
+		}
+	}
+	return len(sts) > 0
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// between returns a random duration in [lo, hi).
+func (e *env) between(lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(e.rng.Int64N(int64(hi-lo)))
+}
+
+// lossyPublisher stands between the relay and the channel and drops a share of the triggers,
+// as a broker or network that loses messages would.
+type lossyPublisher struct {
+	inner   trigger.Publisher
+	mu      sync.Mutex
+	rng     *mrand.Rand
+	rate    float64 // share dropped, 0 to 1
+	dropped atomic.Int64
+	sent    atomic.Int64
+}
+
+// setDropRate sets the share of triggers dropped from now on.
+func (p *lossyPublisher) setDropRate(rate float64) {
+	p.mu.Lock()
+	p.rate = math.Min(math.Max(rate, 0), 1)
+	p.mu.Unlock()
+}
+
+// Publish implements trigger.Publisher: it reports success for a dropped trigger, as a lossy
+// network would.
+func (p *lossyPublisher) Publish(ctx context.Context, t trigger.Trigger) error {
+	p.mu.Lock()
+	drop := p.rate > 0 && p.rng.Float64() < p.rate
+	p.mu.Unlock()
+	if drop {
+		p.dropped.Add(1)
+		return nil
+	}
+	if err := p.inner.Publish(ctx, t); err != nil {
+		return err
+	}
+	p.sent.Add(1)
+	return nil
+}
+
+// errBudget reports a scenario cut short by the run's time budget.
+var errBudget = errors.New("the run's time budget ran out")

@@ -1,0 +1,296 @@
+// Command chaos is nudge's fault-injection suite (`make chaos`): it injects the faults real
+// deployments see — killed workers, a restarted broker and database, lost triggers, a long
+// transaction, a poison event, malformed input, hostile names — while writers append and
+// worker processes project, then verifies every read model against the event store: every
+// appended event present, none twice in the exactly-once model.
+//
+// Each scenario gets a database of its own on a private PostgreSQL cluster that the suite
+// creates (initdb, as the postgres OS user when run as root) and removes at the end, so
+// restarting it disturbs nobody, and RabbitMQ names and connection names under a prefix of its
+// own on the shared broker, whose connections it closes instead of restarting it. Worker
+// processes are the chaosworker binary, built once into a temporary directory.
+//
+// Usage:
+//
+//	go run ./internal/chaos [-scenario all|NAME[,NAME…]] [-budget 8m] [-seed N] [-rate 300] [-v]
+//
+// Each scenario prints one line (faults, events appended and projected per read model,
+// missing, duplicated in the exactly-once model, max lag, time to recover, PASS or FAIL); the
+// results go to chaos-results/results.json and the logs of every process to
+// chaos-results/logs/. Exit code 0 when every scenario passed, 1 otherwise, 2 for a wrong
+// command line.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// budgetDefault is the default bound on a whole run.
+const budgetDefault = 8 * time.Minute
+
+// cleanupReserve is kept from the budget for stopping workers and removing the cluster.
+const cleanupReserve = 15 * time.Second
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	var (
+		which   = flag.String("scenario", "all", "`name`s of the scenarios to run, comma-separated, or all")
+		budget  = flag.Duration("budget", budgetDefault, "bound on the whole run; scenarios still running when it ends fail")
+		seed    = flag.Uint64("seed", 0, "seed of the random choices (kill moments, dropped triggers, garbage); 0 picks one")
+		rate    = flag.Int("rate", 300, "events appended per second by the writers, in all")
+		results = flag.String("results", "chaos-results", "`directory` for results.json and the logs")
+		verbose = flag.Bool("v", false, "print progress to stderr")
+		list    = flag.Bool("list", false, "list the scenarios and exit")
+	)
+	flag.Parse()
+	all := scenarios()
+	if *list {
+		for _, sc := range all {
+			fmt.Printf("%-17s injects: %s\n%-17s checks:  %s\n", sc.name, sc.injects, "", sc.checks)
+		}
+		return 0
+	}
+	if *budget < time.Minute || *rate < 1 {
+		fmt.Fprintf(os.Stderr, "chaos: -budget must be at least 1m and -rate at least 1\n")
+		return 2
+	}
+	selected, err := selectScenarios(all, *which)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "chaos: %v\n", err)
+		return 2
+	}
+	if *seed == 0 {
+		*seed = uint64(time.Now().UnixNano())
+	}
+	started := time.Now()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	logDir := filepath.Join(*results, "logs")
+	if err := os.RemoveAll(logDir); err != nil {
+		fmt.Fprintf(os.Stderr, "chaos: %v\n", err)
+		return 1
+	}
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		fmt.Fprintf(os.Stderr, "chaos: %v\n", err)
+		return 1
+	}
+	logFile, err := os.Create(filepath.Join(logDir, "runner.log"))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "chaos: %v\n", err)
+		return 1
+	}
+	defer func() { _ = logFile.Close() }()
+	s := &suite{
+		broker:     newBroker(),
+		logDir:     logDir,
+		runID:      fmt.Sprintf("%d", started.Unix()),
+		pgPassword: "chaos-pg-" + randomHex(8),
+		seed:       *seed,
+		rate:       *rate,
+		verbose:    *verbose,
+		log:        slog.New(slog.NewJSONHandler(logFile, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}
+	fmt.Printf("chaos: %d scenario(s), seed %d, budget %s, %d events/s from 4 writers, 2 worker processes; logs in %s\n",
+		len(selected), *seed, *budget, *rate, logDir)
+
+	report := &runReport{Started: started, Seed: *seed, Budget: *budget, Rate: *rate}
+	runCtx, cancel := context.WithTimeout(ctx, *budget-cleanupReserve)
+	defer cancel()
+	if err := s.prepare(runCtx, selected); err != nil {
+		fmt.Fprintf(os.Stderr, "chaos: %v\n", err)
+		return 1
+	}
+	defer func() {
+		s.cluster.remove(context.Background())
+		_ = os.RemoveAll(filepath.Dir(s.workerBin))
+	}()
+	fmt.Printf("chaos: built the worker and the CLI, started a private PostgreSQL on 127.0.0.1:%d (%s)\n",
+		s.cluster.port, time.Since(started).Round(100*time.Millisecond))
+
+	for _, sc := range selected {
+		var r *result
+		if runCtx.Err() != nil {
+			r = &result{Scenario: sc.name, Recover: -1, Error: "not run: " + errBudget.Error()}
+			if ctx.Err() != nil {
+				r.Error = "not run: interrupted"
+			}
+			r.finish()
+		} else {
+			s.progress(sc.name, "starting")
+			r = s.runScenario(runCtx, sc)
+		}
+		for _, g := range r.Greps {
+			fmt.Printf("  grep %s in %d files: %d hits\n", g.Pattern, g.Files, g.Hits)
+		}
+		fmt.Println(r.line())
+		if s.verbose {
+			for _, c := range r.Checks {
+				fmt.Fprintf(os.Stderr, "  %-17s check %-4s %s: %s\n", sc.name, okText(c.OK), c.Name, c.Detail)
+			}
+			for _, n := range r.Notes {
+				fmt.Fprintf(os.Stderr, "  %-17s note %s\n", sc.name, n)
+			}
+		}
+		report.Scenarios = append(report.Scenarios, r)
+	}
+	report.Took = time.Since(started)
+	report.Passed = true
+	for _, r := range report.Scenarios {
+		report.Passed = report.Passed && r.Passed
+	}
+	path, err := report.write(*results)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "chaos: write the results: %v\n", err)
+		return 1
+	}
+	if leak := findSecrets(path, s.pgPassword); leak != "" {
+		fmt.Printf("chaos: FAIL: %s holds a password: %s\n", path, leak)
+		report.Passed = false
+		if _, err := report.write(*results); err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: write the results: %v\n", err)
+		}
+	}
+	verdict := "PASS"
+	if !report.Passed {
+		verdict = "FAIL"
+	}
+	fmt.Printf("chaos: %s in %s; results in %s\n", verdict, report.Took.Round(time.Second), path)
+	if !report.Passed {
+		return 1
+	}
+	return 0
+}
+
+func okText(ok bool) string {
+	if ok {
+		return "ok"
+	}
+	return "FAIL"
+}
+
+// selectScenarios returns the scenarios named in which ("all" or a comma-separated list).
+func selectScenarios(all []scenario, which string) ([]scenario, error) {
+	if which == "all" {
+		return all, nil
+	}
+	var out []scenario
+	for _, name := range strings.Split(which, ",") {
+		i := slices.IndexFunc(all, func(sc scenario) bool { return sc.name == strings.TrimSpace(name) })
+		if i < 0 {
+			var names []string
+			for _, sc := range all {
+				names = append(names, sc.name)
+			}
+			return nil, fmt.Errorf("unknown scenario %q; use all or one of %s", name, strings.Join(names, ", "))
+		}
+		out = append(out, all[i])
+	}
+	return out, nil
+}
+
+// prepare checks the broker, builds the binaries and starts the private cluster.
+func (s *suite) prepare(ctx context.Context, selected []scenario) error {
+	if err := s.broker.ping(); err != nil {
+		return err
+	}
+	for _, sc := range selected {
+		if sc.name == "broker-restart" || sc.name == "security" {
+			if _, err := rabbitmqctl(ctx, "status"); err != nil {
+				return fmt.Errorf("scenario %s needs rabbitmqctl (or NUDGE_TEST_RABBITMQCTL): %w", sc.name, err)
+			}
+			break
+		}
+	}
+	binDir, err := os.MkdirTemp("", "nudge-chaos-bin-")
+	if err != nil {
+		return err
+	}
+	s.workerBin, s.cliBin = filepath.Join(binDir, "chaosworker"), filepath.Join(binDir, "nudge")
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	wg.Go(func() { errs[0] = goBuild(ctx, s.workerBin, "./internal/chaos/chaosworker") })
+	wg.Go(func() { errs[1] = goBuild(ctx, s.cliBin, "./cmd/nudge") })
+	wg.Go(func() {
+		var c *cluster
+		c, errs[2] = newCluster(ctx, s.log)
+		s.cluster = c
+	})
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		if s.cluster != nil {
+			s.cluster.remove(context.WithoutCancel(ctx))
+		}
+		_ = os.RemoveAll(binDir)
+		return err
+	}
+	return nil
+}
+
+// goBuild builds the package pkg of this module into out.
+func goBuild(ctx context.Context, out, pkg string) error {
+	root, err := moduleRoot(ctx)
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
+	}
+	return nil
+}
+
+// moduleRoot is the directory of this module's go.mod.
+func moduleRoot(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("run the suite from inside the nudge module (go run ./internal/chaos)")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// findSecrets describes the first password or URL with a clear password in the file at path,
+// "" if there is none.
+func findSecrets(path, password string) string {
+	found := ""
+	err := grepFile(path, func(n int, line string) {
+		if found != "" {
+			return
+		}
+		if strings.Contains(line, password) {
+			found = fmt.Sprintf("line %d: the PostgreSQL password", n)
+			return
+		}
+		for _, m := range clearPasswordURL.FindAllStringSubmatch(line, -1) {
+			if m[1] != "xxxxx" {
+				found = fmt.Sprintf("line %d: a URL with a password", n)
+				return
+			}
+		}
+	})
+	if err != nil {
+		return err.Error()
+	}
+	return found
+}

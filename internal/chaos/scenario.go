@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/nudgeworks/nudge/deadletter"
+	"github.com/nudgeworks/nudge/internal/chaos/chaosmodel"
+)
+
+// scenario is one kind of fault, injected while writers append and workers project.
+type scenario struct {
+	name string
+	// injects and checks describe the scenario for RELIABILITY.md and -list.
+	injects, checks string
+	settings        scenarioSettings
+	// run starts the workers and the writers, injects the faults, calls e.faultsOver after
+	// the last one and returns once the writers have stopped. It adds its own checks to r.
+	run func(ctx context.Context, e *env, r *result) error
+	// after, if set, adds checks once every projection has caught up and the workers stopped.
+	after func(ctx context.Context, e *env, r *result) error
+}
+
+// catchUpTimeout bounds the wait for the projections after the faults.
+const catchUpTimeout = 90 * time.Second
+
+// runScenario runs sc in an environment of its own and verifies every read model.
+func (s *suite) runScenario(ctx context.Context, sc scenario) *result {
+	started := time.Now()
+	r := &result{Scenario: sc.name, Recover: -1}
+	defer func() { r.Took = time.Since(started); r.finish() }()
+	fail := func(err error) *result {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("%w: %w", errBudget, err)
+		}
+		r.Error = err.Error()
+		s.log.Error("scenario failed", slog.String("scenario", sc.name), slog.Any("error", err))
+		return r
+	}
+	// Whatever a scenario did to the private cluster, the next one finds it running.
+	defer func() {
+		if err := s.cluster.ensureRunning(context.WithoutCancel(ctx)); err != nil {
+			s.log.Error("could not start the private PostgreSQL cluster again", slog.Any("error", err))
+		}
+	}()
+	e, err := s.newEnv(ctx, sc.name, sc.settings)
+	if err != nil {
+		return fail(fmt.Errorf("set up: %w", err))
+	}
+	r.Logs = e.logDir
+	defer e.close()
+	if err := sc.run(ctx, e, r); err != nil {
+		return fail(err)
+	}
+	e.load.stopWriters()
+	r.Acked, r.AppendRetries = e.load.ackedCount(), e.load.retries.Load()
+	s.progress(sc.name, "writers stopped after %d acknowledged events; waiting for the projections", r.Acked)
+	if e.load.failed.Load() {
+		r.addCheck("writers", false, "a writer stopped on an error; see runner.log")
+	}
+	if err := e.workers.crashed(); err != nil {
+		r.addCheck("workers stay up", false, "%v", err)
+	}
+	caughtUp := e.waitCaughtUp(ctx, catchUpTimeout)
+	e.workers.stopAll() // the file sinks are complete once the workers are gone
+	if caughtUp != nil {
+		r.addCheck("caught up", false, "%v", caughtUp)
+	}
+	if err := s.verify(ctx, e, r); err != nil {
+		return fail(fmt.Errorf("verify: %w", err))
+	}
+	if !e.faultEnd.IsZero() {
+		r.Recover = e.recovery()
+	}
+	if sc.after != nil {
+		if err := sc.after(ctx, e, r); err != nil {
+			return fail(err)
+		}
+	}
+	if err := s.summariseDeadLetters(ctx, e, r); err != nil {
+		return fail(err)
+	}
+	return r
+}
+
+// verify compares every read model with the event store.
+func (s *suite) verify(ctx context.Context, e *env, r *result) error {
+	appended, err := readAppended(ctx, e.store)
+	if err != nil {
+		return err
+	}
+	r.Appended = len(appended)
+	lost := 0
+	for _, id := range e.load.ackedIDs() {
+		if _, ok := appended[id]; !ok {
+			lost++
+		}
+	}
+	r.addCheck("acknowledged appends are in the store", lost == 0, "%d of %d missing from the store", lost, r.Acked)
+	exact, err := readExact(ctx, e.pool)
+	if err != nil {
+		return err
+	}
+	idem, err := readIdempotent(ctx, e.pool)
+	if err != nil {
+		return err
+	}
+	file, torn, err := readSinks(e.sinkDir)
+	if err != nil {
+		return err
+	}
+	fm := compare(chaosmodel.FileProjection, false, appended, file)
+	fm.Torn = torn
+	r.Models = []modelResult{
+		compare(chaosmodel.ExactProjection, true, appended, exact),
+		compare(chaosmodel.IdempotentProjection, false, appended, idem),
+		fm,
+	}
+	e.verified = verified{appended: appended, seen: map[string]map[uuid.UUID]sighting{
+		chaosmodel.ExactProjection: exact, chaosmodel.IdempotentProjection: idem, chaosmodel.FileProjection: file,
+	}}
+	return nil
+}
+
+// summariseDeadLetters copies the scenario's dead letters into the result.
+func (s *suite) summariseDeadLetters(ctx context.Context, e *env, r *result) error {
+	recs, err := e.dead.List(ctx, deadletter.Filter{Limit: deadletter.ListLimitMax})
+	if err != nil {
+		return fmt.Errorf("list the dead letters: %w", err)
+	}
+	for _, rec := range recs {
+		d := deadLetterSummary{ID: rec.ID, Projection: rec.Projection, Status: string(rec.Status), Count: rec.Count,
+			MessageUUID: rec.MessageUUID, Error: cut(rec.Error, 300)}
+		if rec.FailingEvent != nil {
+			d.FailingID = rec.FailingEvent.ID.String()
+		}
+		r.DeadLetters = append(r.DeadLetters, d)
+	}
+	return nil
+}
+
+// cut shortens s to at most n bytes.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
