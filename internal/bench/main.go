@@ -348,7 +348,7 @@ func sizesFor(quick bool) sizes {
 	s := sizes{
 		rebuildEvents: 1_000_000, rebuildStreams: 10_000, naiveEvents: 50_000, batchSizes: []int{100, 500, 1000},
 		liveRate: 1000, liveWriters: 8, liveStreams: 100, liveDuration: 30 * time.Second,
-		hopDuration: 3 * time.Second, hopRate: 200,
+		hopDuration: 2 * time.Second, hopRate: 200,
 		appendRun: 3 * time.Second, appendRounds: 2,
 		fanoutEvents: 100_000, fanoutProjections: []int{1, 10, 50}, slowLiveDuration: 10 * time.Second, slowLiveProjection: 10,
 		recoveryEvents: 100_000,

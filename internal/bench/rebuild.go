@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,7 +30,10 @@ func rebuildTargets() []Target {
 	for _, mode := range rebuildModes[:2] {
 		ts = append(ts, targetPerEvent.about(mode.label), targetPerEventNaive.about(mode.label))
 	}
-	return append(ts, targetSetBased, targetPeakRSS, targetRSSGrowth)
+	for _, mode := range rebuildModes[2:] {
+		ts = append(ts, targetSetBased.about(mode.label))
+	}
+	return append(ts, targetPeakRSS, targetRSSGrowth)
 }
 
 const (
@@ -103,7 +107,12 @@ var rebuildModes = []rebuildMode{
 	{"event", "per-event (On)", perEventProjection},
 	{"queued", "per-event, queued (OnQueued)", queuedProjection},
 	{"set", "set-based (FlushFunc + unnest)", setBasedProjection},
+	{"sql", "set-based in SQL (OmitPayloads)", sqlSetProjection},
 }
+
+// perEventOnBatch is the one batch size the slow per-event On mode runs at (the others would
+// take minutes of the default size's ten: its rate barely depends on the batch size).
+const perEventOnBatch = 500
 
 func ticketConfig(table string, batch int) projection.Config {
 	return projection.Config{
@@ -158,6 +167,41 @@ func setBasedProjection(table string, batch int) (*projection.Projection, error)
 			rows.add(t, e.StreamVersion)
 		}
 		_, err := p.Tx.Exec(ctx, upsert, rows.ids, rows.customers, rows.prices, rows.versions)
+		return err
+	}
+	return projection.New(table, cfg, projection.OnAnyIdempotent(func(context.Context, eventstore.Event) error { return nil }))
+}
+
+// ticketFromEventsSQL writes a batch into table in one statement that reads the events'
+// payloads itself, by position: the runner reads the batch without payloads (OmitPayloads), and
+// PostgreSQL extracts the fields from its jsonb. The events are committed and below the store's
+// horizon, so reading them again by position sees exactly what the runner read.
+func ticketFromEventsSQL(table string) string {
+	return `INSERT INTO ` + table + ` (ticket_id, customer, price, version)
+		SELECT DISTINCT ON (payload->>'ticket_id') payload->>'ticket_id', payload->>'customer', (payload->>'price')::numeric, stream_version
+		FROM nudge_events WHERE global_position = ANY($1::bigint[])
+		ORDER BY payload->>'ticket_id', stream_version DESC
+		ON CONFLICT (ticket_id) DO UPDATE SET customer = EXCLUDED.customer, price = EXCLUDED.price, version = EXCLUDED.version
+		WHERE ` + table + `.version < EXCLUDED.version`
+}
+
+// sqlSetProjection reads its batches without payloads and writes each with one statement that
+// takes the payloads from the store's table by position.
+func sqlSetProjection(table string, batch int) (*projection.Projection, error) {
+	cfg := ticketConfig(table, batch)
+	cfg.OmitPayloads = true
+	upsert := ticketFromEventsSQL(table)
+	cfg.FlushFunc = func(ctx context.Context, p projection.FlushParams) error {
+		positions := make([]int64, 0, len(p.Events))
+		for _, e := range p.Events {
+			if e.Type == rebuildEventType {
+				positions = append(positions, e.Position.GlobalPosition)
+			}
+		}
+		if len(positions) == 0 {
+			return nil
+		}
+		_, err := p.Tx.Exec(ctx, upsert, positions)
 		return err
 	}
 	return projection.New(table, cfg, projection.OnAnyIdempotent(func(context.Context, eventstore.Event) error { return nil }))
@@ -266,6 +310,9 @@ func runRebuild(ctx context.Context, h *harness, sec *Section) error {
 	// Interleaved by batch size, so a noisy minute spreads over the modes.
 	for _, batch := range sz.batchSizes {
 		for _, mode := range rebuildModes {
+			if mode.key == "event" && batch != perEventOnBatch && slices.Contains(sz.batchSizes, perEventOnBatch) {
+				continue
+			}
 			label := fmt.Sprintf("%s batch=%d", mode.label, batch)
 			res, err := rebuildOnce(ctx, h, f, mode, batch)
 			if err != nil {
@@ -299,7 +346,9 @@ func runRebuild(ctx context.Context, h *harness, sec *Section) error {
 		sec.AddCheck(targetPerEvent.about(mode.label), b.label, b.rate)
 		sec.AddCheck(targetPerEventNaive.about(mode.label), b.label, Ratio(b.rate, naive))
 	}
-	sec.AddCheck(targetSetBased, bestOf["set"].label, bestOf["set"].rate)
+	for _, mode := range rebuildModes[2:] { // the set-based modes
+		sec.AddCheck(targetSetBased.about(mode.label), bestOf[mode.key].label, bestOf[mode.key].rate)
+	}
 	sec.AddCheck(targetPeakRSS, "highest: "+peakCase, peak)
 	sec.AddCheck(targetRSSGrowth, "largest: "+growthCase, growth)
 	sec.Note("ratio: events/s over the naive loop's (%s events); of DB limit: share of one INSERT…SELECT over every event", Thousands(int64(sz.naiveEvents)))
