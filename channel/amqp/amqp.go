@@ -76,6 +76,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/internal/redact"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/trigger"
 )
@@ -233,7 +234,7 @@ func parseURL(raw string) (amqp091.URI, error) {
 	uri, err := amqp091.ParseURI(raw)
 	if err != nil {
 		return amqp091.URI{}, fmt.Errorf("amqp: Config.URL %s is not an AMQP URL: %s; use amqp://user:password@host:port/vhost",
-			u.Redacted(), scrub(err.Error(), raw))
+			u.Redacted(), redact.Message(err.Error(), raw))
 	}
 	return uri, nil
 }
@@ -252,7 +253,7 @@ func (c *Channel) connect(ctx context.Context) error {
 			BackoffMaxInterval:         c.cfg.ReconnectMaxInterval,
 		},
 	}
-	redacted := redact(c.cfg.URL)
+	redacted := redact.URL(c.cfg.URL)
 	started := time.Now()
 	deadline := started.Add(c.cfg.StartupTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
@@ -270,7 +271,7 @@ func (c *Channel) connect(ctx context.Context) error {
 				slog.Int("attempts", attempt), slog.Duration("took", time.Since(started).Round(time.Millisecond)))
 			return nil
 		}
-		msg := scrub(err.Error(), c.cfg.URL)
+		msg := redact.Message(err.Error(), c.cfg.URL)
 		var amqpErr *amqp091.Error
 		if errors.As(err, &amqpErr) && (amqpErr.Code == amqp091.AccessRefused || amqpErr.Code == amqp091.NotAllowed) {
 			return fmt.Errorf("amqp: RabbitMQ at %s refused the connection: %s; check the user, password and vhost in Config.URL",
@@ -646,25 +647,4 @@ func (d *dialer) dial(network, addr string) (net.Conn, error) {
 		timeout = max(min(timeout, time.Until(time.Unix(0, dl))), minDialTimeout)
 	}
 	return amqp091.DefaultDial(timeout)(network, addr)
-}
-
-// redact returns raw with its password replaced by "xxxxx".
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
-}
-
-// scrub replaces the password of rawURL, wherever it appears in msg, with "xxxxx".
-func scrub(msg, rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return "(withheld: the message may hold the unparsable URL)"
-	}
-	if pw, ok := u.User.Password(); ok && pw != "" {
-		msg = strings.ReplaceAll(msg, pw, "xxxxx")
-	}
-	return msg
 }

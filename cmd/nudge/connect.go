@@ -7,13 +7,13 @@ import (
 	"net"
 	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/nudgeworks/nudge/channel/amqp"
 	chpg "github.com/nudgeworks/nudge/channel/postgres"
+	"github.com/nudgeworks/nudge/internal/redact"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -33,7 +33,7 @@ func (c *cli) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(raw)
 	if err != nil {
 		return nil, usageErrorf("--db is not a valid PostgreSQL URL (%s); use postgres://user:password@host:5432/dbname",
-			scrub(unwrapURLError(err).Error(), raw))
+			redact.Message(unwrapURLError(err).Error(), raw))
 	}
 	cfg.MaxConns = 4
 	if cfg.ConnConfig.ConnectTimeout == 0 {
@@ -43,14 +43,14 @@ func (c *cli) connect(ctx context.Context) (*pgxpool.Pool, error) {
 		net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), cfg.ConnConfig.Database, cfg.ConnConfig.User)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach PostgreSQL at %s: %s; check --db or %s", where, scrub(err.Error(), raw), envDatabaseURL)
+		return nil, fmt.Errorf("cannot reach PostgreSQL at %s: %s; check --db or %s", where, redact.Message(err.Error(), raw), envDatabaseURL)
 	}
 	pingCtx, cancel := context.WithTimeout(ctx, connectTimeout+time.Second)
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("cannot reach PostgreSQL at %s: %s; check that the server runs and that --db or %s is right",
-			where, scrub(err.Error(), raw), envDatabaseURL)
+			where, redact.Message(err.Error(), raw), envDatabaseURL)
 	}
 	return pool, nil
 }
@@ -64,36 +64,6 @@ func unwrapURLError(err error) error {
 	return err
 }
 
-// scrub removes the password of rawURL from msg, in case a driver quoted it.
-func scrub(msg, rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err == nil && u.User != nil {
-		if pw, ok := u.User.Password(); ok && pw != "" {
-			msg = strings.ReplaceAll(msg, pw, "xxxxx")
-			if esc := url.QueryEscape(pw); esc != pw {
-				msg = strings.ReplaceAll(msg, esc, "xxxxx")
-			}
-		}
-		return msg
-	}
-	// A key=value connection string: drop the value of password=.
-	for _, field := range strings.Fields(rawURL) {
-		if v, ok := strings.CutPrefix(field, "password="); ok && v != "" {
-			msg = strings.ReplaceAll(msg, strings.Trim(v, "'"), "xxxxx")
-		}
-	}
-	return msg
-}
-
-// redactedURL is rawURL without its password, for messages.
-func redactedURL(rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return "(an unparsable URL)"
-	}
-	return u.Redacted()
-}
-
 // publisher opens the channel --channel names; close releases it.
 func (c *cli) publisher(ctx context.Context, pool *pgxpool.Pool) (pub trigger.Publisher, closeFunc func(), err error) {
 	switch c.g.channel {
@@ -104,7 +74,7 @@ func (c *cli) publisher(ctx context.Context, pool *pgxpool.Pool) (pub trigger.Pu
 		ch, err := amqp.New(ctx, amqp.Config{URL: c.g.amqp, Prefix: c.g.amqpPrefix, ConnectionName: "nudge-cli", StartupTimeout: amqpStartupTimeout})
 		if err != nil {
 			return nil, nil, fmt.Errorf("cannot connect to RabbitMQ at %s: %s; check --amqp or %s, or use --channel postgres",
-				redactedURL(c.g.amqp), scrub(err.Error(), c.g.amqp), envAMQPURL)
+				redact.URL(c.g.amqp), redact.Message(err.Error(), c.g.amqp), envAMQPURL)
 		}
 		return ch, func() { _ = ch.Close() }, nil
 	default:

@@ -29,6 +29,8 @@ import (
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/nudgeworks/nudge/internal/redact"
 )
 
 // URLDefault is the broker used when NUDGE_TEST_AMQP_URL is not set.
@@ -90,7 +92,7 @@ func New(t testing.TB) *Env {
 	if reachErr != nil {
 		msg := fmt.Sprintf("amqptest: RabbitMQ at %s is not reachable: %s\n"+
 			"Start it with `make up` (or scripts/services.sh), or point NUDGE_TEST_AMQP_URL at a broker.",
-			Redact(URL()), scrub(reachErr.Error(), URL()))
+			redact.URL(URL()), redact.Message(reachErr.Error(), URL()))
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg)
 		}
@@ -157,7 +159,7 @@ func (e *Env) deleteTopology(t testing.TB) {
 	}
 	conn, err := dial(e.URL, "nudge_test.cleanup")
 	if err != nil {
-		t.Errorf("amqptest: delete queues and exchanges starting with %q: %s", e.Prefix, scrub(err.Error(), e.URL))
+		t.Errorf("amqptest: delete queues and exchanges starting with %q: %s", e.Prefix, redact.Message(err.Error(), e.URL))
 		return
 	}
 	defer func() { _ = conn.Close() }()
@@ -309,27 +311,6 @@ func vhost(rawURL string) string {
 		return "/"
 	}
 	return uri.Vhost
-}
-
-// Redact returns raw with any password replaced by "xxxxx", for messages and logs.
-func Redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
-}
-
-// scrub replaces the password of rawURL, wherever it appears in msg, by "xxxxx".
-func scrub(msg, rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return "(message withheld: it may contain the unparsable URL)"
-	}
-	if pw, ok := u.User.Password(); ok && pw != "" {
-		msg = strings.ReplaceAll(msg, pw, "xxxxx")
-	}
-	return msg
 }
 
 func randomHex(n int) string {

@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"sync"
 	"testing"
+
+	"github.com/nudgeworks/nudge/internal/redact"
 )
 
 // Proxy is a TCP proxy in front of the broker, for outages only the clients that connect
@@ -28,7 +30,7 @@ func NewProxy(t testing.TB, brokerURL string, up bool) *Proxy {
 	t.Helper()
 	u, err := url.Parse(brokerURL)
 	if err != nil {
-		t.Fatalf("amqptest: proxy: broker URL %s is not a valid URL", Redact(brokerURL))
+		t.Fatalf("amqptest: proxy: broker URL %s is not a valid URL", redact.URL(brokerURL))
 	}
 	target := u.Host
 	if u.Port() == "" {

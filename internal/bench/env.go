@@ -22,6 +22,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/internal/eventload"
+	"github.com/nudgeworks/nudge/internal/redact"
 	pgproj "github.com/nudgeworks/nudge/projection/postgres"
 )
 
@@ -61,7 +62,7 @@ func newHarness(ctx context.Context, opts options, log, libLog *slog.Logger) (*h
 		if admin != nil {
 			admin.Close()
 		}
-		return nil, fmt.Errorf("PostgreSQL at %s is not reachable: %w; start it with `make up`, or pass -postgres", redact(opts.postgresURL), err)
+		return nil, fmt.Errorf("PostgreSQL at %s is not reachable: %w; start it with `make up`, or pass -postgres", redact.URL(opts.postgresURL), err)
 	}
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -146,14 +147,14 @@ func (h *harness) newDatabase(ctx context.Context, maxConns int32) (*database, e
 func (db *database) newPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(db.url)
 	if err != nil {
-		return nil, fmt.Errorf("parse %s: %w", redact(db.url), err)
+		return nil, fmt.Errorf("parse %s: %w", redact.URL(db.url), err)
 	}
 	cfg.MaxConns = maxConns
 	cctx, cancel := context.WithTimeout(ctx, setupTimeout)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(cctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", redact(db.url), err)
+		return nil, fmt.Errorf("connect to %s: %w", redact.URL(db.url), err)
 	}
 	db.pools = append(db.pools, pool)
 	return pool, nil
@@ -342,30 +343,9 @@ func dialAMQP(rawURL, name string) (*amqp091.Connection, error) {
 	props.SetClientConnectionName(name)
 	conn, err := amqp091.DialConfig(rawURL, amqp091.Config{Properties: props, Dial: amqp091.DefaultDial(5 * time.Second)})
 	if err != nil {
-		return nil, fmt.Errorf("RabbitMQ at %s is not reachable: %s; start it with `make up`, or pass -amqp", redact(rawURL), scrub(err.Error(), rawURL))
+		return nil, fmt.Errorf("RabbitMQ at %s is not reachable: %s; start it with `make up`, or pass -amqp", redact.URL(rawURL), redact.Message(err.Error(), rawURL))
 	}
 	return conn, nil
-}
-
-// redact returns raw with any password replaced by "xxxxx".
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
-}
-
-// scrub replaces the password of rawURL, wherever it appears in msg, by "xxxxx".
-func scrub(msg, rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return "(message withheld: it may contain the unparsable URL)"
-	}
-	if pw, ok := u.User.Password(); ok && pw != "" {
-		msg = strings.ReplaceAll(msg, pw, "xxxxx")
-	}
-	return msg
 }
 
 // sleepCtx waits for d or until ctx ends.

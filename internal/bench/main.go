@@ -51,6 +51,7 @@ import (
 	"time"
 
 	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
+	"github.com/nudgeworks/nudge/internal/redact"
 )
 
 // Defaults of the server URLs, as in internal/pgtest and internal/amqptest.
@@ -194,7 +195,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer h.close()
-	report := &Report{Format: ReportFormat, StartedAt: started.UTC(), Quick: opts.quick, Args: redactArgs(args), Machine: describeMachine(ctx),
+	report := &Report{Format: ReportFormat, StartedAt: started.UTC(), Quick: opts.quick, Args: redact.Args(args), Machine: describeMachine(ctx),
 		LogFile: logPath}
 	report.Machine.PostgreSQL = h.postgresVersion(ctx)
 	if needsAMQP(opts.scenarios) {
@@ -302,20 +303,6 @@ func rabbitVersion(rawURL string) (string, error) {
 	defer func() { _ = conn.Close() }()
 	v, _ := conn.Properties["version"].(string)
 	return v, nil
-}
-
-// redactArgs returns args with passwords in URLs replaced.
-func redactArgs(args []string) []string {
-	out := make([]string, len(args))
-	for i, a := range args {
-		out[i] = a
-		if k, v, ok := strings.Cut(a, "="); ok && strings.Contains(v, "://") {
-			out[i] = k + "=" + redact(v)
-		} else if strings.Contains(a, "://") {
-			out[i] = redact(a)
-		}
-	}
-	return out
 }
 
 // sizes are a run's sizes; sizesFor picks them.

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/nudgeworks/nudge/internal/redact"
 )
 
 func TestPercentileIsNearestRank(t *testing.T) {
@@ -253,5 +255,5 @@ func TestParseFlags(t *testing.T) {
 func TestRedactArgs(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, []string{"-amqp=amqp://guest:xxxxx@host:5672/", "-quick", "-postgres", "postgres://u:xxxxx@h/db"},
-		redactArgs([]string{"-amqp=amqp://guest:secret@host:5672/", "-quick", "-postgres", "postgres://u:pw@h/db"}))
+		redact.Args([]string{"-amqp=amqp://guest:secret@host:5672/", "-quick", "-postgres", "postgres://u:pw@h/db"}))
 }

@@ -13,6 +13,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/internal/redact"
 )
 
 // broker is this run's share of the shared RabbitMQ: names under one prefix per scenario, and
@@ -37,7 +38,7 @@ func newBroker() *broker {
 func (b *broker) ping() error {
 	conn, err := b.dial("nudge_chaos.check")
 	if err != nil {
-		return fmt.Errorf("RabbitMQ at %s is not reachable: %s; start it with `make up`", redactURL(b.url), scrubURL(err.Error(), b.url))
+		return fmt.Errorf("RabbitMQ at %s is not reachable: %s; start it with `make up`", redact.URL(b.url), redact.Message(err.Error(), b.url))
 	}
 	return conn.Close()
 }
@@ -132,7 +133,7 @@ func queueName(prefix, projection string) string {
 func (b *broker) deleteTopology(prefix string, projections []string) error {
 	conn, err := b.dial(prefix + "cleanup")
 	if err != nil {
-		return fmt.Errorf("delete the queues of %s: %s", prefix, scrubURL(err.Error(), b.url))
+		return fmt.Errorf("delete the queues of %s: %s", prefix, redact.Message(err.Error(), b.url))
 	}
 	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
@@ -164,7 +165,7 @@ type rawMessage struct {
 func (b *broker) publishRaw(ctx context.Context, connName, queue string, msgs []rawMessage) error {
 	conn, err := b.dial(connName)
 	if err != nil {
-		return fmt.Errorf("publish to %s: %s", queue, scrubURL(err.Error(), b.url))
+		return fmt.Errorf("publish to %s: %s", queue, redact.Message(err.Error(), b.url))
 	}
 	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/chaos/chaosmodel"
+	"github.com/nudgeworks/nudge/internal/redact"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -205,7 +206,7 @@ func TestClearPasswordURLFindsUnredactedPasswords(t *testing.T) {
 	require.False(t, leaks(`{"url":"amqp://guest:xxxxx@127.0.0.1:5672/"}`))
 	require.False(t, leaks(`postgres://postgres@127.0.0.1:5432/db user without a password`))
 	require.False(t, leaks(`at 2026-01-01T00:00:00Z took 3s`))
-	require.Equal(t, []string{"nudge", "--db", "postgres://u:xxxxx@h/db"}, redactArgs([]string{"nudge", "--db", "postgres://u:pw@h/db"}))
+	require.Equal(t, []string{"nudge", "--db", "postgres://u:xxxxx@h/db"}, redact.Args([]string{"nudge", "--db", "postgres://u:pw@h/db"}))
 }
 
 func TestSelectScenarios(t *testing.T) {

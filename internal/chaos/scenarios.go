@@ -17,6 +17,7 @@ import (
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/chaos/chaosmodel"
+	"github.com/nudgeworks/nudge/internal/redact"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/trigger"
 )
@@ -571,7 +572,7 @@ func (s *suite) runCLI(ctx context.Context, e *env, label string, args []string,
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", 0, err
 	}
-	record := fmt.Sprintf("$ nudge %s\nexit %d\n%s", strings.Join(redactArgs(args), " "), code, out)
+	record := fmt.Sprintf("$ nudge %s\nexit %d\n%s", strings.Join(redact.Args(args), " "), code, out)
 	if err := os.WriteFile(dir+"/"+label+".out", []byte(record), 0o644); err != nil {
 		return "", 0, err
 	}

@@ -289,36 +289,3 @@ func grepFile(path string, match func(n int, line string)) error {
 	}
 	return sc.Err()
 }
-
-// redactURL returns raw with its password replaced by "xxxxx".
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
-}
-
-// scrubURL replaces the password of rawURL in msg by "xxxxx".
-func scrubURL(msg, rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return "(withheld)"
-	}
-	if pw, ok := u.User.Password(); ok && pw != "" {
-		msg = strings.ReplaceAll(msg, pw, "xxxxx")
-	}
-	return msg
-}
-
-// redactArgs returns args with the passwords of URLs among them redacted, for the records.
-func redactArgs(args []string) []string {
-	out := make([]string, len(args))
-	for i, a := range args {
-		out[i] = a
-		if strings.Contains(a, "://") {
-			out[i] = redactURL(a)
-		}
-	}
-	return out
-}

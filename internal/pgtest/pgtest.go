@@ -21,6 +21,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/nudgeworks/nudge/internal/redact"
 )
 
 // URLDefault is the server used when NUDGE_TEST_POSTGRES_URL is not set.
@@ -85,14 +87,14 @@ func (db *DB) NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
-		t.Fatalf("pgtest: parse %s: %v", Redact(db.URL), err)
+		t.Fatalf("pgtest: parse %s: %v", redact.URL(db.URL), err)
 	}
 	cfg.MaxConns = maxConns
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		t.Fatalf("pgtest: connect to %s: %v", Redact(db.URL), err)
+		t.Fatalf("pgtest: connect to %s: %v", redact.URL(db.URL), err)
 	}
 	t.Cleanup(pool.Close)
 	return pool
@@ -114,7 +116,7 @@ func adminPool(t testing.TB) *pgxpool.Pool {
 	if adminErr != nil {
 		msg := fmt.Sprintf("pgtest: PostgreSQL at %s is not reachable: %v\n"+
 			"Start it with `make up` (or scripts/services.sh), or point NUDGE_TEST_POSTGRES_URL at a server.",
-			Redact(URL()), adminErr)
+			redact.URL(URL()), adminErr)
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg)
 		}
@@ -151,15 +153,6 @@ func withDatabase(t testing.TB, raw, name string) string {
 	}
 	u.Path = "/" + name
 	return u.String()
-}
-
-// Redact returns raw with any password replaced by "xxxxx", for messages and logs.
-func Redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
 }
 
 func randomHex(n int) string {
