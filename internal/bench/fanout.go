@@ -84,21 +84,21 @@ func runFanout(ctx context.Context, h *harness, sec *Section) error {
 	table.Add(withCase, "", "", FormatValue(Ms(without.latency.P99), "ms")+" ms", FormatValue(m.Ratio, "×"),
 		FormatValue(Ms(with.latency.P50), "ms"), FormatValue(Ms(with.latency.P99), "ms"), FormatValue(Ms(with.latency.Max), "ms"))
 	sec.AddCheck(targetSlowProjection, withCase, 100*(m.Ratio-1))
-	sec.Note("catch-up: set-based projections (batch %d) on one worker (GoChannel, start-up catch-up), %d pool connections; ratio = total events/s over 1 projection's",
+	sec.Note("catch-up: set-based projections in SQL (OmitPayloads, batch %d) on one worker (GoChannel, start-up catch-up), %d pool connections; ratio = total events/s over 1 projection's",
 		projection.BatchSizeDefault, fanoutPoolSize)
 	sec.Note("slow: its batches write, then sleep %s inside their transaction (holding the store's readers back); p99 is over the other projections only, %d appends/s",
 		slowBatch, sz.liveRate)
 	return nil
 }
 
-// fanoutCatchUp defines n set-based projections and runs a worker until its start-up catch-up
+// fanoutCatchUp defines n set-based projections (payloads read in SQL) and runs a worker until its start-up catch-up
 // has brought every one of them to the end of the store; it returns how long that took.
 func (h *harness) fanoutCatchUp(ctx context.Context, f *fixture, n int) (time.Duration, error) {
 	var ps []*projection.Projection
 	var names []string
 	for i := range n {
 		name := fmt.Sprintf("fan%d_%02d", n, i)
-		p, err := setBasedProjection(name, 0)
+		p, err := sqlSetProjection(name, 0)
 		if err != nil {
 			return 0, err
 		}

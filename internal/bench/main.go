@@ -335,17 +335,17 @@ func sizesFor(quick bool) sizes {
 	s := sizes{
 		rebuildEvents: 1_000_000, rebuildStreams: 10_000, naiveEvents: 50_000, batchSizes: []int{100, 500, 1000},
 		liveRate: 1000, liveWriters: 8, liveStreams: 100, liveDuration: 30 * time.Second,
-		hopDuration: 2 * time.Second, hopRate: 200,
-		appendRun: 3 * time.Second, appendRounds: 2,
-		fanoutEvents: 100_000, fanoutProjections: []int{1, 10, 50}, slowLiveDuration: 10 * time.Second, slowLiveProjection: 10,
+		hopDuration: time.Second, hopRate: 200,
+		appendRun: 2 * time.Second, appendRounds: 2,
+		fanoutEvents: 100_000, fanoutProjections: []int{1, 10, 50}, slowLiveDuration: 5 * time.Second, slowLiveProjection: 10,
 		recoveryEvents: 100_000,
 	}
 	if quick {
-		s.rebuildEvents, s.naiveEvents = 100_000, 10_000
-		s.liveDuration, s.hopDuration = 5*time.Second, time.Second
+		s.rebuildEvents, s.naiveEvents = 100_000, 5_000
+		s.liveDuration, s.hopDuration = 3*time.Second, 500*time.Millisecond
 		s.appendRun = time.Second
-		s.fanoutEvents, s.slowLiveDuration = 20_000, 3*time.Second
-		s.recoveryEvents = 20_000
+		s.fanoutEvents, s.slowLiveDuration = 10_000, 2*time.Second
+		s.recoveryEvents = 10_000
 	}
 	return s
 }

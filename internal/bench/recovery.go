@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/nudgeworks/nudge/deadletter"
 	dlpostgres "github.com/nudgeworks/nudge/deadletter/postgres"
 	"github.com/nudgeworks/nudge/eventstore"
@@ -47,12 +45,12 @@ type recoveryTicket struct {
 func recoveryProjection(name string, fixed *atomic.Bool) (*projection.Projection, error) {
 	upsert := ticketUpsertSQL(name)
 	return projection.New(name, ticketConfig(name, 0),
-		projection.On(rebuildEventType, func(ctx context.Context, tx pgx.Tx, e projection.Event[recoveryTicket]) error {
+		projection.OnQueued(rebuildEventType, func(_ context.Context, q *projection.Queue, e projection.Event[recoveryTicket]) error {
 			if e.Data.Poison && !fixed.Load() {
 				return errPoison
 			}
-			_, err := tx.Exec(ctx, upsert, e.Data.TicketID, e.Data.Customer, e.Data.Price, e.StreamVersion)
-			return err
+			q.Queue(upsert, e.Data.TicketID, e.Data.Customer, e.Data.Price, e.StreamVersion)
+			return nil
 		}))
 }
 
