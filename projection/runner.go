@@ -138,7 +138,7 @@ type Result struct {
 }
 
 // CatchUp handles the projection's events from its committed position until a read comes back
-// empty. Each batch commits on its own; a failed batch is rolled back and the events before the
+// with fewer events than the batch size (empty or short: everything readable was read). Each batch commits on its own; a failed batch is rolled back and the events before the
 // failing one are committed in a batch of their own, so the position stops right before it.
 // The failure is recorded in the status (state failing, the event, the error, attempts) and
 // returned as a *HandlerError. A cancelled context rolls back the batch in flight, records
@@ -159,8 +159,8 @@ func (r *Runner) CatchUp(ctx context.Context, name string) (Result, error) {
 	}
 	var res Result
 	for {
-		n, err := r.batch(ctx, p, p.cfg.BatchSize, &res)
-		if err != nil || n == 0 {
+		more, err := r.batch(ctx, p, p.cfg.BatchSize, &res)
+		if err != nil || !more {
 			return res, err
 		}
 	}
@@ -169,12 +169,16 @@ func (r *Runner) CatchUp(ctx context.Context, name string) (Result, error) {
 // errPaused rolls back a unit that found the projection paused.
 var errPaused = errors.New("projection paused")
 
-// batch runs one batch of at most limit events and returns how many it committed.
-func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Result) (int, error) {
+// batch runs one batch of at most limit events and reports whether more events may be
+// readable: it committed events and its read filled the batch. A read that came back short has
+// seen everything readable, so the catch-up ends without one more (empty) read; a short read
+// of a rebuilding projection also marks the rebuild done.
+func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Result) (bool, error) {
 	var (
 		failed     *HandlerError
 		failedAt   int
 		handled    int
+		exhausted  bool // the read came back short and every event it returned was handled
 		committed  eventstore.Position
 		rebuilding bool
 		attempted  bool // a crash-loop attempt was recorded at committed
@@ -191,6 +195,7 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 			return Outcome{}, fmt.Errorf("projection %s: read events after %s: %w", p.name, u.Status.Position, err)
 		}
 		out := Outcome{Position: u.Status.Position, State: u.Status.State}
+		exhausted = len(events) < limit
 		if len(events) == 0 {
 			if u.Status.State == StateRebuilding {
 				out.State = StateRunning
@@ -199,7 +204,9 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 		}
 		if limit := p.cfg.CrashLoopLimit; limit > 0 {
 			var crashed bool
+			read := len(events)
 			events, crashed, err = r.watchCrashLoops(ctx, p, u.Status.Position, events, limit)
+			exhausted = exhausted && len(events) == read // one event at a time leaves the rest unread
 			if err != nil {
 				return Outcome{}, err
 			}
@@ -215,7 +222,7 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 		var queue Queue
 		for i := range events {
 			if i > 0 && r.now().After(deadline) {
-				events = events[:i]
+				events, exhausted = events[:i], false
 				break
 			}
 			if err := p.handleInBatch(ctx, u.Tx, &queue, events, i); err != nil {
@@ -243,6 +250,9 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 			// committed events has passed it: the fault is gone.
 			out.State, out.ClearFailure = StateRunning, true
 		}
+		if exhausted && u.Status.State == StateRebuilding {
+			out.State = StateRunning
+		}
 		return out, nil
 	})
 	if err == nil || errors.Is(err, errPaused) {
@@ -268,16 +278,16 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 				slog.Int("events", handled), slog.String("position", res.Position.String()), slog.Duration("took", took))
 			r.report(BatchReport{Projection: p.name, Events: handled, Took: took, Position: committed})
 		}
-		return handled, nil
+		return handled > 0 && !exhausted, nil
 	case errors.Is(err, errPaused):
 		res.Paused = true
-		return 0, nil
+		return false, nil
 	case ctx.Err() != nil:
 		// Shutting down: the batch rolled back and is not a failure of the projection's.
-		return 0, ctx.Err()
+		return false, ctx.Err()
 	case failed == nil:
 		r.report(BatchReport{Projection: p.name, Took: r.now().Sub(started), Position: committed, Err: err})
-		return 0, err
+		return false, err
 	}
 
 	// A handler failed: commit the events before the failing one, then record the failure.
@@ -288,7 +298,7 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 	}
 	if failedAt > 0 {
 		if _, err := r.batch(ctx, p, failedAt, res); err != nil {
-			return 0, err
+			return false, err
 		}
 	}
 	r.report(BatchReport{Projection: p.name, Took: r.now().Sub(started), Position: res.Position, Err: failed})
@@ -298,13 +308,13 @@ func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Resul
 		At:    r.now(),
 	}
 	if err := r.backend.RecordFailure(ctx, p, failure); err != nil {
-		return 0, errors.Join(failed, fmt.Errorf("projection %s: record the failure: %w", p.name, err))
+		return false, errors.Join(failed, fmt.Errorf("projection %s: record the failure: %w", p.name, err))
 	}
 	r.logger.WarnContext(ctx, "projection failed on an event; position stays before it",
 		slog.String("projection", p.name), slog.String("event_id", failed.EventID.String()),
 		slog.String("event_type", failed.EventType), slog.String("position", failed.Position.String()),
 		slog.Any("error", failed.Err))
-	return 0, failed
+	return false, failed
 }
 
 // failAt records the *HandlerError err as the batch's failure, with the index of its event.
