@@ -45,6 +45,13 @@ type Config struct {
 	// for projections that need only positions, types and streams (the trigger relay). Only
 	// OnAnyIdempotent handlers may be used with it: typed handlers need the payload.
 	OmitPayloads bool
+	// AppendsEvents declares that handlers or hooks append events to the event store in the
+	// batch's transaction (a process manager, say). Without it the PostgreSQL backend exempts
+	// every batch from the store's read horizon, so a slow batch does not hold back other
+	// projections' reads, and an append in the batch's transaction fails with
+	// postgres.ErrExempt. With it, each batch holds back every reader of the store from its
+	// first write to its commit, like any writing transaction.
+	AppendsEvents bool
 
 	// InitFunc creates what the read model needs (tables, indexes). It runs when the runner
 	// starts (Runner.Init), every time, so it must be idempotent (CREATE TABLE IF NOT EXISTS).

@@ -11,11 +11,14 @@
 // transaction that was given a smaller position and committed after the reader passed it. This
 // store records the writing transaction's id on every event, orders reads by (transaction_id,
 // global_position) and returns only events of transactions older than the oldest transaction
-// still running (pg_snapshot_xmin). Nothing in flight can later appear behind such a reader, and
-// no gap timeout is needed.
+// still running (the horizon). Nothing in flight can later appear behind such a reader, and no
+// gap timeout is needed.
 //
 // The price: a long-running writing transaction anywhere in the PostgreSQL cluster (it need not
-// touch these tables) holds readers back until it ends. They wait; they never skip.
+// touch these tables) holds readers back until it ends. They wait; they never skip. Transactions
+// that declare they append nothing (Store.Exempt) do not count: projection/postgres exempts
+// every projection batch, so a slow projection holds back neither the other projections nor
+// the relay.
 //
 // # Order within a stream
 //
@@ -209,6 +212,8 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 		lockErr  error
 		foundErr error
 	)
+	var exempt bool
+	batch.Queue(s.sql.isExempt).QueryRow(func(row pgx.Row) error { return row.Scan(&exempt) })
 	batch.Queue(s.sql.lockStream, streamID).QueryRow(func(row pgx.Row) error {
 		lockErr = row.Scan(&version, &lastTx, &ownTx)
 		if errors.Is(lockErr, pgx.ErrNoRows) {
@@ -226,6 +231,9 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 	}
 	if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
 		return eventstore.AppendResult{}, err
+	}
+	if exempt {
+		return eventstore.AppendResult{}, fmt.Errorf("append to %q: %w", streamID, ErrExempt)
 	}
 
 	if len(found) > 0 {
@@ -290,6 +298,37 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 	}
 	return res, nil
 }
+
+// ErrExempt is returned by AppendTx in a transaction exempt from the read horizon (see
+// Store.Exempt): readers do not wait for such a transaction, so events it appended could commit
+// behind them. Nothing is written; append in another transaction.
+var ErrExempt = errors.New("postgres: cannot append in a transaction exempt from the read horizon (a projection batch's, say: see Store.Exempt)")
+
+// Exempt declares that tx will append no events to the store, so readers need not wait for it:
+// a long transaction that writes only other tables (a projection's batch writing its read
+// model, say) then holds no reader of the store back. Call it before tx appends anything;
+// AppendTx in tx fails with ErrExempt from then on. The exemption ends with tx and holds for
+// this store's schema only.
+//
+// A reader finds the exempt transactions in pg_locks (each holds a shared advisory lock of
+// class 1852340846, "nhzn", keyed by the store's schema hashed), which it reads only while some
+// transaction is running.
+func (s *Store) Exempt(ctx context.Context, tx pgx.Tx) error {
+	if tx == nil {
+		return &eventstore.ValidationError{Field: "tx", Index: -1, Reason: "nil transaction: Exempt applies to the caller's transaction"}
+	}
+	_, err := tx.Exec(ctx, s.sql.exempt)
+	return translate(err)
+}
+
+// HorizonSQL is an SQL expression of type xid8 (a scalar subquery) for the store's horizon as
+// of the statement it is part of: events of transactions below it are readable, the others
+// not yet. Queries that compute lag beside the store's own reads use it.
+func (s *Store) HorizonSQL() string { return s.sql.horizon }
+
+// QueueExempt queues Exempt's statement on b, for a caller that sends the first statements of
+// its transaction in one round trip.
+func (s *Store) QueueExempt(b *pgx.Batch) { b.Queue(s.sql.exempt) }
 
 // Read implements eventstore.Store. It reads outside any transaction of the caller's; see
 // ReadTx to read inside one.

@@ -9,6 +9,9 @@ import (
 // statements are the store's SQL with its table names qualified by the configured schema.
 type statements struct {
 	lockStream   string
+	exempt       string
+	isExempt     string
+	horizon      string // the readable expression
 	eventsByID   string
 	insertEvents string
 	// read and readTypes are indexed by ReadOptions.OmitPayload (0: with payloads).
@@ -23,9 +26,34 @@ const eventColumns = `global_position, transaction_id, event_id, stream_id, stre
 // bareColumns are eventColumns without the JSON, for ReadOptions.OmitPayload.
 const bareColumns = `global_position, transaction_id, event_id, stream_id, stream_version, event_type, NULL::jsonb, NULL::jsonb, recorded_at`
 
-// horizon is the read-order condition that never skips: only transactions older than every
-// transaction still running can be read, so nothing can commit behind the reader later.
-const horizon = `transaction_id < pg_snapshot_xmin(pg_current_snapshot())`
+// horizon is the read-order condition that never skips: only events of transactions older
+// than every transaction still running that may append events can be read, so nothing can
+// commit behind the reader later.
+const horizon = `transaction_id < {readable}`
+
+// readable is the oldest transaction id whose events may not all be readable yet: the oldest
+// running transaction that is not exempt from the horizon (Store.Exempt), else the next id to
+// be assigned — or the reader's own id, if it has one. Only the exempt transactions of this
+// database and schema count: each holds the shared advisory lock (exemptClass, {key}), taken
+// before its first append could be, and its own transaction id lock (the only ExclusiveLock on
+// a transaction id a backend holds). pg_locks is read only when a transaction is running.
+const readable = `(SELECT least(coalesce((SELECT min(x) FROM pg_snapshot_xip(s) x
+			WHERE x::xid <> ALL (ARRAY(SELECT t.transactionid FROM pg_locks t JOIN pg_locks a
+				ON a.virtualtransaction = t.virtualtransaction
+				WHERE t.locktype = 'transactionid' AND t.mode = 'ExclusiveLock' AND t.granted
+					AND a.locktype = 'advisory' AND a.granted AND a.mode = 'ShareLock'
+					AND a.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+					AND a.classid = ` + exemptClass + `::oid AND a.objid = {key}::oid AND a.objsubid = 2))),
+		pg_snapshot_xmax(s)), pg_current_xact_id_if_assigned())
+	FROM pg_current_snapshot() s)`
+
+// exemptClass is the first key of the advisory lock that exempts a transaction from the
+// horizon ("nhzn" in ASCII); the second is {key}, the store's schema hashed.
+const exemptClass = "1852340846"
+
+// exemptSetting is the transaction-local setting that lists the store keys a transaction is
+// exempt for, so that AppendTx can refuse to append in it.
+const exemptSetting = "nudge.horizon_exempt"
 
 func newStatements(schema string) statements {
 	table := func(name string) string {
@@ -34,9 +62,19 @@ func newStatements(schema string) statements {
 		}
 		return pgx.Identifier{schema, name}.Sanitize()
 	}
-	r := strings.NewReplacer("{events}", table("nudge_events"), "{streams}", table("nudge_streams"), "{columns}", eventColumns, "{horizon}", horizon)
-	bare := strings.NewReplacer("{events}", table("nudge_events"), "{columns}", bareColumns, "{horizon}", horizon)
+	// The key of the store's exemption lock: the schema hashed, so stores in two schemas of
+	// one database have their own (a collision only makes readers wait).
+	key := `hashtext(` + quote("nudge_events:"+schema) + `)`
+	readableSQL := strings.ReplaceAll(readable, "{key}", key)
+	h := strings.ReplaceAll(horizon, "{readable}", readableSQL)
+	r := strings.NewReplacer("{events}", table("nudge_events"), "{streams}", table("nudge_streams"), "{columns}", eventColumns, "{horizon}", h,
+		"{key}", key, "{setting}", quote(exemptSetting))
+	bare := strings.NewReplacer("{events}", table("nudge_events"), "{columns}", bareColumns, "{horizon}", h)
 	return statements{
+		horizon: readableSQL,
+		exempt: r.Replace(`SELECT pg_advisory_xact_lock_shared(` + exemptClass + `, {key}),
+			set_config({setting}, coalesce(current_setting({setting}, true), '') || ' ' || {key} || ' ', true)`),
+		isExempt: r.Replace(`SELECT position(' ' || {key} || ' ' IN coalesce(current_setting({setting}, true), '')) > 0`),
 		// The row lock serialises appenders of one stream; FOR UPDATE re-reads the newest
 		// committed row after waiting, so the version seen is current.
 		lockStream: r.Replace(`SELECT version, last_transaction_id, pg_current_xact_id()
@@ -65,6 +103,9 @@ func newStatements(schema string) statements {
 			ORDER BY transaction_id DESC, global_position DESC LIMIT 1`),
 	}
 }
+
+// quote makes s an SQL string literal; s holds no quote (schema names are checked by New).
+func quote(s string) string { return "'" + s + "'" }
 
 const readSQL = `SELECT {columns} FROM {events}
 	WHERE (transaction_id, global_position) > ($1::xid8, $2::bigint) AND {horizon}

@@ -60,7 +60,7 @@ func New(db DB, store *espg.Store) (*Backend, error) {
 	if db == nil || store == nil {
 		return nil, fmt.Errorf("%w: projection/postgres.New needs a database handle and an event store", projection.ErrInvalidConfig)
 	}
-	return &Backend{db: db, store: store, sql: newStatements(store.Schema())}, nil
+	return &Backend{db: db, store: store, sql: newStatements(store.Schema(), store.HorizonSQL())}, nil
 }
 
 //go:embed migrations/*.sql
@@ -98,16 +98,26 @@ func (b *Backend) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
 	return tx.Commit(ctx)
 }
 
-// lock takes the projection's advisory lock and reads its status row.
-func (b *Backend) lock(ctx context.Context, tx pgx.Tx, name string) (projection.Status, error) {
-	if _, err := tx.Exec(ctx, b.sql.lock, name); err != nil {
-		return projection.Status{}, err
+// lock takes the projection's advisory lock and reads its status row, in one round trip. With
+// exempt, it first exempts tx from the store's read horizon (espg.Store.Exempt).
+func (b *Backend) lock(ctx context.Context, tx pgx.Tx, name string, exempt bool) (projection.Status, error) {
+	var (
+		batch pgx.Batch
+		st    projection.Status
+	)
+	if exempt {
+		b.store.QueueExempt(&batch)
 	}
-	st, _, err := scanStatus(tx.QueryRow(ctx, b.sql.selectStatus, name))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return st, fmt.Errorf("projection %s: %w", name, projection.ErrNotRegistered)
-	}
-	return st, err
+	batch.Queue(b.sql.lock, name)
+	batch.Queue(b.sql.selectStatus, name).QueryRow(func(row pgx.Row) error {
+		var err error
+		st, _, err = scanStatus(row)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("projection %s: %w", name, projection.ErrNotRegistered)
+		}
+		return err
+	})
+	return st, tx.SendBatch(ctx, &batch).Close()
 }
 
 // Register implements projection.Backend. It also records the event types the projection
@@ -133,7 +143,7 @@ func (b *Backend) Register(ctx context.Context, p *projection.Projection) error 
 // RunBatch implements projection.Backend.
 func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn projection.BatchFunc) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error {
-		st, err := b.lock(ctx, tx, p.Name())
+		st, err := b.lock(ctx, tx, p.Name(), !p.Config().AppendsEvents)
 		if err != nil {
 			return err
 		}
@@ -165,7 +175,7 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn pro
 // RecordFailure implements projection.Backend.
 func (b *Backend) RecordFailure(ctx context.Context, p *projection.Projection, f projection.Failure) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error {
-		if _, err := b.lock(ctx, tx, p.Name()); err != nil {
+		if _, err := b.lock(ctx, tx, p.Name(), false); err != nil {
 			return err
 		}
 		e := f.Event
@@ -178,7 +188,7 @@ func (b *Backend) RecordFailure(ctx context.Context, p *projection.Projection, f
 // Reset implements projection.Backend.
 func (b *Backend) Reset(ctx context.Context, p *projection.Projection) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error {
-		if _, err := b.lock(ctx, tx, p.Name()); err != nil {
+		if _, err := b.lock(ctx, tx, p.Name(), false); err != nil {
 			return err
 		}
 		if fn := p.Config().ResetFunc; fn != nil {
@@ -195,7 +205,7 @@ func (b *Backend) Reset(ctx context.Context, p *projection.Projection) error {
 func (b *Backend) SetState(ctx context.Context, p *projection.Projection, to projection.State, from ...projection.State) (bool, error) {
 	var changed bool
 	err := b.inTx(ctx, func(tx pgx.Tx) error {
-		st, err := b.lock(ctx, tx, p.Name())
+		st, err := b.lock(ctx, tx, p.Name(), false)
 		if err != nil {
 			return err
 		}
@@ -212,7 +222,7 @@ func (b *Backend) SetState(ctx context.Context, p *projection.Projection, to pro
 // Delete implements projection.Backend.
 func (b *Backend) Delete(ctx context.Context, p *projection.Projection) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error {
-		if _, err := b.lock(ctx, tx, p.Name()); err != nil {
+		if _, err := b.lock(ctx, tx, p.Name(), false); err != nil {
 			return err
 		}
 		if fn := p.Config().DeleteFunc; fn != nil {

@@ -450,3 +450,71 @@ func TestSmallPoolDoesNotDeadlock(t *testing.T) {
 		require.Equal(t, 200, rec.Distinct(), name)
 	}
 }
+
+// TestSlowBatchDoesNotHoldOtherProjections: a batch that wrote its read model and then stalls
+// (its transaction open) does not hold back another projection's reads, because batches are
+// exempt from the store's horizon; an append inside such a batch is refused. A projection
+// declared with AppendsEvents may append in its batch, and then holds the other back like any
+// writing transaction.
+func TestSlowBatchDoesNotHoldOtherProjections(t *testing.T) {
+	t.Parallel()
+	for _, appends := range []bool{false, true} {
+		t.Run(fmt.Sprintf("AppendsEvents=%v", appends), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			ctx := context.Background()
+			_, err := e.db.Pool.Exec(ctx, `CREATE TABLE slow_model (id uuid PRIMARY KEY)`)
+			require.NoError(t, err)
+			projectiontest.AppendN(t, e.store, 0, 1, "A") // and waits until it is readable
+
+			wrote, release := make(chan error, 1), make(chan struct{})
+			slow, err := projection.New("slow", projection.Config{AppendsEvents: appends},
+				projection.On("A", func(ctx context.Context, tx pgx.Tx, ev projection.Event[projectiontest.Payload]) error {
+					if _, err := tx.Exec(ctx, `INSERT INTO slow_model VALUES ($1)`, ev.ID); err != nil {
+						return err
+					}
+					_, err := e.store.AppendTx(ctx, tx, "by-slow", eventstore.Any, storetest.Event("B", 1))
+					wrote <- err
+					<-release
+					return nil
+				}))
+			require.NoError(t, err)
+			rec := projectiontest.NewRecorder()
+			r := runner(t, e.backend, slow, mustNew(t, "fast", projection.OnIdempotent("A", rec.Handle)))
+
+			slowDone := make(chan error, 1)
+			go func() {
+				_, err := r.CatchUp(ctx, "slow")
+				slowDone <- err
+			}()
+			appendErr := <-wrote
+			defer func() {
+				close(release)
+				require.NoError(t, <-slowDone)
+			}()
+
+			second, err := e.store.Append(ctx, "second", eventstore.Any, storetest.Event("A", 1))
+			require.NoError(t, err)
+			if !appends {
+				require.ErrorIs(t, appendErr, espg.ErrExempt, "an exempt batch cannot append")
+				// Other tests' transactions on the server may hold the horizon for moments;
+				// the slow batch stays open throughout.
+				storetest.Settle(t, e.store, second.Last())
+				res, err := r.CatchUp(ctx, "fast")
+				require.NoError(t, err)
+				require.Equal(t, 2, res.Events, "the stalled batch does not hold the other projection back")
+				st, err := r.Status(ctx, "fast")
+				require.NoError(t, err)
+				require.False(t, st.HeldByHorizon)
+				return
+			}
+			require.NoError(t, appendErr, "a batch of a projection that appends events may append")
+			res, err := r.CatchUp(ctx, "fast")
+			require.NoError(t, err)
+			require.Equal(t, 1, res.Events, "the event after the appending batch began waits for it")
+			st, err := r.Status(ctx, "fast")
+			require.NoError(t, err)
+			require.True(t, st.HeldByHorizon)
+		})
+	}
+}

@@ -32,7 +32,7 @@ const statusColumns = `p.name, p.transaction_id, p.global_position, p.state, p.e
 const statusFrom = `FROM {projections} p
 	LEFT JOIN LATERAL (SELECT * FROM {skips} s WHERE s.projection = p.name ORDER BY s.id DESC LIMIT 1) k ON true`
 
-func newStatements(schema string) statements {
+func newStatements(schema, horizon string) statements {
 	table := func(name string) string {
 		if schema == "" {
 			return name
@@ -40,7 +40,7 @@ func newStatements(schema string) statements {
 		return pgx.Identifier{schema, name}.Sanitize()
 	}
 	r := strings.NewReplacer("{projections}", table("nudge_projections"), "{events}", table("nudge_events"), "{skips}", table("nudge_projection_skips"),
-		"{columns}", statusColumns, "{class}", lockClass, "{schema}", schema)
+		"{columns}", statusColumns, "{class}", lockClass, "{schema}", schema, "{horizon}", horizon)
 	return statements{
 		lock: r.Replace(`SELECT pg_advisory_xact_lock({class}, hashtext('{schema}.' || $1))`),
 		register: r.Replace(`INSERT INTO {projections} AS p (name, event_types) VALUES ($1, $2)
@@ -105,7 +105,7 @@ func newStatements(schema string) statements {
 		delete:   r.Replace(`DELETE FROM {projections} WHERE name = $1`),
 		// The store's head, the projection's readable lag, whether committed events of its types
 		// wait behind the horizon, and the age of the oldest writing transaction if so.
-		lag: r.Replace(`WITH h AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin),
+		lag: r.Replace(`WITH h AS MATERIALIZED (SELECT {horizon} AS xmin),
 			head AS (
 				SELECT e.transaction_id, e.global_position FROM {events} e, h
 				WHERE e.transaction_id < h.xmin ORDER BY e.transaction_id DESC, e.global_position DESC LIMIT 1
@@ -120,8 +120,9 @@ func newStatements(schema string) statements {
 			)
 			SELECT coalesce((SELECT transaction_id FROM head), '0'::xid8), coalesce((SELECT global_position FROM head), 0),
 				lag.events, extract(epoch FROM clock_timestamp() - lag.oldest)::float8, held.held,
-				CASE WHEN held.held THEN (SELECT extract(epoch FROM clock_timestamp() - min(xact_start))::float8
-					FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()) END
+				CASE WHEN held.held THEN (SELECT extract(epoch FROM clock_timestamp() - coalesce(
+						(SELECT min(xact_start) FROM pg_stat_activity, h WHERE backend_xid = h.xmin::xid),
+						(SELECT min(xact_start) FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid())))::float8) END
 			FROM lag, held`),
 	}
 }
