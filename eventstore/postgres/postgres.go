@@ -200,27 +200,27 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 		}
 	}
 
-	// Lock the stream's row (if the stream exists) and read its state; in the same round trip,
-	// look for stored events with the given ids.
+	// Lock the stream's row (if the stream exists) and read its state and whether the
+	// transaction is exempt from the horizon; in the same round trip, look for stored events
+	// with the given ids.
 	var (
 		version  int64
 		lastTx   uint64
 		ownTx    uint64
 		exists   bool
+		exempt   bool
 		found    []eventstore.Event
 		batch    pgx.Batch
 		lockErr  error
 		foundErr error
 	)
-	var exempt bool
-	batch.Queue(s.sql.isExempt).QueryRow(func(row pgx.Row) error { return row.Scan(&exempt) })
 	batch.Queue(s.sql.lockStream, streamID).QueryRow(func(row pgx.Row) error {
-		lockErr = row.Scan(&version, &lastTx, &ownTx)
-		if errors.Is(lockErr, pgx.ErrNoRows) {
-			lockErr = nil
-			return nil
+		var v *int64
+		var last *uint64
+		lockErr = row.Scan(&exempt, &v, &last, &ownTx)
+		if v != nil && last != nil {
+			exists, version, lastTx = true, *v, *last
 		}
-		exists = lockErr == nil
 		return lockErr
 	})
 	if len(ids) > 0 {

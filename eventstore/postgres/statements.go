@@ -10,7 +10,6 @@ import (
 type statements struct {
 	lockStream   string
 	exempt       string
-	isExempt     string
 	horizon      string // the readable expression
 	eventsByID   string
 	insertEvents string
@@ -74,11 +73,15 @@ func newStatements(schema string) statements {
 		horizon: readableSQL,
 		exempt: r.Replace(`SELECT pg_advisory_xact_lock_shared(` + exemptClass + `, {key}),
 			set_config({setting}, coalesce(current_setting({setting}, true), '') || ' ' || {key} || ' ', true)`),
-		isExempt: r.Replace(`SELECT position(' ' || {key} || ' ' IN coalesce(current_setting({setting}, true), '')) > 0`),
 		// The row lock serialises appenders of one stream; FOR UPDATE re-reads the newest
-		// committed row after waiting, so the version seen is current.
-		lockStream: r.Replace(`SELECT version, last_transaction_id, pg_current_xact_id()
-			FROM {streams} WHERE stream_id = $1 FOR UPDATE`),
+		// committed row after waiting, so the version seen is current. The statement returns
+		// one row, the stream's columns NULL when it does not exist yet, and says whether the
+		// transaction is exempt from the horizon (Store.Exempt), where it must not append.
+		lockStream: r.Replace(`SELECT position(' ' || {key} || ' ' IN coalesce(current_setting({setting}, true), '')) > 0,
+				s.version, s.last_transaction_id, pg_current_xact_id()
+			FROM (SELECT) x LEFT JOIN LATERAL (
+				SELECT version, last_transaction_id FROM {streams} WHERE stream_id = $1 FOR UPDATE
+			) s ON true`),
 		eventsByID: r.Replace(`SELECT {columns} FROM {events} WHERE event_id = ANY($1::uuid[])
 			ORDER BY stream_id, stream_version`),
 		// Rows are inserted in stream order, so global positions rise with the version.
