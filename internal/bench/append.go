@@ -32,11 +32,15 @@ const (
 )
 
 // appendVariants are the ways appends run, the bare store first: it is the baseline.
-var appendVariants = []struct{ label, kind string }{
-	{"bare store", ""},
-	{"RabbitMQ (relay)", chAMQP},
-	{"GoChannel (relay)", chGoChannel},
-	{"PostgreSQL queue (in the append's tx)", chPostgres},
+var appendVariants = []struct {
+	label, kind string
+	relay       bool // the PostgreSQL queue fed by a relay, not in the append's transaction
+}{
+	{"bare store", "", false},
+	{"RabbitMQ (relay)", chAMQP, true},
+	{"GoChannel (relay)", chGoChannel, true},
+	{"PostgreSQL queue (relay)", chPostgres, true},
+	{"PostgreSQL queue (in the append's tx)", chPostgres, false},
 }
 
 // appendTargets lists every target the append scenario checks.
@@ -61,6 +65,7 @@ func runAppend(ctx context.Context, h *harness, sec *Section) error {
 	sizes := []int{1, appendTargetSize}
 	sec.Params["writers"], sec.Params["events_per_tx"], sec.Params["run_s"] = appendWriters, sizes, sz.appendRun.Seconds()
 	sec.Params["rounds"], sec.Params["declared_projections"] = sz.appendRounds, appendProjections
+	sec.Params["relay_min_interval_ms"] = Ms(h.opts.relayInterval)
 	var projections []string
 	for i := range appendProjections {
 		projections = append(projections, fmt.Sprintf("append_%02d", i))
@@ -80,6 +85,9 @@ func runAppend(ctx context.Context, h *harness, sec *Section) error {
 				return err
 			}
 			defer v.w.close()
+			if av.relay {
+				v.w.appender, v.w.store = nil, f.store
+			}
 		}
 	}
 
@@ -171,7 +179,7 @@ func (v *appendVariant) run(ctx context.Context, h *harness, size int, d time.Du
 		store = v.w.store
 		if v.w.appender == nil {
 			var err error
-			if relay, err = trigger.NewRelay(v.f.backend, v.w.ch, trigger.RelayConfig{Logger: h.libLog}); err != nil {
+			if relay, err = trigger.NewRelay(v.f.backend, v.w.ch, h.relayConfig()); err != nil {
 				return 0, err
 			}
 			go func() { relayDone <- relay.Run(relayCtx) }()

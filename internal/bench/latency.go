@@ -34,6 +34,7 @@ func runLatency(ctx context.Context, h *harness, sec *Section) error {
 	sec.Params["rate_per_s"], sec.Params["writers"], sec.Params["streams"] = sz.liveRate, sz.liveWriters, sz.liveStreams
 	sec.Params["duration_s"], sec.Params["projections"] = sz.liveDuration.Seconds(), []int{1, 10}
 	sec.Params["hop_rate_per_s"], sec.Params["hop_duration_s"], sec.Params["pg_poll_ms"] = sz.hopRate, sz.hopDuration.Seconds(), Ms(h.opts.pgPoll)
+	sec.Params["relay_min_interval_ms"] = Ms(h.opts.relayInterval)
 	table := &Table{Header: []string{"channel", "projections", "appends/s", "p50 ms", "p99 ms", "max ms", "hop p50", "hop p99", "p99 ratio"}}
 	sec.table = table
 	for _, kind := range channelKinds {

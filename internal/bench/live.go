@@ -92,6 +92,11 @@ func (h *harness) openChannel(ctx context.Context, f *fixture, kind string, proj
 	return w, nil
 }
 
+// relayConfig configures the relays of the run (-relay-interval).
+func (h *harness) relayConfig() trigger.RelayConfig {
+	return trigger.RelayConfig{MinInterval: h.opts.relayInterval, Logger: h.libLog}
+}
+
 func (w *wiring) close() {
 	_ = w.ch.Close()
 	w.cleanup()
@@ -113,7 +118,7 @@ func (h *harness) startWorker(ctx context.Context, f *fixture, w *wiring, runner
 	errs := make(chan error, 2)
 	wg.Go(func() { errs <- wk.Run(ctx) })
 	if w.appender == nil {
-		relay, err := trigger.NewRelay(f.backend, w.ch, trigger.RelayConfig{Logger: h.libLog})
+		relay, err := trigger.NewRelay(f.backend, w.ch, h.relayConfig())
 		if err != nil {
 			cancel()
 			wg.Wait()
