@@ -15,7 +15,8 @@ const (
 	// BatchSizeDefault is the most events one batch (one transaction) handles.
 	BatchSizeDefault = 500
 	// MaxBatchDurationDefault bounds how long a batch handles events before it commits what it
-	// has, to keep transactions short: an open batch holds back every reader of the store.
+	// has, to keep transactions short: an open batch holds its read model's row locks (and, with
+	// Config.AppendsEvents, every reader of the store).
 	MaxBatchDurationDefault = 2 * time.Second
 	// CrashLoopLimitSuggested is a good Config.CrashLoopLimit: how many batches may start at
 	// one position without finishing (the process died in them) before the runner hunts for the

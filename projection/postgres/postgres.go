@@ -15,8 +15,17 @@
 // in every process: a second worker waits, then reads the position the first committed, so no
 // event is handled twice and no work is duplicated. Unlike a row lock (SELECT … FOR UPDATE),
 // the advisory lock gives the transaction no transaction id, so a catch-up that finds nothing to
-// do writes nothing, and a batch holds back the store's readers (the xmin horizon) only from its
-// first write to its commit, not while it reads.
+// do writes nothing.
+//
+// # The store's horizon
+//
+// The store reads only below the oldest running transaction that may append events. Each
+// batch first declares that it appends none (espg.Store.Exempt, in the same round trip as the
+// lock), so a batch that writes its read model and then takes its time (a slow handler, a
+// flush to another service) holds back no other projection, nor the trigger relay. A handler
+// that appends events in the batch's transaction gets espg.ErrExempt unless its projection
+// sets projection.Config.AppendsEvents; such batches then hold back every reader of the store
+// from their first write to their commit.
 package postgres
 
 import (
