@@ -157,3 +157,27 @@ func TestExemptWaiterDoesNotHideTheHolder(t *testing.T) {
 	require.Equal(t, held.Events[0].ID, events[1].ID, "the holder's event is read before the later one, not skipped")
 	require.Equal(t, after.Events[0].ID, events[2].ID)
 }
+
+// TestExemptAfterAWriteIsRefused: a transaction that has written something may have appended
+// events, so it cannot be exempted; the refusal takes nothing, and readers keep waiting for it.
+func TestExemptAfterAWriteIsRefused(t *testing.T) {
+	t.Parallel()
+	s, db := newStore(t, postgres.Config{})
+	ctx := context.Background()
+	tx := openWriter(t, db, s, false)
+	_, err := s.AppendTx(ctx, tx, "early", eventstore.Any, storetest.Event("A", 1))
+	require.NoError(t, err)
+	require.ErrorIs(t, s.Exempt(ctx, tx), postgres.ErrExemptTooLate)
+
+	later, err := s.Append(ctx, "later", eventstore.Any, storetest.Event("A", 2))
+	require.NoError(t, err)
+	events, err := s.Read(ctx, eventstore.Position{}, eventstore.ReadOptions{})
+	require.NoError(t, err)
+	require.Empty(t, events, "the refused transaction still holds the horizon")
+	_, err = s.AppendTx(ctx, tx, "early", eventstore.Any, storetest.Event("A", 3))
+	require.NoError(t, err, "and may still append")
+
+	require.NoError(t, tx.Commit(ctx))
+	storetest.Settle(t, s, later.Last())
+	require.Len(t, storetest.ReadAll(t, s, eventstore.ReadOptions{}), 3)
+}

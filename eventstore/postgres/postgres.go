@@ -304,11 +304,17 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 // behind them. Nothing is written; append in another transaction.
 var ErrExempt = errors.New("postgres: cannot append in a transaction exempt from the read horizon (a projection batch's, say: see Store.Exempt)")
 
+// ErrExemptTooLate is returned by Exempt for a transaction that has already written something:
+// it may have appended events, which readers must wait for.
+var ErrExemptTooLate = errors.New("postgres: Exempt must come before the transaction's first write; call it right after Begin")
+
 // Exempt declares that tx will append no events to the store, so readers need not wait for it:
 // a long transaction that writes only other tables (a projection's batch writing its read
-// model, say) then holds no reader of the store back. Call it before tx appends anything;
-// AppendTx in tx fails with ErrExempt from then on. The exemption ends with tx and holds for
-// this store's schema only.
+// model, say) then holds no reader of the store back. Call it right after Begin, before tx
+// writes anything (else ErrExemptTooLate), and outside any savepoint: rolling back to a
+// savepoint taken before it would end the exemption, and a later append could then commit
+// behind readers that passed it. AppendTx in tx fails with ErrExempt from then on. The
+// exemption ends with tx and holds for this store's schema only.
 //
 // A reader finds the exempt transactions in pg_locks (each holds a shared advisory lock of
 // class 1852340846, "nhzn", keyed by the store's schema hashed), which it reads only while some
@@ -317,8 +323,9 @@ func (s *Store) Exempt(ctx context.Context, tx pgx.Tx) error {
 	if tx == nil {
 		return &eventstore.ValidationError{Field: "tx", Index: -1, Reason: "nil transaction: Exempt applies to the caller's transaction"}
 	}
-	_, err := tx.Exec(ctx, s.sql.exempt)
-	return translate(err)
+	var b pgx.Batch
+	s.QueueExempt(&b)
+	return translate(tx.SendBatch(ctx, &b).Close())
 }
 
 // HorizonSQL is an SQL expression of type xid8 (a scalar subquery) for the store's horizon as
@@ -327,8 +334,19 @@ func (s *Store) Exempt(ctx context.Context, tx pgx.Tx) error {
 func (s *Store) HorizonSQL() string { return s.sql.horizon }
 
 // QueueExempt queues Exempt's statement on b, for a caller that sends the first statements of
-// its transaction in one round trip.
-func (s *Store) QueueExempt(b *pgx.Batch) { b.Queue(s.sql.exempt) }
+// its transaction in one round trip; sending b fails with ErrExemptTooLate as Exempt does.
+func (s *Store) QueueExempt(b *pgx.Batch) {
+	b.Queue(s.sql.exempt).QueryRow(func(row pgx.Row) error {
+		var ok bool
+		if err := row.Scan(&ok, nil, nil); err != nil {
+			return err
+		}
+		if !ok {
+			return ErrExemptTooLate
+		}
+		return nil
+	})
+}
 
 // Read implements eventstore.Store. It reads outside any transaction of the caller's; see
 // ReadTx to read inside one.

@@ -32,10 +32,12 @@ const horizon = `transaction_id < {readable}`
 
 // readable is the oldest transaction id whose events may not all be readable yet: the oldest
 // running transaction that is not exempt from the horizon (Store.Exempt), else the next id to
-// be assigned — or the reader's own id, if it has one. Only the exempt transactions of this
-// database and schema count: each holds the shared advisory lock (exemptClass, {key}), taken
-// before its first append could be, and its own transaction id lock (the only ExclusiveLock on
-// a transaction id a backend holds). pg_locks is read only when a transaction is running.
+// be assigned — or the reader's own id, if it has one. Leaving an exempt transaction out is
+// safe because it has appended nothing: it was exempted before its first write and AppendTx
+// refuses to append in it. Only the exempt transactions of this database and schema count:
+// each holds the shared advisory lock (exemptClass, {key}), and pg_locks ties that lock to the
+// transaction's id through the ExclusiveLock every transaction holds on its own id (a lock it
+// waits for on another's id is a ShareLock). pg_locks is read only while a transaction runs.
 const readable = `(SELECT least(coalesce((SELECT min(x) FROM pg_snapshot_xip(s) x
 			WHERE x::xid <> ALL (ARRAY(SELECT t.transactionid FROM pg_locks t JOIN pg_locks a
 				ON a.virtualtransaction = t.virtualtransaction
@@ -71,8 +73,12 @@ func newStatements(schema string) statements {
 	bare := strings.NewReplacer("{events}", table("nudge_events"), "{columns}", bareColumns, "{horizon}", h)
 	return statements{
 		horizon: readableSQL,
-		exempt: r.Replace(`SELECT pg_advisory_xact_lock_shared(` + exemptClass + `, {key}),
-			set_config({setting}, coalesce(current_setting({setting}, true), '') || ' ' || {key} || ' ', true)`),
+		// Refused (false, and nothing taken) once the transaction has an id: it may have
+		// appended already. CASE evaluates only the branch it takes.
+		exempt: r.Replace(`SELECT pg_current_xact_id_if_assigned() IS NULL,
+				CASE WHEN pg_current_xact_id_if_assigned() IS NULL THEN pg_advisory_xact_lock_shared(` + exemptClass + `, {key}) END,
+				CASE WHEN pg_current_xact_id_if_assigned() IS NULL
+					THEN set_config({setting}, coalesce(current_setting({setting}, true), '') || ' ' || {key} || ' ', true) END`),
 		// The row lock serialises appenders of one stream; FOR UPDATE re-reads the newest
 		// committed row after waiting, so the version seen is current. The statement returns
 		// one row, the stream's columns NULL when it does not exist yet, and says whether the

@@ -240,7 +240,7 @@ func runRecovery(ctx context.Context, h *harness, sec *Section) error {
 	table.Add(c, FormatValue(recovered.Seconds(), "s"), FormatValue(Rate(n+1, recovered), ""), FormatValue(baseTook.Seconds(), "s"), FormatValue(m.Ratio, "×"))
 	sec.Note("stuck on the first event while %s events arrived in %.1f s (8 writers, %d a transaction): %d trigger(s) received, %d dead-lettered deliveries folded into %d record(s)",
 		Thousands(int64(n)), arrivalTook.Seconds(), recoveryEventsPerAppend, stats.Received, deliveries, len(recs))
-	sec.Note("after the fix: Replay returned in %.1f ms, the first batch committed %.1f ms after the fix; RabbitMQ, per-event handlers (On)", Ms(replayTook), Ms(firstBatch))
+	sec.Note("after the fix: Replay returned in %.1f ms, the first batch committed %.1f ms after the fix; RabbitMQ, per-event handlers (OnQueued)", Ms(replayTook), Ms(firstBatch))
 	return nil
 }
 
