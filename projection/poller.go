@@ -30,6 +30,13 @@ type PollerConfig struct {
 	// MaxFailureInterval caps the wait while failing: each failed catch-up doubles the wait,
 	// up to this. Defaults to PollMaxFailureIntervalDefault.
 	MaxFailureInterval time.Duration
+	// MaxBusyInterval, when above MinInterval, stretches the wait after work with the work
+	// done: MinInterval after a catch-up that handled a few events, growing linearly to
+	// MaxBusyInterval after one that handled a full batch (Config.BatchSize) or more. Under a
+	// heavy load each catch-up then covers more events in fewer, fuller batches (a trigger
+	// relay publishes fewer triggers), while a light load keeps the short wait. Defaults to
+	// MinInterval: no stretching.
+	MaxBusyInterval time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// AfterPollFunc, if set, is called after every catch-up with what happened and the wait
@@ -49,7 +56,8 @@ type PollParams struct {
 // Poller runs catch-up on an adaptive interval, with no broker: the polling mode. Each
 // projection polls on a goroutine of its own, so a failing or slow projection never delays
 // another. While a projection is idle its interval doubles up to MaxInterval; while it fails,
-// up to MaxFailureInterval; after work it drops back to MinInterval.
+// up to MaxFailureInterval; after work it drops back to MinInterval (or, with MaxBusyInterval,
+// to a wait that grows with the work done).
 type Poller struct {
 	runner *Runner
 	cfg    PollerConfig
@@ -65,9 +73,10 @@ func NewPoller(r *Runner, cfg PollerConfig, names ...string) (*Poller, error) {
 	cfg.MinInterval = orDefault(cfg.MinInterval, PollMinIntervalDefault)
 	cfg.MaxInterval = orDefault(cfg.MaxInterval, PollMaxIntervalDefault)
 	cfg.MaxFailureInterval = orDefault(cfg.MaxFailureInterval, PollMaxFailureIntervalDefault)
-	if cfg.MinInterval < 0 || cfg.MaxInterval < cfg.MinInterval || cfg.MaxFailureInterval < cfg.MinInterval {
-		return nil, fmt.Errorf("%w: poller intervals must satisfy 0 < MinInterval <= MaxInterval and MinInterval <= MaxFailureInterval (got %s, %s, %s)",
-			ErrInvalidConfig, cfg.MinInterval, cfg.MaxInterval, cfg.MaxFailureInterval)
+	cfg.MaxBusyInterval = orDefault(cfg.MaxBusyInterval, cfg.MinInterval)
+	if cfg.MinInterval < 0 || cfg.MaxInterval < cfg.MinInterval || cfg.MaxFailureInterval < cfg.MinInterval || cfg.MaxBusyInterval < cfg.MinInterval {
+		return nil, fmt.Errorf("%w: poller intervals must satisfy 0 < MinInterval <= MaxInterval and MinInterval <= MaxFailureInterval, MaxBusyInterval (got %s, %s, %s, %s)",
+			ErrInvalidConfig, cfg.MinInterval, cfg.MaxInterval, cfg.MaxFailureInterval, cfg.MaxBusyInterval)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = r.logger
@@ -122,6 +131,8 @@ func (p *Poller) Wake() {
 
 func (p *Poller) poll(ctx context.Context, name string) {
 	idle, failing := p.cfg.MinInterval, p.cfg.MinInterval
+	proj, _ := p.runner.Projection(name) // NewPoller checked the name
+	batch := proj.Config().BatchSize
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -146,7 +157,7 @@ func (p *Poller) poll(ctx context.Context, name string) {
 					slog.Any("error", err), slog.Duration("retry_in", next))
 			}
 		case res.Events > 0:
-			next, idle, failing = p.cfg.MinInterval, p.cfg.MinInterval, p.cfg.MinInterval
+			next, idle, failing = p.busyInterval(res.Events, batch), p.cfg.MinInterval, p.cfg.MinInterval
 		default:
 			idle = min(2*idle, p.cfg.MaxInterval)
 			next, failing = idle, p.cfg.MinInterval
@@ -156,4 +167,11 @@ func (p *Poller) poll(ctx context.Context, name string) {
 		}
 		timer.Reset(next)
 	}
+}
+
+// busyInterval is the wait after a catch-up that handled events, for a projection whose batches
+// hold batch events: see PollerConfig.MaxBusyInterval.
+func (p *Poller) busyInterval(events, batch int) time.Duration {
+	stretch := p.cfg.MaxBusyInterval - p.cfg.MinInterval
+	return p.cfg.MinInterval + stretch*time.Duration(min(events, batch))/time.Duration(batch)
 }

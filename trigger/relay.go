@@ -27,6 +27,9 @@ const (
 	RelayMinIntervalDefault = 5 * time.Millisecond
 	// RelayMaxIntervalDefault caps the relay's wait while nothing is appended.
 	RelayMaxIntervalDefault = 25 * time.Millisecond
+	// RelayMaxBusyIntervalDefault is the relay's wait after a batch that covered BatchSize
+	// events: under a heavy load the relay waits longer and each trigger covers more events.
+	RelayMaxBusyIntervalDefault = 25 * time.Millisecond
 )
 
 // RelayConfig configures a Relay. Every field is optional.
@@ -40,6 +43,13 @@ type RelayConfig struct {
 	// doubles the wait while idle, up to MaxInterval, which bounds the latency an idle relay
 	// adds. Default to RelayMinIntervalDefault and RelayMaxIntervalDefault.
 	MinInterval, MaxInterval time.Duration
+	// MaxBusyInterval stretches the wait after work with the events the relay found: from
+	// MinInterval after a few events to MaxBusyInterval after a full batch (see
+	// projection.PollerConfig.MaxBusyInterval). At 1,000 appends a second the relay still
+	// waits about MinInterval; under a heavy load it polls and publishes several times less
+	// often, which the appenders, the broker and every projection's catch-ups feel (make bench
+	// measures it). Defaults to RelayMaxBusyIntervalDefault, or MinInterval if that is longer.
+	MaxBusyInterval time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// BeforePublishFunc, if set, runs before each publish; tests use it to stop a process
@@ -83,6 +93,9 @@ func NewRelay(backend projection.Backend, pub Publisher, cfg RelayConfig) (*Rela
 	if cfg.MaxInterval == 0 {
 		cfg.MaxInterval = RelayMaxIntervalDefault
 	}
+	if cfg.MaxBusyInterval == 0 {
+		cfg.MaxBusyInterval = max(RelayMaxBusyIntervalDefault, cfg.MinInterval)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -109,7 +122,8 @@ func NewRelay(backend projection.Backend, pub Publisher, cfg RelayConfig) (*Rela
 	}
 	poller, err := projection.NewPoller(runner, projection.PollerConfig{
 		MinInterval: cfg.MinInterval, MaxInterval: cfg.MaxInterval, MaxFailureInterval: max(time.Second, cfg.MaxInterval),
-		Logger: cfg.Logger,
+		MaxBusyInterval: cfg.MaxBusyInterval,
+		Logger:          cfg.Logger,
 	})
 	if err != nil {
 		return nil, err

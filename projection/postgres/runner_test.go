@@ -411,6 +411,46 @@ func TestPoller(t *testing.T) {
 	require.Equal(t, 310, rec.Calls(), "each event handled once")
 }
 
+// TestPollerStretchesTheWaitWhenBusy: with MaxBusyInterval, the wait after a catch-up grows
+// with the events it handled, up to MaxBusyInterval for a full batch or more.
+func TestPollerStretchesTheWaitWhenBusy(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	rec := projectiontest.NewRecorder()
+	p, err := projection.New("busy", projection.Config{BatchSize: 100}, projection.OnIdempotent("A", rec.Handle))
+	require.NoError(t, err)
+	r := runner(t, e.backend, p)
+	waits := make(chan projection.PollParams, 100)
+	poller, err := projection.NewPoller(r, projection.PollerConfig{
+		MinInterval: 10 * time.Millisecond, MaxInterval: 20 * time.Millisecond, MaxBusyInterval: 110 * time.Millisecond,
+		AfterPollFunc: func(p projection.PollParams) {
+			if p.Result.Events > 0 {
+				waits <- p
+			}
+		},
+	})
+	require.NoError(t, err)
+	projectiontest.AppendN(t, e.store, 0, 250, "A")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- poller.Run(ctx) }()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+
+	first := <-waits
+	require.Equal(t, 250, first.Result.Events, "the start-up catch-up handles everything")
+	require.Equal(t, 110*time.Millisecond, first.Next, "more than a batch: the longest wait")
+	projectiontest.AppendN(t, e.store, 250, 30, "A")
+	second := <-waits
+	require.Equal(t, 30, second.Result.Events)
+	require.Equal(t, 40*time.Millisecond, second.Next, "30 of 100: 10 ms and 30 percent of the 100 ms stretch")
+
+	_, err = projection.NewPoller(r, projection.PollerConfig{MinInterval: time.Second, MaxBusyInterval: time.Millisecond})
+	require.ErrorIs(t, err, projection.ErrInvalidConfig)
+}
+
 // TestSmallPoolDoesNotDeadlock: as many projections catching up at once as the pool has
 // connections, with crash-loop tracking on. Each batch holds a connection and its tracking wants
 // another; the tracking gives up in time instead of waiting for ever.
