@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/internal/redact"
+	"github.com/nudgeworks/nudge/trigger"
 )
 
 func TestPercentileIsNearestRank(t *testing.T) {
@@ -248,6 +249,12 @@ func TestParseFlags(t *testing.T) {
 	require.ErrorContains(t, err, "-log-level")
 	_, err = parseFlags([]string{"extra"}, io.Discard)
 	require.ErrorContains(t, err, "unexpected arguments")
+	require.Equal(t, trigger.RelayMinIntervalDefault, o.relayInterval)
+	o, err = parseFlags([]string{"-relay-interval", "20ms"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 20*time.Millisecond, o.relayInterval)
+	_, err = parseFlags([]string{"-relay-interval", "0s"}, io.Discard)
+	require.ErrorContains(t, err, "-relay-interval 0s: must be positive")
 
 	require.Less(t, sizesFor(true).rebuildEvents, sizesFor(false).rebuildEvents)
 }
