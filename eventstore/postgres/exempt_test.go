@@ -56,6 +56,7 @@ func TestExemptTransactionDoesNotHoldReaders(t *testing.T) {
 
 	t.Run("exempt", func(t *testing.T) {
 		t.Parallel()
+		pgtest.HoldHorizonTurn(t) // it waits for the horizon with its writer open
 		s, db := newStore(t, postgres.Config{})
 		openWriter(t, db, s, true)
 		res, err := s.Append(ctx, "s", eventstore.Any, storetest.Event("A", 1))
@@ -111,6 +112,7 @@ func TestAppendInExemptTransactionFails(t *testing.T) {
 // the appender's event skipped.
 func TestExemptWaiterDoesNotHideTheHolder(t *testing.T) {
 	t.Parallel()
+	pgtest.HoldHorizonTurn(t) // it waits for the horizon with the waiter open
 	s, db := newStore(t, postgres.Config{})
 	ctx := context.Background()
 

@@ -160,3 +160,27 @@ func randomHex(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// horizonTurnKey keys the advisory lock of HoldHorizonTurn ("nhtt" in ASCII).
+const horizonTurnKey = 1852339316
+
+// HoldHorizonTurn makes t wait for, and then hold until it ends, the one turn that tests of
+// every package share to keep a writing transaction open while they wait for the event store's
+// horizon (to show that readers need not wait for that transaction). The horizon is
+// cluster-wide: two such tests in different databases would otherwise each wait for the other's
+// open transaction until both time out. The turn is a session-level advisory lock on a
+// connection of its own, which holds no transaction open.
+func HoldHorizonTurn(t testing.TB) {
+	t.Helper()
+	adminPool(t) // skips or fails like New when the server is unreachable
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, URL())
+	if err != nil {
+		t.Fatalf("pgtest: connect to %s: %v", redact.URL(URL()), err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) }) // closing releases the lock
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(horizonTurnKey)); err != nil {
+		t.Fatalf("pgtest: wait for the horizon turn: %v", err)
+	}
+}

@@ -5,7 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/internal/pgtest"
@@ -28,6 +30,52 @@ func TestNewGivesAnIsolatedDatabase(t *testing.T) {
 	})
 	require.NoError(t, a.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname = $1`, name).Scan(&n))
 	require.Zero(t, n, "the subtest's database is gone once it ended")
+}
+
+// TestHoldHorizonTurnWaitsForTheHolder: while another session holds the turn, HoldHorizonTurn
+// waits (its session shows an ungranted advisory lock); it gets the turn once that ends, and
+// gives it back when its test ends.
+func TestHoldHorizonTurnWaitsForTheHolder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	holder, err := pgx.Connect(ctx, pgtest.URL())
+	require.NoError(t, err)
+	defer func() { _ = holder.Close(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock(1852339316)`) // may wait for other packages' tests
+	require.NoError(t, err)
+
+	got := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		t.Run("waiter", func(t *testing.T) {
+			pgtest.HoldHorizonTurn(t)
+			close(got)
+		})
+		close(ended)
+	}()
+	waiting := func() bool {
+		var n int
+		err := holder.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 1852339316 AND NOT granted`).Scan(&n)
+		return err == nil && n > 0
+	}
+	require.Eventually(t, waiting, 30*time.Second, 5*time.Millisecond, "the waiter waits for the turn")
+	select {
+	case <-got:
+		t.Fatal("the waiter got the turn while another session held it")
+	default:
+	}
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_unlock(1852339316)`)
+	require.NoError(t, err)
+	<-ended
+	select {
+	case <-got:
+	default:
+		t.Fatal("the waiter ended without the turn")
+	}
+	var held bool
+	require.Eventually(t, func() bool {
+		return holder.QueryRow(ctx, `SELECT pg_try_advisory_lock(1852339316)`).Scan(&held) == nil && held
+	}, 30*time.Second, 5*time.Millisecond, "the turn is free again once the waiter's test ended")
 }
 
 // TestUnreachableServer runs this test binary again against a port nothing listens on: without

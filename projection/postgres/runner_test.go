@@ -18,6 +18,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/eventstore/storetest"
+	"github.com/nudgeworks/nudge/internal/pgtest"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/projection/projectiontest"
@@ -501,6 +502,9 @@ func TestSlowBatchDoesNotHoldOtherProjections(t *testing.T) {
 	for _, appends := range []bool{false, true} {
 		t.Run(fmt.Sprintf("AppendsEvents=%v", appends), func(t *testing.T) {
 			t.Parallel()
+			if !appends {
+				pgtest.HoldHorizonTurn(t) // it waits for the horizon with the slow batch open
+			}
 			e := newEnv(t)
 			ctx := context.Background()
 			_, err := e.db.Pool.Exec(ctx, `CREATE TABLE slow_model (id uuid PRIMARY KEY)`)
