@@ -23,9 +23,9 @@
 //
 // A Runner catches projections up on a Backend: projection/postgres (positions beside the
 // events, exactly-once read models) or projection/memory (the embedded demo and fast tests).
-// CatchUp runs batches until a read comes back short (everything readable was read); Status reports state, position, lag in
-// events and time and whether an open transaction holds the projection back; Reset prepares a
-// rebuild; Pause, Resume, Skip and Delete are the operator's actions. Any number of runners in
+// CatchUp runs batches until a read comes back short (everything readable was read); Status
+// reports state, position, lag in events and time and whether an open transaction holds the
+// projection back; Reset prepares a rebuild; Pause, Resume, Skip and Delete are the operator's actions. Any number of runners in
 // any number of processes may run one projection: the backend's lock serialises their batches.
 //
 // What makes a runner catch up is the caller's choice: package worker does it for triggers from

@@ -302,7 +302,8 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 // ErrExempt is returned by AppendTx in a transaction exempt from the read horizon (see
 // Store.Exempt): readers do not wait for such a transaction, so events it appended could commit
 // behind them. Nothing is written; append in another transaction.
-var ErrExempt = errors.New("postgres: cannot append in a transaction exempt from the read horizon (a projection batch's, say: see Store.Exempt)")
+var ErrExempt = errors.New("postgres: cannot append in a transaction exempt from the read horizon (a projection batch's, say: see Store.Exempt); " +
+	"append in a transaction of its own, or set projection.Config.AppendsEvents on a projection whose handlers append")
 
 // ErrExemptTooLate is returned by Exempt for a transaction that has already written something:
 // it may have appended events, which readers must wait for.

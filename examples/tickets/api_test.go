@@ -44,7 +44,7 @@ func TestTickets(t *testing.T) {
 		}
 		if e.kind == ChannelAMQP {
 			require.NotNil(t, st.Relay, "RabbitMQ: a relay publishes the triggers")
-			require.Zero(t, st.Relay.LagEvents)
+			require.Zero(t, st.Relay.LagEvents, "relay %+v", *st.Relay)
 		} else {
 			require.Nil(t, st.Relay, "PostgreSQL queue: triggers are published in the append's transaction, no relay")
 		}

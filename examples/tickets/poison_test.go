@@ -45,7 +45,7 @@ func poisonWalkthrough(t *testing.T, e *testEnv, heal string) {
 		list = api.status(t).projection(t, ProjectionTicketList)
 		return len(list.DeadLetters) > 0
 	}, waitFor, tick, "ticket_list's trigger is dead-lettered after its retries")
-	require.Equal(t, "failing", string(list.State))
+	require.Equal(t, "failing", string(list.State), "status %+v", list)
 	require.False(t, list.CaughtUp)
 	require.NotNil(t, list.FailingEvent)
 	require.Equal(t, TypeTicketRegistered, list.FailingEvent.Type)

@@ -17,7 +17,8 @@ type statusJSON struct {
 	// Mode and Channel are this process's.
 	Mode    Mode        `json:"mode"`
 	Channel ChannelKind `json:"channel"`
-	// CaughtUp is true when every projection runs and has handled every committed event.
+	// CaughtUp is true when every projection runs and has handled every committed event, and
+	// the relay (if any) has published every trigger.
 	CaughtUp    bool             `json:"caught_up"`
 	Projections []projectionJSON `json:"projections"`
 	// Relay is the trigger relay's progress (RabbitMQ channel, API processes only).
@@ -124,6 +125,9 @@ func (s *service) status(ctx context.Context) (statusJSON, error) {
 			out.Relay = &relayJSON{Name: st.Name, State: st.State, Position: st.Position.String(),
 				LagEvents: st.LagEvents, LagSeconds: st.LagTime.Seconds(), LastError: st.LastError}
 		} // else the relay has not registered yet: it is starting
+		// Projections can finish an event's catch-up before the relay, which published its
+		// trigger first, commits its own position: the relay must be caught up too.
+		out.CaughtUp = out.CaughtUp && err == nil && st.CaughtUp()
 	}
 	return out, nil
 }

@@ -91,8 +91,9 @@ func runFanout(ctx context.Context, h *harness, sec *Section) error {
 	return nil
 }
 
-// fanoutCatchUp defines n set-based projections (payloads read in SQL) and runs a worker until its start-up catch-up
-// has brought every one of them to the end of the store; it returns how long that took.
+// fanoutCatchUp defines n set-based projections (payloads read in SQL) and runs a worker until
+// its start-up catch-up has brought every one of them to the end of the store; it returns how
+// long that took.
 func (h *harness) fanoutCatchUp(ctx context.Context, f *fixture, n int) (time.Duration, error) {
 	var ps []*projection.Projection
 	var names []string

@@ -440,11 +440,21 @@ func TestPollerStretchesTheWaitWhenBusy(t *testing.T) {
 		require.NoError(t, <-done)
 	}()
 
-	first := <-waits
+	next := func() projection.PollParams {
+		t.Helper()
+		select {
+		case p := <-waits:
+			return p
+		case <-time.After(20 * time.Second):
+			t.Fatal("no catch-up handled the appended events")
+			return projection.PollParams{}
+		}
+	}
+	first := next()
 	require.Equal(t, 250, first.Result.Events, "the start-up catch-up handles everything")
 	require.Equal(t, 110*time.Millisecond, first.Next, "more than a batch: the longest wait")
 	projectiontest.AppendN(t, e.store, 250, 30, "A")
-	second := <-waits
+	second := next()
 	require.Equal(t, 30, second.Result.Events)
 	require.Equal(t, 40*time.Millisecond, second.Next, "30 of 100: 10 ms and 30 percent of the 100 ms stretch")
 
