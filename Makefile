@@ -7,13 +7,16 @@ GOLANGCI_LINT          := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 BENCH_TIME             ?= 2s
 
 .DEFAULT_GOAL := help
-.PHONY: help up down test lint chaos bench bench-go demo
+.PHONY: help up tools down test lint chaos bench bench-go demo
 
 help: ## Show the targets and what they do.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 up: ## Find or start PostgreSQL and RabbitMQ (docker compose, else the local services).
 	@scripts/services.sh
+
+tools: ## Install what some tests drive when missing (gdb, PostgreSQL's server programs).
+	@scripts/tools.sh
 
 down: ## Stop the docker compose services (local services are left running).
 	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then \
@@ -22,7 +25,7 @@ down: ## Stop the docker compose services (local services are left running).
 		echo "down: no Docker engine here; local PostgreSQL and RabbitMQ are left running"; \
 	fi
 
-test: up ## Run every test, with the race detector, against real PostgreSQL and RabbitMQ.
+test: up tools ## Run every test, with the race detector, against real PostgreSQL and RabbitMQ.
 	$(GO) test -race -count=1 ./...
 	@# watermill-amqp v2.1.3 races on its connection flag when publishes overlap a connection
 	@# loss; the tests of RabbitMQ outages therefore run once more without -race.

@@ -22,12 +22,13 @@ func openWriter(t *testing.T, db *pgtest.DB, s *postgres.Store, exempt bool) pgx
 	ctx := context.Background()
 	_, err := db.Pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS read_model (n int)`)
 	require.NoError(t, err)
-	tx, err := db.Pool.Begin(ctx)
+	var opts pgx.TxOptions
+	if exempt {
+		opts = s.ExemptTxOptions(opts)
+	}
+	tx, err := db.Pool.BeginTx(ctx, opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	if exempt {
-		require.NoError(t, s.Exempt(ctx, tx))
-	}
 	_, err = tx.Exec(ctx, `INSERT INTO read_model VALUES (1)`)
 	require.NoError(t, err)
 	return tx
@@ -102,8 +103,6 @@ func TestAppendInExemptTransactionFails(t *testing.T) {
 	storetest.Settle(t, b, later.Last())
 	require.Len(t, storetest.ReadAll(t, b, eventstore.ReadOptions{}), 2)
 	require.Empty(t, storetest.ReadAll(t, a, eventstore.ReadOptions{}), "nothing was appended to a")
-
-	require.ErrorContains(t, a.Exempt(ctx, nil), "nil transaction")
 }
 
 // TestExemptWaiterDoesNotHideTheHolder: an exempt transaction waiting for a row lock of an
@@ -160,26 +159,86 @@ func TestExemptWaiterDoesNotHideTheHolder(t *testing.T) {
 	require.Equal(t, after.Events[0].ID, events[2].ID)
 }
 
-// TestExemptAfterAWriteIsRefused: a transaction that has written something may have appended
-// events, so it cannot be exempted; the refusal takes nothing, and readers keep waiting for it.
-func TestExemptAfterAWriteIsRefused(t *testing.T) {
+// TestExemptionSurvivesSavepoints: the exemption is declared by BEGIN, at the top level, so a
+// rollback to a savepoint cannot end it while the transaction keeps the id it took inside the
+// savepoint. Readers pass the transaction; it can never append, so nothing can commit behind
+// them. The id is taken in each way a savepoint can give the transaction one.
+func TestExemptionSurvivesSavepoints(t *testing.T) {
 	t.Parallel()
+	pgtest.HoldHorizonTurn(t) // it waits for the horizon with its exempt transaction open
 	s, db := newStore(t, postgres.Config{})
 	ctx := context.Background()
-	tx := openWriter(t, db, s, false)
-	_, err := s.AppendTx(ctx, tx, "early", eventstore.Any, storetest.Event("A", 1))
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE read_model (n int)`)
 	require.NoError(t, err)
-	require.ErrorIs(t, s.Exempt(ctx, tx), postgres.ErrExemptTooLate)
 
-	later, err := s.Append(ctx, "later", eventstore.Any, storetest.Event("A", 2))
-	require.NoError(t, err)
-	events, err := s.Read(ctx, eventstore.Position{}, eventstore.ReadOptions{})
-	require.NoError(t, err)
-	require.Empty(t, events, "the refused transaction still holds the horizon")
-	_, err = s.AppendTx(ctx, tx, "early", eventstore.Any, storetest.Event("A", 3))
-	require.NoError(t, err, "and may still append")
+	for _, take := range []struct{ name, sql string }{
+		{"by a write", `INSERT INTO read_model VALUES (1)`},
+		{"by pg_current_xact_id", `SELECT pg_current_xact_id()`},
+		{"by a released nested savepoint", `SAVEPOINT inner_sp; INSERT INTO read_model VALUES (2); RELEASE SAVEPOINT inner_sp`},
+	} {
+		t.Run(take.name, func(t *testing.T) {
+			tx, err := db.Pool.BeginTx(ctx, s.ExemptTxOptions(pgx.TxOptions{}))
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			_, err = tx.Exec(ctx, `SAVEPOINT sp`)
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, take.sql)
+			require.NoError(t, err)
+			var xid *uint64
+			require.NoError(t, tx.QueryRow(ctx, `SELECT pg_current_xact_id_if_assigned()`).Scan(&xid))
+			require.NotNil(t, xid, "the transaction has an id")
 
-	require.NoError(t, tx.Commit(ctx))
-	storetest.Settle(t, s, later.Last())
-	require.Len(t, storetest.ReadAll(t, s, eventstore.ReadOptions{}), 3)
+			// A reader passes the open exempt transaction.
+			later, err := s.Append(ctx, "later-"+take.name, eventstore.Any, storetest.Event("A", 1))
+			require.NoError(t, err)
+			storetest.Settle(t, s, later.Last())
+
+			_, err = tx.Exec(ctx, `ROLLBACK TO SAVEPOINT sp`)
+			require.NoError(t, err)
+			_, err = s.AppendTx(ctx, tx, "behind", eventstore.Any, storetest.Event("A", 2))
+			require.ErrorIs(t, err, postgres.ErrExempt, "still exempt after the rollback: it cannot append behind the reader")
+			var still *uint64
+			require.NoError(t, tx.QueryRow(ctx, `SELECT pg_current_xact_id_if_assigned()`).Scan(&still))
+			require.Equal(t, xid, still, "the transaction kept its id")
+			require.NoError(t, tx.Commit(ctx))
+		})
+	}
+	for _, e := range storetest.ReadAll(t, s, eventstore.ReadOptions{}) {
+		require.NotEqual(t, "behind", e.StreamID)
+	}
+}
+
+// TestExemptionKeyedByTable: two stores over one events table, one naming its schema and one
+// using the search path, share the exemption: a transaction exempt through one cannot append
+// through the other, and readers of either pass it.
+func TestExemptionKeyedByTable(t *testing.T) {
+	t.Parallel()
+	pgtest.HoldHorizonTurn(t) // it waits for the horizon with its exempt transaction open
+	db := pgtest.New(t)
+	ctx := context.Background()
+	implicit, err := postgres.New(db.Pool, postgres.Config{})
+	require.NoError(t, err)
+	require.NoError(t, implicit.Migrate(ctx))
+	named, err := postgres.New(db.Pool, postgres.Config{Schema: "public"})
+	require.NoError(t, err)
+	require.NoError(t, named.Migrate(ctx))
+
+	for _, c := range []struct {
+		name            string
+		exempt, through *postgres.Store
+	}{{"exempt by search path, append by name", implicit, named}, {"exempt by name, append by search path", named, implicit}} {
+		t.Run(c.name, func(t *testing.T) {
+			tx, err := db.Pool.BeginTx(ctx, c.exempt.ExemptTxOptions(pgx.TxOptions{}))
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			_, err = tx.Exec(ctx, `SELECT pg_current_xact_id()`)
+			require.NoError(t, err)
+			_, err = c.through.AppendTx(ctx, tx, "alias", eventstore.Any, storetest.Event("A", 1))
+			require.ErrorIs(t, err, postgres.ErrExempt)
+
+			later, err := c.through.Append(ctx, "later", eventstore.Any, storetest.Event("A", 2))
+			require.NoError(t, err)
+			storetest.Settle(t, c.through, later.Last()) // readers pass the exempt transaction
+		})
+	}
 }

@@ -15,10 +15,10 @@
 // gap timeout is needed.
 //
 // The price: a long-running writing transaction anywhere in the PostgreSQL cluster (it need not
-// touch these tables) holds readers back until it ends. They wait; they never skip. Transactions
-// that declare they append nothing (Store.Exempt) do not count: projection/postgres exempts
-// every projection batch, so a slow projection holds back neither the other projections nor
-// the relay.
+// touch these tables) holds readers back until it ends. They wait; they never skip.
+// Transactions that declare in their BEGIN that they append nothing (Store.ExemptTxOptions) do
+// not count: projection/postgres exempts every projection batch, so a slow projection holds
+// back neither the other projections nor the relay.
 //
 // # Order within a stream
 //
@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -300,54 +301,55 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 }
 
 // ErrExempt is returned by AppendTx in a transaction exempt from the read horizon (see
-// Store.Exempt): readers do not wait for such a transaction, so events it appended could commit
-// behind them. Nothing is written; append in another transaction.
-var ErrExempt = errors.New("postgres: cannot append in a transaction exempt from the read horizon (a projection batch's, say: see Store.Exempt); " +
+// Store.ExemptTxOptions): readers do not wait for such a transaction, so events it appended
+// could commit behind them. Nothing is written; append in another transaction.
+var ErrExempt = errors.New("postgres: cannot append in a transaction exempt from the read horizon (a projection batch's, say: see Store.ExemptTxOptions); " +
 	"append in a transaction of its own, or set projection.Config.AppendsEvents on a projection whose handlers append")
 
-// ErrExemptTooLate is returned by Exempt for a transaction that has already written something:
-// it may have appended events, which readers must wait for.
-var ErrExemptTooLate = errors.New("postgres: Exempt must come before the transaction's first write; call it right after Begin")
-
-// Exempt declares that tx will append no events to the store, so readers need not wait for it:
-// a long transaction that writes only other tables (a projection's batch writing its read
-// model, say) then holds no reader of the store back. Call it right after Begin, before tx
-// writes anything (else ErrExemptTooLate), and outside any savepoint: rolling back to a
-// savepoint taken before it would end the exemption, and a later append could then commit
-// behind readers that passed it. AppendTx in tx fails with ErrExempt from then on. The
-// exemption ends with tx and holds for this store's schema only.
+// ExemptTxOptions returns opts changed so that a transaction begun with them (BeginTx on a
+// *pgxpool.Pool or *pgx.Conn) declares, in its BEGIN, that it will append no events to the
+// store, so readers need not wait for it: a long transaction that writes only other tables (a
+// projection's batch writing its read model, say) then holds no reader of the store back.
+// AppendTx in such a transaction fails with ErrExempt. The exemption ends with the transaction
+// and holds for every store over the same events table.
 //
-// A reader finds the exempt transactions in pg_locks (each holds a shared advisory lock of
-// class 1852340846, "nhzn", keyed by the store's schema hashed), which it reads only while some
-// transaction is running.
-func (s *Store) Exempt(ctx context.Context, tx pgx.Tx) error {
-	if tx == nil {
-		return &eventstore.ValidationError{Field: "tx", Index: -1, Reason: "nil transaction: Exempt applies to the caller's transaction"}
+// The exemption can only be declared by BEGIN, never later in a transaction or inside a
+// savepoint: a transaction that may have appended already must hold readers back, and an
+// exemption taken in a savepoint would end with a rollback to it while the transaction keeps
+// its id, so a later append could commit behind readers that had passed it.
+//
+// Readers find exempt transactions in pg_locks: each holds a shared advisory lock of class
+// 1852340846 ("nhzn") keyed by the events table's OID. opts.BeginQuery, when set, is kept as
+// the first statement.
+func (s *Store) ExemptTxOptions(opts pgx.TxOptions) pgx.TxOptions {
+	begin := opts.BeginQuery
+	if begin == "" {
+		begin = beginSQL(opts)
 	}
-	var b pgx.Batch
-	s.QueueExempt(&b)
-	return translate(tx.SendBatch(ctx, &b).Close())
+	opts.BeginQuery = begin + "; " + s.sql.exempt
+	return opts
+}
+
+// beginSQL is the BEGIN statement pgx sends for opts without a BeginQuery.
+func beginSQL(opts pgx.TxOptions) string {
+	var b strings.Builder
+	b.WriteString("BEGIN")
+	if opts.IsoLevel != "" {
+		b.WriteString(" ISOLATION LEVEL " + string(opts.IsoLevel))
+	}
+	if opts.AccessMode != "" {
+		b.WriteString(" " + string(opts.AccessMode))
+	}
+	if opts.DeferrableMode != "" {
+		b.WriteString(" " + string(opts.DeferrableMode))
+	}
+	return b.String()
 }
 
 // HorizonSQL is an SQL expression of type xid8 (a scalar subquery) for the store's horizon as
 // of the statement it is part of: events of transactions below it are readable, the others
 // not yet. Queries that compute lag beside the store's own reads use it.
 func (s *Store) HorizonSQL() string { return s.sql.horizon }
-
-// QueueExempt queues Exempt's statement on b, for a caller that sends the first statements of
-// its transaction in one round trip; sending b fails with ErrExemptTooLate as Exempt does.
-func (s *Store) QueueExempt(b *pgx.Batch) {
-	b.Queue(s.sql.exempt).QueryRow(func(row pgx.Row) error {
-		var ok bool
-		if err := row.Scan(&ok, nil, nil); err != nil {
-			return err
-		}
-		if !ok {
-			return ErrExemptTooLate
-		}
-		return nil
-	})
-}
 
 // Read implements eventstore.Store. It reads outside any transaction of the caller's; see
 // ReadTx to read inside one.

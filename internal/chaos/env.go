@@ -25,6 +25,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/internal/chaos/chaosmodel"
+	"github.com/nudgeworks/nudge/internal/pgcluster"
 	"github.com/nudgeworks/nudge/projection"
 	pgproj "github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/trigger"
@@ -32,7 +33,7 @@ import (
 
 // suite is what every scenario of a run shares.
 type suite struct {
-	cluster    *cluster
+	cluster    *pgcluster.Cluster
 	broker     *broker
 	workerBin  string
 	cliBin     string
@@ -115,7 +116,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 	dbName := "chaos_" + strings.ReplaceAll(name, "-", "_")
 	e := &env{
 		s: s, name: name, log: s.log.With(slog.String("scenario", name)),
-		dbURL:    s.cluster.url(dbName, s.pgPassword),
+		dbURL:    s.cluster.URL(dbName, s.pgPassword),
 		prefix:   fmt.Sprintf("nudge_chaos.%s.%s.", s.runID, name),
 		logDir:   filepath.Join(s.logDir, name),
 		rng:      mrand.New(mrand.NewPCG(s.seed, hashName(name))),
@@ -130,7 +131,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 	if err := os.MkdirAll(e.sinkDir, 0o755); err != nil {
 		return nil, err
 	}
-	admin, err := pgx.Connect(ctx, s.cluster.url("postgres", s.pgPassword))
+	admin, err := pgx.Connect(ctx, s.cluster.URL("postgres", s.pgPassword))
 	if err != nil {
 		return nil, fmt.Errorf("connect to the private cluster: %w", err)
 	}

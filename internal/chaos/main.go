@@ -36,6 +36,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/nudgeworks/nudge/internal/pgcluster"
 )
 
 // budgetDefault is the default bound on a whole run.
@@ -118,11 +120,11 @@ func run() int {
 		return 1
 	}
 	defer func() {
-		s.cluster.remove(context.Background())
+		s.cluster.Remove(context.Background())
 		_ = os.RemoveAll(filepath.Dir(s.workerBin))
 	}()
 	fmt.Printf("chaos: built the worker and the CLI, started a private PostgreSQL on 127.0.0.1:%d (%s)\n",
-		s.cluster.port, time.Since(started).Round(100*time.Millisecond))
+		s.cluster.Port(), time.Since(started).Round(100*time.Millisecond))
 
 	for _, sc := range selected {
 		var r *result
@@ -228,14 +230,14 @@ func (s *suite) prepare(ctx context.Context, selected []scenario) error {
 	wg.Go(func() { errs[0] = goBuild(ctx, s.workerBin, "./internal/chaos/chaosworker") })
 	wg.Go(func() { errs[1] = goBuild(ctx, s.cliBin, "./cmd/nudge") })
 	wg.Go(func() {
-		var c *cluster
-		c, errs[2] = newCluster(ctx, s.log)
+		var c *pgcluster.Cluster
+		c, errs[2] = pgcluster.New(ctx, s.log)
 		s.cluster = c
 	})
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		if s.cluster != nil {
-			s.cluster.remove(context.WithoutCancel(ctx))
+			s.cluster.Remove(context.WithoutCancel(ctx))
 		}
 		_ = os.RemoveAll(binDir)
 		return err

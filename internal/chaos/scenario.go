@@ -44,7 +44,7 @@ func (s *suite) runScenario(ctx context.Context, sc scenario) *result {
 	}
 	// Whatever a scenario did to the private cluster, the next one finds it running.
 	defer func() {
-		if err := s.cluster.ensureRunning(context.WithoutCancel(ctx)); err != nil {
+		if err := s.cluster.EnsureRunning(context.WithoutCancel(ctx)); err != nil {
 			s.log.Error("could not start the private PostgreSQL cluster again", slog.Any("error", err))
 		}
 	}()

@@ -204,13 +204,13 @@ func runPostgresRestart(ctx context.Context, e *env, r *result) error {
 	}
 	for i := range restarts {
 		began := time.Now()
-		if err := e.s.cluster.stop(ctx, "fast"); err != nil {
+		if err := e.s.cluster.Stop(ctx, "fast"); err != nil {
 			return fmt.Errorf("restart %d: %w", i+1, err)
 		}
 		if err := sleep(ctx, 1500*time.Millisecond); err != nil {
 			return err
 		}
-		if err := e.s.cluster.start(ctx); err != nil {
+		if err := e.s.cluster.Start(ctx); err != nil {
 			return fmt.Errorf("restart %d: %w", i+1, err)
 		}
 		r.Faults++

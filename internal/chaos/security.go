@@ -224,8 +224,8 @@ func checkSecrets(_ context.Context, e *env, r *result) error {
 		return err
 	}
 	// The private PostgreSQL server's own log, too.
-	if _, err := os.Stat(e.s.cluster.logged); err == nil {
-		files = append(files, e.s.cluster.logged)
+	if _, err := os.Stat(e.s.cluster.LogPath()); err == nil {
+		files = append(files, e.s.cluster.LogPath())
 	}
 	type pattern struct {
 		name  string

@@ -20,9 +20,9 @@
 // # The store's horizon
 //
 // The store reads only below the oldest running transaction that may append events. Each
-// batch first declares that it appends none (espg.Store.Exempt, in the same round trip as the
-// lock), so a batch that writes its read model and then takes its time (a slow handler, a
-// flush to another service) holds back no other projection, nor the trigger relay. A handler
+// batch declares in its BEGIN that it appends none (espg.Store.ExemptTxOptions), so a batch
+// that writes its read model and then takes its time (a slow handler, a flush to another
+// service) holds back no other projection, nor the trigger relay. A handler
 // that appends events in the batch's transaction gets espg.ErrExempt unless its projection
 // sets projection.Config.AppendsEvents; such batches then hold back every reader of the store
 // from their first write to their commit.
@@ -93,10 +93,19 @@ func (b *Backend) MigrateTx(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// inTx runs fn in a READ COMMITTED transaction: every statement must see what the previous
-// holder of the projection's lock committed, whatever the server's default isolation.
+// readCommitted are the options of every transaction of the backend: every statement must see
+// what the previous holder of the projection's lock committed, whatever the server's default
+// isolation.
+var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
+// inTx runs fn in a READ COMMITTED transaction.
 func (b *Backend) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
-	tx, err := b.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	return b.inTxWith(ctx, readCommitted, fn)
+}
+
+// inTxWith runs fn in a transaction begun with opts.
+func (b *Backend) inTxWith(ctx context.Context, opts pgx.TxOptions, fn func(pgx.Tx) error) error {
+	tx, err := b.db.BeginTx(ctx, opts)
 	if err != nil {
 		return err
 	}
@@ -107,16 +116,12 @@ func (b *Backend) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
 	return tx.Commit(ctx)
 }
 
-// lock takes the projection's advisory lock and reads its status row, in one round trip. With
-// exempt, it first exempts tx from the store's read horizon (espg.Store.Exempt).
-func (b *Backend) lock(ctx context.Context, tx pgx.Tx, name string, exempt bool) (projection.Status, error) {
+// lock takes the projection's advisory lock and reads its status row, in one round trip.
+func (b *Backend) lock(ctx context.Context, tx pgx.Tx, name string) (projection.Status, error) {
 	var (
 		batch pgx.Batch
 		st    projection.Status
 	)
-	if exempt {
-		b.store.QueueExempt(&batch)
-	}
 	batch.Queue(b.sql.lock, name)
 	batch.Queue(b.sql.selectStatus, name).QueryRow(func(row pgx.Row) error {
 		var err error
@@ -151,8 +156,12 @@ func (b *Backend) Register(ctx context.Context, p *projection.Projection) error 
 
 // RunBatch implements projection.Backend.
 func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn projection.BatchFunc) error {
-	return b.inTx(ctx, func(tx pgx.Tx) error {
-		st, err := b.lock(ctx, tx, p.Name(), !p.Config().AppendsEvents)
+	opts := readCommitted
+	if !p.Config().AppendsEvents {
+		opts = b.store.ExemptTxOptions(opts)
+	}
+	return b.inTxWith(ctx, opts, func(tx pgx.Tx) error {
+		st, err := b.lock(ctx, tx, p.Name())
 		if err != nil {
 			return err
 		}
@@ -184,7 +193,7 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn pro
 // RecordFailure implements projection.Backend.
 func (b *Backend) RecordFailure(ctx context.Context, p *projection.Projection, f projection.Failure) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error {
-		if _, err := b.lock(ctx, tx, p.Name(), false); err != nil {
+		if _, err := b.lock(ctx, tx, p.Name()); err != nil {
 			return err
 		}
 		e := f.Event
@@ -197,7 +206,7 @@ func (b *Backend) RecordFailure(ctx context.Context, p *projection.Projection, f
 // Reset implements projection.Backend.
 func (b *Backend) Reset(ctx context.Context, p *projection.Projection) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error {
-		if _, err := b.lock(ctx, tx, p.Name(), false); err != nil {
+		if _, err := b.lock(ctx, tx, p.Name()); err != nil {
 			return err
 		}
 		if fn := p.Config().ResetFunc; fn != nil {
@@ -214,7 +223,7 @@ func (b *Backend) Reset(ctx context.Context, p *projection.Projection) error {
 func (b *Backend) SetState(ctx context.Context, p *projection.Projection, to projection.State, from ...projection.State) (bool, error) {
 	var changed bool
 	err := b.inTx(ctx, func(tx pgx.Tx) error {
-		st, err := b.lock(ctx, tx, p.Name(), false)
+		st, err := b.lock(ctx, tx, p.Name())
 		if err != nil {
 			return err
 		}
@@ -231,7 +240,7 @@ func (b *Backend) SetState(ctx context.Context, p *projection.Projection, to pro
 // Delete implements projection.Backend.
 func (b *Backend) Delete(ctx context.Context, p *projection.Projection) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error {
-		if _, err := b.lock(ctx, tx, p.Name(), false); err != nil {
+		if _, err := b.lock(ctx, tx, p.Name()); err != nil {
 			return err
 		}
 		if fn := p.Config().DeleteFunc; fn != nil {

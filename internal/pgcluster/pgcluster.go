@@ -1,4 +1,7 @@
-package main
+// Package pgcluster runs private PostgreSQL clusters for tests and the fault-injection suite: a
+// server of its own in a temporary directory, on a free port, that only its owner connects to,
+// so stopping, crashing or pausing it (a debugger on one of its backends) disturbs nobody else.
+package pgcluster
 
 import (
 	"context"
@@ -20,10 +23,10 @@ import (
 // later run can find and remove the cluster of a run that was killed.
 const clusterDirPrefix = "nudge-chaos-pg-"
 
-// cluster is a private PostgreSQL cluster in a temporary directory, run as the postgres OS user
+// Cluster is a private PostgreSQL cluster in a temporary directory, run as the postgres OS user
 // with trust authentication on 127.0.0.1 and a free port. Only this suite connects to it, so
 // restarting it disturbs nobody.
-type cluster struct {
+type Cluster struct {
 	bin    string // directory of initdb, pg_ctl, postgres
 	dir    string // temporary directory: data/, the socket, server.log
 	port   int
@@ -61,8 +64,8 @@ func freePort() (int, error) {
 	return port, ln.Close()
 }
 
-// newCluster creates (initdb) and starts a private cluster.
-func newCluster(ctx context.Context, log *slog.Logger) (*cluster, error) {
+// New creates (initdb) and starts a private cluster. Remove it when done.
+func New(ctx context.Context, log *slog.Logger) (*Cluster, error) {
 	bin, err := findPGBin()
 	if err != nil {
 		return nil, err
@@ -72,7 +75,7 @@ func newCluster(ctx context.Context, log *slog.Logger) (*cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &cluster{bin: bin, dir: dir, log: log, logged: filepath.Join(dir, "server.log")}
+	c := &Cluster{bin: bin, dir: dir, log: log, logged: filepath.Join(dir, "server.log")}
 	if os.Geteuid() == 0 {
 		// PostgreSQL refuses to run as root: hand the directory to the postgres user.
 		c.runAs = "postgres"
@@ -92,12 +95,12 @@ func newCluster(ctx context.Context, log *slog.Logger) (*cluster, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	if _, err := c.run(ctx, "initdb", "-D", c.data(), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync", "--no-instructions"); err != nil {
+	if _, err := c.run(ctx, "initdb", "-D", c.Data(), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync", "--no-instructions"); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	if err := c.start(ctx); err != nil {
-		c.remove(context.WithoutCancel(ctx))
+	if err := c.Start(ctx); err != nil {
+		c.Remove(context.WithoutCancel(ctx))
 		return nil, err
 	}
 	return c, nil
@@ -112,19 +115,20 @@ func removeStaleClusters(ctx context.Context, bin string, log *slog.Logger) {
 		if err != nil || time.Since(info.ModTime()) < time.Hour {
 			continue
 		}
-		stale := &cluster{bin: bin, dir: dir, log: log}
+		stale := &Cluster{bin: bin, dir: dir, log: log}
 		if os.Geteuid() == 0 {
 			stale.runAs = "postgres"
 		}
-		stale.remove(ctx)
+		stale.Remove(ctx)
 		log.Info("removed the private PostgreSQL cluster of an earlier run", slog.String("dir", dir))
 	}
 }
 
-func (c *cluster) data() string { return filepath.Join(c.dir, "data") }
+// Data returns the cluster's data directory.
+func (c *Cluster) Data() string { return filepath.Join(c.dir, "data") }
 
 // run runs one of PostgreSQL's programs, as c.runAs when set, and returns its output.
-func (c *cluster) run(ctx context.Context, program string, args ...string) (string, error) {
+func (c *Cluster) run(ctx context.Context, program string, args ...string) (string, error) {
 	name := filepath.Join(c.bin, program)
 	if c.runAs != "" {
 		args = append([]string{"-u", c.runAs, "--", name}, args...)
@@ -141,41 +145,41 @@ func (c *cluster) run(ctx context.Context, program string, args ...string) (stri
 	return string(out), nil
 }
 
-// start starts the server and waits until it accepts connections. fsync is off: the faults
+// Start starts the server and waits until it accepts connections. fsync is off: the faults
 // injected are process stops, never a lost page cache, and the machine is shared.
-func (c *cluster) start(ctx context.Context) error {
+func (c *Cluster) Start(ctx context.Context) error {
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off "+
 		"-c max_connections=200 -c shared_buffers=64MB", c.port, c.dir)
-	_, err := c.run(ctx, "pg_ctl", "-D", c.data(), "-o", opts, "-l", c.logged, "-w", "-t", "60", "start")
+	_, err := c.run(ctx, "pg_ctl", "-D", c.Data(), "-o", opts, "-l", c.logged, "-w", "-t", "60", "start")
 	return err
 }
 
-// stop shuts the server down with the given mode (fast: roll back open transactions,
+// Stop shuts the server down with the given mode (fast: roll back open transactions,
 // disconnect every client, checkpoint).
-func (c *cluster) stop(ctx context.Context, mode string) error {
-	_, err := c.run(ctx, "pg_ctl", "-D", c.data(), "-m", mode, "-w", "-t", "60", "stop")
+func (c *Cluster) Stop(ctx context.Context, mode string) error {
+	_, err := c.run(ctx, "pg_ctl", "-D", c.Data(), "-m", mode, "-w", "-t", "60", "stop")
 	return err
 }
 
-// running reports whether the server runs.
-func (c *cluster) running(ctx context.Context) bool {
-	_, err := c.run(ctx, "pg_ctl", "-D", c.data(), "status")
+// Running reports whether the server runs.
+func (c *Cluster) Running(ctx context.Context) bool {
+	_, err := c.run(ctx, "pg_ctl", "-D", c.Data(), "status")
 	return err == nil
 }
 
-// ensureRunning starts the server if a scenario left it stopped.
-func (c *cluster) ensureRunning(ctx context.Context) error {
-	if c.running(ctx) {
+// EnsureRunning starts the server if a scenario left it stopped.
+func (c *Cluster) EnsureRunning(ctx context.Context) error {
+	if c.Running(ctx) {
 		return nil
 	}
 	c.log.Warn("the private PostgreSQL cluster was stopped; starting it again")
-	return c.start(ctx)
+	return c.Start(ctx)
 }
 
-// remove stops the server (immediately) and deletes its directory.
-func (c *cluster) remove(ctx context.Context) {
-	if _, err := os.Stat(filepath.Join(c.data(), "postmaster.pid")); err == nil {
-		if err := c.stop(ctx, "immediate"); err != nil {
+// Remove stops the server (immediately) and deletes its directory.
+func (c *Cluster) Remove(ctx context.Context) {
+	if _, err := os.Stat(filepath.Join(c.Data(), "postmaster.pid")); err == nil {
+		if err := c.Stop(ctx, "immediate"); err != nil {
 			c.log.Warn("stopping the private PostgreSQL cluster failed", slog.Any("error", err))
 		}
 	}
@@ -184,10 +188,16 @@ func (c *cluster) remove(ctx context.Context) {
 	}
 }
 
-// url returns the URL of database db on the cluster, with password as the password: trust
+// URL returns the URL of database db on the cluster, with password as the password: trust
 // authentication ignores it, and the security scenario looks for it in every output.
-func (c *cluster) url(db, password string) string {
+func (c *Cluster) URL(db, password string) string {
 	u := url.URL{Scheme: "postgres", User: url.UserPassword("postgres", password), Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(c.port)),
 		Path: "/" + db, RawQuery: "sslmode=disable"}
 	return u.String()
 }
+
+// Port returns the TCP port the server listens on (127.0.0.1).
+func (c *Cluster) Port() int { return c.port }
+
+// LogPath returns the server's log file.
+func (c *Cluster) LogPath() string { return c.logged }

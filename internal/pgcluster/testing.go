@@ -1,0 +1,37 @@
+package pgcluster
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+)
+
+// ForTest starts a private cluster for t and removes it when t ends. Where no cluster can be
+// made here (no server programs, no postgres OS user when running as root), the test is skipped
+// with the reason, unless CI=true, where it fails: CI machines must be able to run it.
+func ForTest(t testing.TB) *Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c, err := New(ctx, log)
+	if err != nil {
+		msg := "pgcluster: cannot start a private PostgreSQL cluster: " + err.Error()
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	t.Cleanup(func() { c.Remove(context.Background()) })
+	return c
+}
+
+// testWriter sends log lines to t.Log, so a passing test prints none.
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}

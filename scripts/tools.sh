@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Makes sure the programs some tests drive are installed: gdb (the tests that force an
+# interleaving of PostgreSQL backends stop them with it) and PostgreSQL's server programs
+# (those tests run a private cluster). As root with apt-get it installs what is missing;
+# otherwise it says what to install. Without them those tests skip, or fail with CI=true.
+set -euo pipefail
+
+missing=()
+command -v gdb >/dev/null 2>&1 || missing+=(gdb)
+if ! command -v pg_ctl >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
+	missing+=(postgresql)
+fi
+((${#missing[@]} == 0)) && exit 0
+
+if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+	echo "tools: installing ${missing[*]}"
+	apt-get update -qq >/dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+	echo "tools: ${missing[*]} not found: install them (e.g. apt-get install ${missing[*]}); the tests that need them skip without" >&2
+fi
