@@ -26,11 +26,14 @@
 //	nudge_projection_lag_seconds                  gauge      projection          WatchRunner: age of the oldest of them
 //	nudge_projection_state                        gauge      projection,state    WatchRunner: 1 for the current state, 0 for the others
 //	nudge_projection_held_by_horizon              gauge      projection          WatchRunner: 1 while an open transaction holds events back
+//	nudge_projection_horizon_holder_age_seconds   gauge      projection          WatchRunner: age of that transaction (nudge horizon names it)
+//	nudge_projection_condition                    gauge      projection, condition WatchRunner: 1 for the one current condition (caught_up, working, held, …)
 //	nudge_worker_triggers_received_total          counter    projection          WatchWorker: triggers delivered (redeliveries and retries included)
 //	nudge_worker_triggers_redundant_total         counter    projection          WatchWorker: triggers already passed; no read
 //	nudge_worker_triggers_ignored_total           counter    projection          WatchWorker: triggers addressed to another projection
 //	nudge_worker_triggers_invalid_total           counter    projection          WatchWorker: triggers that did not decode
 //	nudge_worker_triggers_dead_lettered_total     counter    projection          WatchWorker: triggers handed to the dead letters
+//	nudge_worker_stalls_total                     counter    projection          WatchWorker: stalls found by the safety net (worker.Config.StallAfter)
 //	nudge_worker_catchups_total                   counter    projection          WatchWorker: catch-ups (triggers, start-up, safety net)
 //	nudge_worker_catchup_failures_total           counter    projection          WatchWorker: catch-ups that returned an error
 //	nudge_dead_letters_failed                     gauge      projection          WatchDeadLetters: records in status failed

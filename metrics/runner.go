@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -38,6 +39,9 @@ func (m *Metrics) WatchRunner(r StatusReader) error {
 	c.lagEvents = desc("lag_events", "Readable events of the projection's types after its committed position.")
 	c.lagSeconds = desc("lag_seconds", "Age of the oldest readable event the projection has not handled; 0 when caught up.")
 	c.state = desc("state", "The projection's state: 1 for the current one, 0 for the others.", "state")
+	c.condition = desc("condition", "The projection's one condition (caught_up, working, held, failing, paused, rebuilding): 1 for the current one, 0 for the others.", "condition")
+	c.holderAge = desc("horizon_holder_age_seconds",
+		"How long the open transaction that holds the projection back has been open (nudge horizon names it); 0 when not held or not visible.")
 	c.held = desc("held_by_horizon",
 		"1 while committed events of the projection's types wait behind an older open transaction (the projection waits, it never skips).")
 	c.query = newQuery(m, SourceStatus, func(ctx context.Context) ([]projection.Status, int) {
@@ -66,6 +70,7 @@ func (m *Metrics) WatchRunner(r StatusReader) error {
 type runnerCollector struct {
 	names                              []string
 	lagEvents, lagSeconds, state, held *prometheus.Desc
+	condition, holderAge               *prometheus.Desc
 	query                              *query[[]projection.Status]
 }
 
@@ -75,6 +80,8 @@ func (c *runnerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.lagSeconds
 	ch <- c.state
 	ch <- c.held
+	ch <- c.condition
+	ch <- c.holderAge
 	c.query.describe(ch)
 }
 
@@ -84,6 +91,14 @@ func (c *runnerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.lagEvents, prometheus.GaugeValue, float64(st.LagEvents), st.Name)
 		ch <- prometheus.MustNewConstMetric(c.lagSeconds, prometheus.GaugeValue, st.LagTime.Seconds(), st.Name)
 		ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, boolValue(st.HeldByHorizon), st.Name)
+		var age time.Duration
+		if st.Holder != nil {
+			age = st.Holder.Age
+		}
+		ch <- prometheus.MustNewConstMetric(c.holderAge, prometheus.GaugeValue, age.Seconds(), st.Name)
+		for _, k := range projection.Conditions() {
+			ch <- prometheus.MustNewConstMetric(c.condition, prometheus.GaugeValue, boolValue(k == st.Condition()), st.Name, string(k))
+		}
 		states := projection.States()
 		if !slices.Contains(states, st.State) {
 			states = append(states, st.State) // a state newer than this package: still shown

@@ -34,17 +34,26 @@ type Status struct {
 
 	// Head is the newest event the store can be read up to now (any type).
 	Head eventstore.Position
-	// LagEvents counts readable events of the projection's types after Position.
+	// LagEvents counts readable events of the projection's types after Position. The
+	// PostgreSQL backend counts up to 1,000 of them and estimates the rest (LagEstimated), so a
+	// status costs the same with any backlog.
 	LagEvents int64
-	// LagTime is the age of the oldest of those events; zero when there are none.
+	// LagEstimated reports that LagEvents is an estimate: the events past the first 1,000 are
+	// reckoned from global positions, at the share of the projection's types among those
+	// 1,000. Positions have gaps, so the estimate errs high; it is exact again once the backlog
+	// is below 1,000.
+	LagEstimated bool
+	// LagTime is the age of the oldest of those events; zero when there are none. When the
+	// first 1,000 events after Position hold none of the projection's types, it is the age of
+	// the newest of them (the oldest event of its types is younger).
 	LagTime time.Duration
 	// HeldByHorizon reports committed events of the projection's types that cannot be read yet
 	// because an older transaction is still open somewhere in the database cluster: the
 	// projection is waiting on that transaction, not on work. It never skips them.
 	HeldByHorizon bool
-	// OldestOpenTransaction is the age of the oldest writing transaction that holds readers
-	// back, when HeldByHorizon is true and the server lets us see it; zero otherwise.
-	OldestOpenTransaction time.Duration
+	// Holder is the open transaction that holds the projection back, when HeldByHorizon is
+	// true and the backend can name it (PostgreSQL); nil otherwise.
+	Holder *eventstore.HorizonHolder
 }
 
 // FailingEvent names the event a projection failed on.
@@ -55,7 +64,8 @@ type FailingEvent struct {
 	StreamID string
 }
 
-// CaughtUp reports whether the projection has nothing readable left to do.
+// CaughtUp reports whether the projection has nothing readable left to do. It may still fail,
+// be paused or wait on the horizon: Condition() == ConditionCaughtUp says none of those.
 func (s Status) CaughtUp() bool { return s.LagEvents == 0 }
 
 // EventsPerSecond is the average rate since the last reset while rebuilding, else 0.
@@ -74,4 +84,50 @@ func (s Status) EventsPerSecond(now time.Time) float64 {
 // adds what is still to read.
 func (s Status) Progress() (done, total int64) {
 	return s.EventsProcessed, s.EventsProcessed + s.LagEvents
+}
+
+// Condition is the one word for where a projection stands now, derived from its stored State,
+// its lag and the store's horizon. Status.Condition, the SQL view nudge_projection_conditions
+// (projection/postgres), `nudge status` and the metric projection_condition all give the same.
+type Condition string
+
+const (
+	// ConditionCaughtUp: nothing readable is left to handle and nothing waits.
+	ConditionCaughtUp Condition = "caught_up"
+	// ConditionWorking: readable events of the projection's types wait to be handled.
+	ConditionWorking Condition = "working"
+	// ConditionHeld: every readable event is handled, but committed events of its types wait
+	// behind an open transaction (Status.Holder names it); the projection waits, never skips.
+	ConditionHeld Condition = "held"
+	// ConditionFailing: a handler fails on Status.FailingEvent; the position stops before it.
+	ConditionFailing Condition = "failing"
+	// ConditionPaused: an operator paused the projection.
+	ConditionPaused Condition = "paused"
+	// ConditionRebuilding: a reset sent the projection back to the start; it is catching up.
+	ConditionRebuilding Condition = "rebuilding"
+)
+
+// Conditions lists every condition.
+func Conditions() []Condition {
+	return []Condition{ConditionCaughtUp, ConditionWorking, ConditionHeld, ConditionFailing, ConditionPaused, ConditionRebuilding}
+}
+
+// Condition returns the projection's one condition: paused, failing and rebuilding come from
+// the stored state; a running projection is working while it lags, held while only events
+// behind the horizon wait, else caught up.
+func (s Status) Condition() Condition {
+	switch {
+	case s.State == StatePaused:
+		return ConditionPaused
+	case s.State == StateFailing:
+		return ConditionFailing
+	case s.State == StateRebuilding:
+		return ConditionRebuilding
+	case s.LagEvents > 0:
+		return ConditionWorking
+	case s.HeldByHorizon:
+		return ConditionHeld
+	default:
+		return ConditionCaughtUp
+	}
 }

@@ -39,6 +39,9 @@ import (
 const (
 	// SafetyNetIntervalDefault is how often every projection catches up without a trigger.
 	SafetyNetIntervalDefault = 30 * time.Second
+	// StallAfterDefault is how long readable events may wait, with the projection's position not
+	// moving, before the safety net counts the projection as stalled.
+	StallAfterDefault = 5 * time.Second
 	// CloseTimeoutDefault bounds how long Run waits for handlers in flight at shutdown.
 	CloseTimeoutDefault = 30 * time.Second
 	// HorizonWaitDefault bounds a handler's wait for a trigger's position to become readable.
@@ -58,6 +61,12 @@ type Config struct {
 	// SafetyNetInterval is how often every projection catches up without a trigger. Defaults to
 	// SafetyNetIntervalDefault; a negative value turns the tick off (start-up catch-up stays).
 	SafetyNetInterval time.Duration
+	// StallAfter: at each safety-net tick, a projection that has readable events at least this
+	// old while its position has not moved since the last tick is stalled — its triggers were
+	// lost, or its catch-up is stuck. The worker logs a warning (once per stall), counts it
+	// (Stats.Stalls, the metric worker_stalls_total) and catches up. Defaults to
+	// StallAfterDefault; detection takes up to SafetyNetInterval more.
+	StallAfter time.Duration
 	// Retry is the backoff for a failing trigger before it is dead-lettered; zero fields take
 	// retry's defaults (5 attempts over about 3 s, at most 20 s). Keep MaxElapsedTime below the
 	// channel's ack deadline.
@@ -92,6 +101,16 @@ type Config struct {
 	// readable, the handler catches up what it can and returns an error, so the trigger is
 	// retried and then nacked, never acked with work left behind.
 	HorizonWait time.Duration
+	// Horizon, if set, names the open transaction that holds the store's readers back: Run
+	// looks it up every HorizonPollInterval and logs a warning naming it (pid, database, user,
+	// application, age, what it waits on) once it has held them for HorizonWarnAfter. Set it
+	// to the *eventstore/postgres.Store.
+	Horizon HolderSource
+	// HorizonPollInterval defaults to HorizonPollIntervalDefault; a negative value turns the
+	// look-up off.
+	HorizonPollInterval time.Duration
+	// HorizonWarnAfter defaults to HorizonWarnAfterDefault.
+	HorizonWarnAfter time.Duration
 }
 
 // ErrNotReadableYet reports a trigger whose position the event store cannot read yet because an
@@ -124,6 +143,15 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.CloseTimeout == 0 {
 		cfg.CloseTimeout = CloseTimeoutDefault
+	}
+	if cfg.StallAfter == 0 {
+		cfg.StallAfter = StallAfterDefault
+	}
+	if cfg.HorizonPollInterval == 0 {
+		cfg.HorizonPollInterval = HorizonPollIntervalDefault
+	}
+	if cfg.HorizonWarnAfter == 0 {
+		cfg.HorizonWarnAfter = HorizonWarnAfterDefault
 	}
 	if cfg.HorizonWait == 0 {
 		cfg.HorizonWait = HorizonWaitDefault
@@ -163,10 +191,17 @@ type Stats struct {
 	Failures int64
 	// DeadLettered counts triggers handed to the dead letters.
 	DeadLettered int64
+	// Stalls counts the stalls the safety net found (see Config.StallAfter).
+	Stalls int64
 }
 
 type counters struct {
-	received, redundant, ignored, invalid, catchUps, failures, deadLettered atomic.Int64
+	received, redundant, ignored, invalid, catchUps, failures, deadLettered, stalls atomic.Int64
+	// running counts catch-ups in flight; runningSince is when the count last left zero;
+	// triggered is when a trigger last started a catch-up (Unix nanoseconds).
+	running      atomic.Int32
+	runningSince atomic.Int64
+	triggered    atomic.Int64
 }
 
 // Stats returns the counters of the named projection's handler.
@@ -176,7 +211,8 @@ func (w *Worker) Stats(name string) Stats {
 		return Stats{}
 	}
 	return Stats{Received: c.received.Load(), Redundant: c.redundant.Load(), Ignored: c.ignored.Load(),
-		Invalid: c.invalid.Load(), CatchUps: c.catchUps.Load(), Failures: c.failures.Load(), DeadLettered: c.deadLettered.Load()}
+		Invalid: c.invalid.Load(), CatchUps: c.catchUps.Load(), Failures: c.failures.Load(), DeadLettered: c.deadLettered.Load(),
+		Stalls: c.stalls.Load()}
 }
 
 // Declare creates the projections' subscriptions on the channel, so no trigger published after
@@ -309,6 +345,7 @@ func (w *Worker) handler(name string) message.NoPublishHandlerFunc {
 		if err != nil {
 			return err
 		}
+		w.stats[name].triggered.Store(time.Now().UnixNano())
 		if err := w.catchUp(msg.Context(), name, log); err != nil {
 			if errors.Is(err, projection.ErrCrashLoop) {
 				return retry.Permanent(err) // handled no more until a replay: retrying cannot help
@@ -413,6 +450,10 @@ func (w *Worker) waitReadable(ctx context.Context, pos eventstore.Position) (boo
 func (w *Worker) catchUp(ctx context.Context, name string, log *slog.Logger) error {
 	c := w.stats[name]
 	c.catchUps.Add(1)
+	if c.running.Add(1) == 1 {
+		c.runningSince.Store(time.Now().UnixNano())
+	}
+	defer c.running.Add(-1)
 	res, err := w.cfg.Runner.CatchUp(ctx, name)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -442,9 +483,27 @@ func (w *Worker) SafetyNet(ctx context.Context) {
 				defer ticker.Stop()
 				tick = ticker.C
 			}
+			// The safety net's own catch-up runs on a goroutine of its own, one at a time, so
+			// a stuck one does not stop the ticks that report it.
+			var (
+				stall    = stallCheck{since: time.Now()}
+				inFlight = make(chan struct{}, 1)
+				running  sync.WaitGroup
+			)
+			defer running.Wait()
 			for {
-				if err := w.catchUp(ctx, name, log); err != nil && ctx.Err() == nil && !errors.Is(err, projection.ErrHandler) {
-					log.ErrorContext(ctx, "safety-net catch-up failed", slog.Any("error", err))
+				stall.check(ctx, w, name, log)
+				select {
+				case inFlight <- struct{}{}:
+					running.Add(1)
+					go func() {
+						defer running.Done()
+						defer func() { <-inFlight }()
+						if err := w.catchUp(ctx, name, log); err != nil && ctx.Err() == nil && !errors.Is(err, projection.ErrHandler) {
+							log.ErrorContext(ctx, "safety-net catch-up failed", slog.Any("error", err))
+						}
+					}()
+				default: // the last one still runs
 				}
 				select {
 				case <-ctx.Done():
@@ -486,7 +545,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		w.watchHorizon(ctx)
+	}()
 	go func() {
 		defer wg.Done()
 		select {

@@ -302,7 +302,8 @@ func TestLostTriggers(t *testing.T) {
 				require.NoError(t, err)
 			}
 			ch := &droppingChannel{Channel: s.newChannel(t, cc)}
-			s.start(t, ch, worker.Config{SafetyNetInterval: 200 * time.Millisecond}, s.model(t, "alpha", nil))
+			// StallAfter 1 ms: any event the safety net finds waiting is a stall.
+			w := s.start(t, ch, worker.Config{SafetyNetInterval: 200 * time.Millisecond, StallAfter: time.Millisecond}, s.model(t, "alpha", nil))
 			require.Eventually(t, func() bool { rows, _ := s.count(t, "alpha"); return rows == 20 }, 20*time.Second, 10*time.Millisecond,
 				"the start-up catch-up handles what was appended before the worker ran")
 
@@ -315,6 +316,16 @@ func TestLostTriggers(t *testing.T) {
 			if s.appender == nil {
 				require.Positive(t, ch.dropped.Load(), "the relay's triggers were dropped")
 			} // else the appends above published no trigger at all
+
+			// The safety net counts the stall: events waited and no trigger started a catch-up.
+			// (An event appended while a safety-net catch-up runs may be caught by it, before
+			// any tick sees it waiting: append until a tick does.)
+			for n := 40; w.Stats("alpha").Stalls == 0; n++ {
+				require.Less(t, n, 200, "no stall was counted")
+				_, err := s.store.Append(context.Background(), "after", eventstore.Any, storeEvent(n))
+				require.NoError(t, err)
+				require.Eventually(t, func() bool { rows, _ := s.count(t, "alpha"); return rows == n+1 }, 20*time.Second, 5*time.Millisecond)
+			}
 
 		})
 	}
@@ -503,4 +514,27 @@ func TestSkipRequest(t *testing.T) {
 		require.Equal(t, projection.StateRunning, st.State)
 		require.Positive(t, w.Stats("picky").Received)
 	})
+}
+
+// TestStuckCatchUpIsReported: a catch-up that hangs (a handler waiting on something that does
+// not answer) is reported as a stall while it hangs, and the projection catches up once it is
+// released.
+func TestStuckCatchUpIsReported(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	ch := s.newChannel(t, channels["gochannel"])
+	w := s.start(t, ch, worker.Config{SafetyNetInterval: 20 * time.Millisecond, StallAfter: 10 * time.Millisecond},
+		s.model(t, "stuck", func(int) error { <-release; return nil }))
+	for n := range 3 {
+		_, err := s.store.Append(context.Background(), "s", eventstore.Any, storeEvent(n))
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return w.Stats("stuck").Stalls > 0 }, time.Minute, 5*time.Millisecond,
+		"the hanging catch-up is reported")
+	require.Equal(t, int64(1), w.Stats("stuck").Stalls, "once per stall")
+	once.Do(func() { close(release) })
+	require.Eventually(t, func() bool { rows, _ := s.count(t, "stuck"); return rows == 3 }, time.Minute, 5*time.Millisecond)
 }

@@ -56,6 +56,7 @@ Usage:
 
 Commands:
   status             [PROJECTION...] [--json] [--watch] [--interval 2s]
+  horizon            [--json]   the open transaction that holds every reader back, if any
   rebuild            PROJECTION [--no-wait] [--by NAME] [--timeout 1h]   (alias: reset)
   deadletter list    [--projection P] [--status failed|replayed|resolved] [--limit N] [--json]
   deadletter show    ID [--json]
@@ -200,6 +201,8 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 		return c.help(ctx, rest)
 	case "status":
 		return c.status(ctx, rest)
+	case "horizon":
+		return c.horizon(ctx, rest)
 	case "rebuild", "reset":
 		return c.rebuild(ctx, cmd, rest)
 	case "deadletter":
@@ -214,7 +217,7 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 }
 
 // commandList ends the error about an unknown command.
-const commandList = "the commands are status, rebuild (or reset), deadletter, skip, migrate and help"
+const commandList = "the commands are status, horizon, rebuild (or reset), deadletter, skip, migrate and help"
 
 func (c *cli) help(ctx context.Context, args []string) error {
 	switch strings.Join(args, " ") {
@@ -227,7 +230,7 @@ func (c *cli) help(ctx context.Context, args []string) error {
 	}
 	// Reuse the command's own -h.
 	switch args[0] {
-	case "status", "rebuild", "reset", "deadletter", "skip", "migrate":
+	case "status", "horizon", "rebuild", "reset", "deadletter", "skip", "migrate":
 		return c.dispatch(ctx, append(args, "-h"))
 	}
 	return usageErrorf("unknown command %q; %s", strings.Join(args, " "), commandList)

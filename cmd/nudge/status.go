@@ -20,12 +20,15 @@ import (
 
 	"github.com/nudgeworks/nudge/deadletter"
 	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
+	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/projection"
 	pjpg "github.com/nudgeworks/nudge/projection/postgres"
 )
 
 const statusDoc = `Shows every projection registered in the database (or the ones named), one row each: its
-state, committed position, the store's head, its lag in events and in time (the age of the
+one state (caught_up, working, held — waiting on an open transaction, failing, paused,
+rebuilding; the same word as the SQL view nudge_projection_conditions and the metric
+projection_condition), committed position, the store's head, its lag in events and in time (the age of the
 oldest event it has still to handle), the event it fails on, its dead letters with status
 failed, and a note: that it waits on an open transaction (which holds every reader of the
 store back; it never skips), its last error when failing, its progress when rebuilding.
@@ -35,8 +38,12 @@ records them in nudge_projections); a projection registered by an older nudge co
 type until its worker restarts.
 
 --json prints a JSON array sorted by name, one object per projection, with the fields
-  name, state, position, head, lag_events, lag_seconds, events_processed, held_by_horizon,
-  oldest_open_transaction_seconds, failing_event ({id, type, stream_id, position} or null),
+  name, state (the stored one: running, failing, paused, rebuilding), condition (the one
+  state shown in the table), position, head, lag_events, lag_seconds, events_processed, held_by_horizon,
+  oldest_open_transaction_seconds, holder (the transaction that holds the projection back, or
+  null: transaction_id, transactions_since, held_events, held_events_more, hidden, pid, database,
+  user, application_name, client_addr, started, age_seconds, state, wait_event, prepared_gid,
+  writes_events), lag_estimated (lag_events counts 1,000 events and estimates the rest), failing_event ({id, type, stream_id, position} or null),
   last_error, attempts, first_failure_at, last_failure_at (null unless failing),
   dead_letters (null when the dead-letter table is missing), updated_at,
   rebuild_started_at (null if never rebuilt), rebuild ({done, total, percent} while
@@ -273,10 +280,18 @@ func writeStatusTable(w io.Writer, rows []statusRow) error {
 		if r.deadLetters != nil {
 			dead = strconv.Itoa(*r.deadLetters)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Name, r.State, r.Position, r.Head, r.LagEvents,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Condition(), r.Position, r.Head, lagText(r.Status),
 			humanDuration(r.LagTime), failing, dead, statusNote(r.Status))
 	}
 	return tw.Flush()
+}
+
+// lagText is the lag in events, with a ~ when it is an estimate.
+func lagText(st projection.Status) string {
+	if st.LagEstimated {
+		return "~" + strconv.FormatInt(st.LagEvents, 10)
+	}
+	return strconv.FormatInt(st.LagEvents, 10)
 }
 
 // statusNote says what the numbers do not: why the projection waits, what it fails with, how
@@ -284,8 +299,8 @@ func writeStatusTable(w io.Writer, rows []statusRow) error {
 func statusNote(st projection.Status) string {
 	var notes []string
 	if st.HeldByHorizon {
-		if st.OldestOpenTransaction > 0 {
-			notes = append(notes, "waiting on an open transaction, "+humanDuration(st.OldestOpenTransaction)+" old")
+		if st.Holder != nil {
+			notes = append(notes, "waiting on "+st.Holder.Short()+" (nudge horizon)")
 		} else {
 			notes = append(notes, "waiting on an open transaction")
 		}
@@ -341,6 +356,7 @@ func humanDuration(d time.Duration) string {
 type statusJSON struct {
 	Name                         string        `json:"name"`
 	State                        string        `json:"state"`
+	Condition                    string        `json:"condition"`
 	Position                     string        `json:"position"`
 	Head                         string        `json:"head"`
 	LagEvents                    int64         `json:"lag_events"`
@@ -348,6 +364,8 @@ type statusJSON struct {
 	EventsProcessed              int64         `json:"events_processed"`
 	HeldByHorizon                bool          `json:"held_by_horizon"`
 	OldestOpenTransactionSeconds float64       `json:"oldest_open_transaction_seconds"`
+	Holder                       *holderJSON   `json:"holder"`
+	LagEstimated                 bool          `json:"lag_estimated"`
 	FailingEvent                 *failingJSON  `json:"failing_event"`
 	LastError                    string        `json:"last_error"`
 	Attempts                     int           `json:"attempts"`
@@ -358,6 +376,40 @@ type statusJSON struct {
 	RebuildStartedAt             *time.Time    `json:"rebuild_started_at"`
 	Rebuild                      *rebuildJSON  `json:"rebuild"`
 	LastSkip                     *lastSkipJSON `json:"last_skip"`
+}
+
+// holderJSON is an eventstore.HorizonHolder as --json prints it.
+type holderJSON struct {
+	TransactionID     uint64     `json:"transaction_id"`
+	TransactionsSince int64      `json:"transactions_since"`
+	HeldEvents        int64      `json:"held_events"`
+	HeldEventsMore    bool       `json:"held_events_more"`
+	Hidden            string     `json:"hidden,omitempty"`
+	PID               int        `json:"pid"`
+	Database          string     `json:"database"`
+	User              string     `json:"user"`
+	ApplicationName   string     `json:"application_name"`
+	ClientAddr        string     `json:"client_addr"`
+	Started           *time.Time `json:"started"`
+	AgeSeconds        float64    `json:"age_seconds"`
+	State             string     `json:"state"`
+	WaitEvent         string     `json:"wait_event"`
+	PreparedGID       string     `json:"prepared_gid,omitempty"`
+	WritesEvents      *bool      `json:"writes_events"`
+}
+
+func toHolderJSON(h *eventstore.HorizonHolder) *holderJSON {
+	if h == nil {
+		return nil
+	}
+	out := &holderJSON{TransactionID: h.TransactionID, TransactionsSince: h.TransactionsSince, HeldEvents: h.HeldEvents,
+		HeldEventsMore: h.HeldEventsMore, Hidden: h.Hidden, PID: h.PID, Database: h.Database, User: h.User,
+		ApplicationName: h.ApplicationName, ClientAddr: h.ClientAddr, Started: utcOrNil(h.Started), AgeSeconds: h.Age.Seconds(),
+		State: h.State, WaitEvent: h.WaitEvent, PreparedGID: h.PreparedGID}
+	if h.WritesEventsKnown {
+		out.WritesEvents = &h.WritesEvents
+	}
+	return out
 }
 
 type failingJSON struct {
@@ -387,12 +439,15 @@ type lastSkipJSON struct {
 func toStatusJSON(r statusRow) statusJSON {
 	st := r.Status
 	out := statusJSON{
-		Name: st.Name, State: string(st.State), Position: st.Position.String(), Head: st.Head.String(),
+		Name: st.Name, State: string(st.State), Condition: string(st.Condition()), Position: st.Position.String(), Head: st.Head.String(),
 		LagEvents: st.LagEvents, LagSeconds: st.LagTime.Seconds(), EventsProcessed: st.EventsProcessed,
-		HeldByHorizon: st.HeldByHorizon, OldestOpenTransactionSeconds: st.OldestOpenTransaction.Seconds(),
+		HeldByHorizon: st.HeldByHorizon, Holder: toHolderJSON(st.Holder), LagEstimated: st.LagEstimated,
 		LastError: st.LastError, Attempts: st.Attempts, DeadLetters: r.deadLetters, UpdatedAt: st.UpdatedAt.UTC(),
 		FirstFailureAt: utcOrNil(st.FirstFailureAt), LastFailureAt: utcOrNil(st.LastFailureAt),
 		RebuildStartedAt: utcOrNil(st.RebuildStartedAt),
+	}
+	if st.Holder != nil {
+		out.OldestOpenTransactionSeconds = st.Holder.Age.Seconds()
 	}
 	if e := st.FailingEvent; e != nil {
 		out.FailingEvent = &failingJSON{ID: e.ID.String(), Type: e.Type, StreamID: e.StreamID, Position: e.Position.String()}

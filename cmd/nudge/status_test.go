@@ -152,6 +152,7 @@ func TestStatusJSON(t *testing.T) {
 
 	caughtUp := byName["caught_up"]
 	require.Equal(t, "running", caughtUp["state"])
+	require.Equal(t, "caught_up", caughtUp["condition"])
 	require.Equal(t, f.events[3].Position.String(), caughtUp["position"], "the last A")
 	require.InDelta(t, 0, caughtUp["lag_events"], 0)
 	require.InDelta(t, 0, caughtUp["lag_seconds"], 0)
@@ -165,6 +166,7 @@ func TestStatusJSON(t *testing.T) {
 
 	lagging := byName["lagging"]
 	require.Equal(t, "running", lagging["state"])
+	require.Equal(t, "working", lagging["condition"])
 	require.Equal(t, "0/0", lagging["position"])
 	require.InDelta(t, 3, lagging["lag_events"], 0, "A, B, A: the types recorded at Init, not C")
 	require.Greater(t, lagging["lag_seconds"], 0.0)
@@ -176,6 +178,7 @@ func TestStatusJSON(t *testing.T) {
 	failing := byName["failing"]
 	bad := f.events[2]
 	require.Equal(t, "failing", failing["state"])
+	require.Equal(t, "failing", failing["condition"])
 	require.Equal(t, "0/0", failing["position"], "no C before the failing one")
 	require.InDelta(t, 2, failing["lag_events"], 0)
 	require.Greater(t, failing["lag_seconds"], 0.0)
@@ -209,10 +212,10 @@ func TestStatusTable(t *testing.T) {
 	require.Regexp(t, `^PROJECTION\s+STATE\s+POSITION\s+HEAD\s+LAG\s+LAG TIME\s+FAILING EVENT\s+DEAD LETTERS\s+NOTE$`, lines[0])
 	head := regexp.QuoteMeta(f.events[4].Position.String())
 	bad := f.events[2]
-	require.Regexp(t, `^caught_up\s+running\s+`+regexp.QuoteMeta(f.events[3].Position.String())+`\s+`+head+`\s+0\s+0s\s+-\s+0\s+-$`, lines[1])
+	require.Regexp(t, `^caught_up\s+caught_up\s+`+regexp.QuoteMeta(f.events[3].Position.String())+`\s+`+head+`\s+0\s+0s\s+-\s+0\s+-$`, lines[1])
 	require.Regexp(t, `^failing\s+failing\s+0/0\s+`+head+`\s+2\s+\d+(\.\d)?(ms|s)\s+`+bad.ID.String()+` C at `+regexp.QuoteMeta(bad.Position.String())+
 		`\s+1\s+attempt 1: cannot take C$`, lines[2])
-	require.Regexp(t, `^lagging\s+running\s+0/0\s+`+head+`\s+3\s+\d+(\.\d)?(ms|s)\s+-\s+0\s+-$`, lines[3])
+	require.Regexp(t, `^lagging\s+working\s+0/0\s+`+head+`\s+3\s+\d+(\.\d)?(ms|s)\s+-\s+0\s+-$`, lines[3])
 
 	res = runCLI(t, f.env, "status", "nosuch", "lagging", "other")
 	require.Equal(t, 1, res.code)
@@ -238,13 +241,17 @@ func TestStatusHeldByHorizon(t *testing.T) {
 
 	res := runCLI(t, f.env, "status", "caught_up")
 	require.Equal(t, 0, res.code, res.stderr)
-	require.Regexp(t, `(?m)^caught_up\s+running\s+.*\s+0\s+0s\s+-\s+0\s+waiting on an open transaction, \S+ old$`, res.stdout)
+	require.Regexp(t, `(?m)^caught_up\s+held\s+.*\s+0\s+0s\s+-\s+0\s+waiting on pid \d+ \(\S+\), open \S+ \(nudge horizon\)$`, res.stdout)
 
 	res = runCLI(t, f.env, "status", "caught_up", "--json")
 	require.Equal(t, 0, res.code, res.stderr)
 	var got []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(res.stdout), &got))
 	require.Equal(t, true, got[0]["held_by_horizon"])
+	require.Equal(t, "held", got[0]["condition"])
+	holder, ok := got[0]["holder"].(map[string]any)
+	require.True(t, ok, "the holder is named: %v", got[0]["holder"])
+	require.Positive(t, holder["pid"])
 	require.Greater(t, got[0]["oldest_open_transaction_seconds"], 0.0)
 	require.InDelta(t, 0, got[0]["lag_events"], 0, "held, not lagging")
 }
@@ -388,7 +395,7 @@ func TestStatusWithoutDeadLetterTable(t *testing.T) {
 
 	res := runCLI(t, env, "status")
 	require.Equal(t, 0, res.code, res.stderr)
-	require.Regexp(t, `(?m)^solo\s+running\s+0/0\s+0/0\s+0\s+0s\s+-\s+\?\s+-$`, res.stdout)
+	require.Regexp(t, `(?m)^solo\s+caught_up\s+0/0\s+0/0\s+0\s+0s\s+-\s+\?\s+-$`, res.stdout)
 	require.Equal(t, 1, strings.Count(res.stderr, "no dead-letter table"))
 
 	res = runCLI(t, env, "status", "--json")

@@ -1,9 +1,12 @@
 package postgres
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/nudgeworks/nudge/eventstore"
 )
 
 // statements are the store's SQL with its table names qualified by the configured schema.
@@ -19,6 +22,7 @@ type statements struct {
 	readTypes  [2]string
 	readStream string
 	head       string
+	holder     string
 }
 
 const eventColumns = `global_position, transaction_id, event_id, stream_id, stream_version, event_type, payload, metadata, recorded_at`
@@ -95,7 +99,7 @@ func newStatements(schema string) statements {
 	key := quote(table("nudge_events")) + `::regclass::oid`
 	readableSQL := strings.ReplaceAll(readable, "{key}", key)
 	h := strings.ReplaceAll(horizon, "{readable}", readableSQL)
-	r := strings.NewReplacer("{events}", table("nudge_events"), "{streams}", table("nudge_streams"), "{columns}", eventColumns, "{horizon}", h,
+	r := strings.NewReplacer("{readable}", readableSQL, "{heldLimit}", strconv.Itoa(eventstore.HeldEventsLimit), "{events}", table("nudge_events"), "{streams}", table("nudge_streams"), "{columns}", eventColumns, "{horizon}", h,
 		"{key}", key, "{setting}", quote(exemptSetting))
 	bare := strings.NewReplacer("{events}", table("nudge_events"), "{columns}", bareColumns, "{horizon}", h)
 	return statements{
@@ -134,6 +138,25 @@ func newStatements(schema string) statements {
 		readTypes: [2]string{r.Replace(readTypesSQL), bare.Replace(readTypesSQL)},
 		readStream: r.Replace(`SELECT {columns} FROM {events}
 			WHERE stream_id = $1 AND stream_version > $2 ORDER BY stream_version LIMIT $3`),
+		// The transaction at the horizon, if committed events wait behind it, with what
+		// pg_stat_activity (or pg_prepared_xacts) tells of it. Parallel workers share their
+		// leader's id: the leader's row comes first.
+		holder: r.Replace(`WITH h AS MATERIALIZED (SELECT {readable} AS xmin),
+			held AS MATERIALIZED (
+				SELECT count(*) AS n FROM (SELECT 1 FROM {events} e, h WHERE e.transaction_id >= h.xmin LIMIT {heldLimit} + 1) c
+			)
+			SELECT h.xmin, held.n, age(h.xmin::xid), a.pid, coalesce(a.datname, p.database::text, ''), coalesce(a.usename::text, p.owner::text, ''),
+				coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''), coalesce(a.xact_start, p.prepared),
+				coalesce(a.state, ''), coalesce(a.wait_event_type || ':' || a.wait_event, ''), coalesce(p.gid, ''),
+				CASE WHEN a.datname = current_database() THEN EXISTS (SELECT 1 FROM pg_locks l
+					WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.relation = {key} AND l.mode = 'RowExclusiveLock' AND l.granted
+						AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())) END,
+				pg_has_role('pg_read_all_stats', 'USAGE'), current_user::text
+			FROM h CROSS JOIN held
+				LEFT JOIN LATERAL (SELECT * FROM pg_stat_activity a WHERE a.backend_xid = h.xmin::xid
+					ORDER BY a.leader_pid IS NULL OR a.leader_pid = a.pid DESC LIMIT 1) a ON true
+				LEFT JOIN pg_prepared_xacts p ON p.transaction = h.xmin::xid
+			WHERE held.n > 0`),
 		head: r.Replace(`SELECT transaction_id, global_position FROM {events} WHERE {horizon}
 			ORDER BY transaction_id DESC, global_position DESC LIMIT 1`),
 	}

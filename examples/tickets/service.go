@@ -126,6 +126,7 @@ func open(ctx context.Context, cfg Config) (_ *service, err error) {
 			SafetyNetInterval:    cfg.SafetyNet,
 			Retry:                cfg.Retry,
 			DisableReplayOnStart: cfg.DisableReplayOnStart,
+			Horizon:              s.store, // names a transaction that holds the projections back
 		}
 		if cfg.Channel == ChannelPostgres {
 			// Triggers committed with their append can arrive before an older transaction

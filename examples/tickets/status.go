@@ -43,10 +43,12 @@ type projectionJSON struct {
 	HeldByHorizon bool `json:"held_by_horizon,omitempty"`
 	// OldestOpenTransactionSeconds is the age of the transaction that holds it back, when
 	// known.
-	OldestOpenTransactionSeconds float64           `json:"oldest_open_transaction_seconds,omitempty"`
-	LastError                    string            `json:"last_error,omitempty"`
-	FailingEvent                 *failingEventJSON `json:"failing_event,omitempty"`
-	Attempts                     int               `json:"attempts,omitempty"`
+	OldestOpenTransactionSeconds float64 `json:"oldest_open_transaction_seconds,omitempty"`
+	// HeldBy names that transaction: session, database, user, age, what it waits on.
+	HeldBy       string            `json:"held_by,omitempty"`
+	LastError    string            `json:"last_error,omitempty"`
+	FailingEvent *failingEventJSON `json:"failing_event,omitempty"`
+	Attempts     int               `json:"attempts,omitempty"`
 	// DeadLetters are the projection's failed dead letters (up to 20), oldest first.
 	DeadLetters   []deadLetterJSON `json:"dead_letters"`
 	UpdatedAt     time.Time        `json:"updated_at"`
@@ -92,8 +94,12 @@ func (s *service) status(ctx context.Context) (statusJSON, error) {
 		p := projectionJSON{
 			Name: st.Name, State: st.State, Position: st.Position.String(), Head: st.Head.String(),
 			EventsProcessed: st.EventsProcessed, LagEvents: st.LagEvents, LagSeconds: st.LagTime.Seconds(),
-			HeldByHorizon: st.HeldByHorizon, OldestOpenTransactionSeconds: st.OldestOpenTransaction.Seconds(), LastError: st.LastError, Attempts: st.Attempts, UpdatedAt: st.UpdatedAt,
+			HeldByHorizon: st.HeldByHorizon, LastError: st.LastError, Attempts: st.Attempts, UpdatedAt: st.UpdatedAt,
 			DeadLetters: []deadLetterJSON{},
+		}
+		if st.Holder != nil {
+			p.OldestOpenTransactionSeconds = st.Holder.Age.Seconds()
+			p.HeldBy = st.Holder.String()
 		}
 		if !st.LastFailureAt.IsZero() {
 			at := st.LastFailureAt

@@ -294,7 +294,9 @@ func runLongTransaction(ctx context.Context, e *env, r *result) error {
 			out[st.Name] = st.EventsProcessed
 			if st.HeldByHorizon {
 				held[st.Name] = true
-				oldest = max(oldest, st.OldestOpenTransaction)
+				if st.Holder != nil {
+					oldest = max(oldest, st.Holder.Age)
+				}
 			}
 		}
 		return out, nil

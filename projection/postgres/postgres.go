@@ -52,6 +52,7 @@ type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // Backend is the PostgreSQL projection.Backend. It is safe for concurrent use.
@@ -89,6 +90,18 @@ func (b *Backend) MigrateTx(ctx context.Context, tx pgx.Tx) error {
 	}
 	if _, err := pgmigrate.Run(ctx, tx, "projection", b.store.Schema(), migs); err != nil {
 		return fmt.Errorf("projection/postgres: migrate: %w", err)
+	}
+	// The conditions view embeds the horizon expression of this version of the code: it is
+	// replaced at every Migrate (under the migration lock Run took), once the store's table
+	// exists.
+	var storeReady bool
+	if err := tx.QueryRow(ctx, b.sql.eventsExist).Scan(&storeReady); err != nil {
+		return fmt.Errorf("projection/postgres: migrate: %w", err)
+	}
+	if storeReady {
+		if _, err := tx.Exec(ctx, b.sql.conditionsView); err != nil {
+			return fmt.Errorf("projection/postgres: migrate: create view nudge_projection_conditions: %w", err)
+		}
 	}
 	return nil
 }
@@ -300,13 +313,30 @@ func (b *Backend) Statuses(ctx context.Context) ([]projection.Status, error) {
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("projection/postgres: read the status rows: %w", err)
 	}
-	out := make([]projection.Status, 0, len(all))
-	for _, r := range all {
-		st, err := b.withLag(ctx, r.st, r.types)
-		if err != nil {
-			return nil, fmt.Errorf("projection %s: status: %w", r.st.Name, err)
+	// The lag statements go in one round trip.
+	out := make([]projection.Status, len(all))
+	var batch pgx.Batch
+	for i, r := range all {
+		batch.Queue(b.sql.lag, r.st.Position.TransactionID, r.st.Position.GlobalPosition, r.types).QueryRow(func(row pgx.Row) error {
+			var l lagRow
+			if err := l.scan(row); err != nil {
+				return fmt.Errorf("projection %s: status: %w", r.st.Name, err)
+			}
+			out[i] = l.apply(r.st)
+			return nil
+		})
+	}
+	if len(all) > 0 {
+		if err := b.db.SendBatch(ctx, &batch).Close(); err != nil {
+			return nil, err
 		}
-		out = append(out, st)
+	}
+	for i := range out {
+		st, err := b.holder(ctx, out[i])
+		if err != nil {
+			return nil, fmt.Errorf("projection %s: status: %w", out[i].Name, err)
+		}
+		out[i] = st
 	}
 	return out, nil
 }
@@ -322,14 +352,54 @@ func (b *Backend) statusRow(ctx context.Context, name string) (projection.Status
 
 // withLag fills st's lag fields against the store, counting events of types (nil: every type).
 func (b *Backend) withLag(ctx context.Context, st projection.Status, types []string) (projection.Status, error) {
-	var lagSeconds, openSeconds *float64
-	err := b.db.QueryRow(ctx, b.sql.lag, st.Position.TransactionID, st.Position.GlobalPosition, types).Scan(
-		&st.Head.TransactionID, &st.Head.GlobalPosition, &st.LagEvents, &lagSeconds, &st.HeldByHorizon, &openSeconds)
-	if err != nil {
+	var l lagRow
+	if err := l.scan(b.db.QueryRow(ctx, b.sql.lag, st.Position.TransactionID, st.Position.GlobalPosition, types)); err != nil {
 		return st, err
 	}
-	st.LagTime = seconds(lagSeconds)
-	st.OldestOpenTransaction = seconds(openSeconds)
+	return b.holder(ctx, l.apply(st))
+}
+
+// lagRow is a row of the lag statement.
+type lagRow struct {
+	head            eventstore.Position
+	events, scanned int64
+	last            int64
+	oldest, newest  *float64 // ages in seconds: the oldest event of the types, the window's newest
+	held            bool
+}
+
+func (l *lagRow) scan(row pgx.Row) error {
+	return row.Scan(&l.head.TransactionID, &l.head.GlobalPosition, &l.events, &l.scanned, &l.last, &l.oldest, &l.newest, &l.held)
+}
+
+// apply fills st's lag fields. A full window means more events follow it: the rest is
+// estimated from the global positions after the window, at the share of the projection's
+// types seen in the window. Positions have gaps (rolled-back appends), so the estimate errs
+// high.
+func (l lagRow) apply(st projection.Status) projection.Status {
+	st.Head, st.LagEvents, st.HeldByHorizon = l.head, l.events, l.held
+	st.LagTime = seconds(l.oldest)
+	st.LagEstimated = l.scanned >= lagWindow
+	if st.LagEstimated && l.events == 0 {
+		st.LagTime = seconds(l.newest) // the oldest event of the types comes later: younger
+	}
+	if st.LagEstimated && l.head.GlobalPosition > l.last {
+		rest := float64(l.head.GlobalPosition-l.last) * float64(l.events) / float64(l.scanned)
+		st.LagEvents += int64(rest)
+	}
+	return st
+}
+
+// holder names the transaction that holds st's projection back, when it is held.
+func (b *Backend) holder(ctx context.Context, st projection.Status) (projection.Status, error) {
+	if !st.HeldByHorizon {
+		return st, nil
+	}
+	h, err := b.store.HorizonHolder(ctx)
+	if err != nil {
+		return st, fmt.Errorf("look up the transaction that holds the horizon: %w", err)
+	}
+	st.Holder = h
 	return st, nil
 }
 

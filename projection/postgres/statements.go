@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"strconv"
 	"strings"
 	"time"
 
@@ -15,7 +16,13 @@ type statements struct {
 	startAttempt, endAttempt                                                                       string
 	// selectAllStatus is selectStatus for every projection, by name.
 	selectAllStatus string
+	// eventsExist and conditionsView: see Backend.MigrateTx.
+	eventsExist, conditionsView string
 }
+
+// lagWindow bounds the events a status reads to count a projection's lag: up to that many,
+// LagEvents is exact; beyond, the rest is estimated from global positions.
+const lagWindow = 1000
 
 // lockClass is the first key of the advisory locks on projections ("nudg" in ASCII). Two-key
 // advisory locks live apart from single-key ones, so these cannot collide with the
@@ -39,9 +46,25 @@ func newStatements(schema, horizon string) statements {
 		}
 		return pgx.Identifier{schema, name}.Sanitize()
 	}
-	r := strings.NewReplacer("{projections}", table("nudge_projections"), "{events}", table("nudge_events"), "{skips}", table("nudge_projection_skips"),
-		"{columns}", statusColumns, "{class}", lockClass, "{schema}", schema, "{horizon}", horizon)
+	r := strings.NewReplacer("{projections}", table("nudge_projections"), "{conditions}", table("nudge_projection_conditions"), "{events}", table("nudge_events"), "{skips}", table("nudge_projection_skips"),
+		"{columns}", statusColumns, "{class}", lockClass, "{schema}", schema, "{horizon}", horizon, "{window}", strconv.Itoa(lagWindow))
 	return statements{
+		eventsExist: r.Replace(`SELECT to_regclass('{events}') IS NOT NULL`),
+		// projection.Status.Condition in SQL, for operators: one row per projection. Like the
+		// status, it counts the event types recorded at registration (NULL: every type).
+		conditionsView: r.Replace(`CREATE OR REPLACE VIEW {conditions} AS
+			WITH h AS MATERIALIZED (SELECT {horizon} AS xmin)
+			SELECT p.name, CASE
+					WHEN p.state = 'paused' THEN 'paused'
+					WHEN p.state = 'failing' THEN 'failing'
+					WHEN p.state = 'rebuilding' THEN 'rebuilding'
+					WHEN EXISTS (SELECT 1 FROM {events} e WHERE (e.transaction_id, e.global_position) > (p.transaction_id, p.global_position)
+						AND e.transaction_id < h.xmin AND (p.event_types IS NULL OR e.event_type = ANY(p.event_types))) THEN 'working'
+					WHEN EXISTS (SELECT 1 FROM {events} e WHERE e.transaction_id >= h.xmin
+						AND (p.event_types IS NULL OR e.event_type = ANY(p.event_types))) THEN 'held'
+					ELSE 'caught_up' END AS condition,
+				p.state, p.transaction_id, p.global_position, p.updated_at
+			FROM {projections} p, h`),
 		lock: r.Replace(`SELECT pg_advisory_xact_lock({class}, hashtext('{schema}.' || $1))`),
 		register: r.Replace(`INSERT INTO {projections} AS p (name, event_types) VALUES ($1, $2)
 			ON CONFLICT (name) DO UPDATE SET event_types = EXCLUDED.event_types
@@ -103,26 +126,37 @@ func newStatements(schema, horizon string) statements {
 			WHERE name = $1`),
 		setState: r.Replace(`UPDATE {projections} SET state = $2, updated_at = now() WHERE name = $1`),
 		delete:   r.Replace(`DELETE FROM {projections} WHERE name = $1`),
-		// The store's head, the projection's readable lag, whether committed events of its types
-		// wait behind the horizon, and the age of the oldest writing transaction if so.
+		// The store's head; the projection's readable lag counted in a window of at most
+		// lagWindow events after its position (the index on (transaction_id, global_position)
+		// makes that a bounded range scan, whatever the backlog); the last global position of
+		// the window, from which the rest is estimated; and whether committed events of its
+		// types wait behind the horizon (looked for among the first lagWindow events there).
 		lag: r.Replace(`WITH h AS MATERIALIZED (SELECT {horizon} AS xmin),
 			head AS (
 				SELECT e.transaction_id, e.global_position FROM {events} e, h
 				WHERE e.transaction_id < h.xmin ORDER BY e.transaction_id DESC, e.global_position DESC LIMIT 1
 			),
-			lag AS (
-				SELECT count(*) AS events, min(e.recorded_at) AS oldest FROM {events} e, h
+			win AS MATERIALIZED (
+				SELECT e.global_position, e.event_type, e.recorded_at FROM {events} e, h
 				WHERE (e.transaction_id, e.global_position) > ($1::xid8, $2::bigint) AND e.transaction_id < h.xmin
-					AND ($3::text[] IS NULL OR e.event_type = ANY($3::text[]))
+				ORDER BY e.transaction_id, e.global_position LIMIT {window}
+			),
+			lag AS (
+				SELECT count(*) FILTER (WHERE $3::text[] IS NULL OR event_type = ANY($3::text[])) AS events,
+					count(*) AS scanned, max(global_position) AS last,
+					min(recorded_at) FILTER (WHERE $3::text[] IS NULL OR event_type = ANY($3::text[])) AS oldest,
+					max(recorded_at) AS newest
+				FROM win
 			),
 			held AS (
-				SELECT EXISTS (SELECT 1 FROM {events} e, h WHERE e.transaction_id >= h.xmin AND ($3::text[] IS NULL OR e.event_type = ANY($3::text[]))) AS held
+				SELECT EXISTS (SELECT 1 FROM (
+					SELECT e.event_type FROM {events} e, h WHERE e.transaction_id >= h.xmin
+					ORDER BY e.transaction_id, e.global_position LIMIT {window}) w
+					WHERE $3::text[] IS NULL OR w.event_type = ANY($3::text[])) AS held
 			)
 			SELECT coalesce((SELECT transaction_id FROM head), '0'::xid8), coalesce((SELECT global_position FROM head), 0),
-				lag.events, extract(epoch FROM clock_timestamp() - lag.oldest)::float8, held.held,
-				CASE WHEN held.held THEN (SELECT extract(epoch FROM clock_timestamp() - coalesce(
-						(SELECT min(xact_start) FROM pg_stat_activity, h WHERE backend_xid = h.xmin::xid),
-						(SELECT min(xact_start) FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid())))::float8) END
+				lag.events, lag.scanned, coalesce(lag.last, 0), extract(epoch FROM clock_timestamp() - lag.oldest)::float8,
+				extract(epoch FROM clock_timestamp() - lag.newest)::float8, held.held
 			FROM lag, held`),
 	}
 }

@@ -131,6 +131,7 @@ func run(ctx context.Context, o options, logger *slog.Logger) error {
 		DeadLetters:       dead,
 		Retry:             retry.Policy{MaxAttempts: o.attempts, InitialInterval: o.retryInitial},
 		CloseTimeout:      5 * time.Second,
+		Horizon:           store,
 	})
 	if err != nil {
 		return err

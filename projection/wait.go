@@ -1,0 +1,51 @@
+package projection
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// WaitCaughtUp waits until every named projection (all of the runner's when none is named) is
+// caught up: its condition is ConditionCaughtUp — no readable event left, nothing held behind
+// the horizon, not failing, paused or rebuilding. It does not catch up itself: a worker must
+// be running. It polls the status, starting at 5 ms and backing off to 200 ms, and returns
+// nil, or ctx's error with what each projection still waited for when ctx ends. Tests and
+// examples use it instead of polling loops of their own.
+func (r *Runner) WaitCaughtUp(ctx context.Context, names ...string) error {
+	if len(names) == 0 {
+		names = r.Names()
+	}
+	for _, name := range names {
+		if _, err := r.Projection(name); err != nil {
+			return err
+		}
+	}
+	wait := 5 * time.Millisecond
+	var pending []string
+	for {
+		pending = pending[:0]
+		for _, name := range names {
+			st, err := r.Status(ctx, name)
+			if err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				return fmt.Errorf("projection %s: wait until caught up: %w", name, err)
+			}
+			if k := st.Condition(); k != ConditionCaughtUp {
+				pending = append(pending, fmt.Sprintf("%s %s (position %s, lag %d)", name, k, st.Position, st.LagEvents))
+			}
+		}
+		if len(pending) == 0 && ctx.Err() == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("projection: not caught up: %s: %w", strings.Join(pending, "; "), ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}
