@@ -244,14 +244,17 @@ func run(ctx context.Context, out io.Writer) error {
 	if _, err := deadletter.Replay(ctx, dead, ch, deadletter.ReplayFilter{Projection: "ticket_list"}, "quickstart", time.Now()); err != nil {
 		return err
 	}
-	if err := waitFor("ticket_list to catch up", func() bool { t, c, _, _ := models.snapshot(); return t == 6 && c == 1 }); err != nil {
+	if err := runner.WaitCaughtUp(ctx, "ticket_list"); err != nil {
 		return err
 	}
 	if st, err = runner.Status(ctx, "ticket_list"); err != nil {
 		return err
 	}
 	tickets, closed, _, _ := models.snapshot()
-	say("   ticket_list caught up: %d tickets, %d closed; state %s, lag %d events.", tickets, closed, st.State, st.LagEvents)
+	if tickets != 6 || closed != 1 {
+		return fmt.Errorf("ticket_list caught up with %d tickets and %d closed, want 6 and 1", tickets, closed)
+	}
+	say("   ticket_list is %s: %d tickets, %d closed, lag %d events.", st.Condition(), tickets, closed, st.LagEvents)
 	models.mu.Lock()
 	for id, n := range models.handled {
 		if n != 1 {

@@ -24,7 +24,7 @@ func TestQuickstart(t *testing.T) {
 		"value too long for type character varying(25)",
 		"ticket_list is failing",
 		"ticket_stats kept going: 6 registered, 1 closed. ticket_list still shows 3 tickets",
-		"ticket_list caught up: 6 tickets, 1 closed; state running, lag 0 events.",
+		"ticket_list is caught_up: 6 tickets, 1 closed, lag 0 events.",
 		"Every one of its 7 events was handled once",
 	} {
 		require.Contains(t, got, want)

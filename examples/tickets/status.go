@@ -121,7 +121,7 @@ func (s *service) status(ctx context.Context) (statusJSON, error) {
 			p.DeadLetters = append(p.DeadLetters, d)
 		}
 		// Events an open transaction elsewhere still hides are not done either.
-		p.CaughtUp = st.State == projection.StateRunning && st.CaughtUp() && !st.HeldByHorizon
+		p.CaughtUp = st.Condition() == projection.ConditionCaughtUp
 		out.CaughtUp = out.CaughtUp && p.CaughtUp
 		out.Projections = append(out.Projections, p)
 	}

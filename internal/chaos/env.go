@@ -307,7 +307,7 @@ func (e *env) waitCaughtUp(ctx context.Context, timeout time.Duration) error {
 
 func allCaughtUp(sts []projection.Status) bool {
 	for _, st := range sts {
-		if !st.CaughtUp() || st.HeldByHorizon || st.State != projection.StateRunning {
+		if st.Condition() != projection.ConditionCaughtUp {
 			return false
 		}
 	}
