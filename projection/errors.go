@@ -21,6 +21,10 @@ var (
 	// ErrUnknownProjection reports a name the runner has no projection for.
 	ErrUnknownProjection = errors.New("projection: unknown projection")
 
+	// ErrAlreadyRunning reports a Run of a Poller (or a trigger.Relay) while another Run of it
+	// has not returned yet. Once it has, Run may be called again.
+	ErrAlreadyRunning = errors.New("projection: already running; Run may be called again once the running one has returned")
+
 	// ErrUnknownState reports a state name that is not one of States().
 	ErrUnknownState = errors.New("projection: unknown state")
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -63,6 +64,8 @@ type Poller struct {
 	cfg    PollerConfig
 	names  []string
 	wake   map[string]chan struct{}
+	// running is set while Run runs.
+	running atomic.Bool
 }
 
 // NewPoller returns a poller for the named projections of r (all of them when names is empty).
@@ -104,8 +107,13 @@ func orDefault(d, def time.Duration) time.Duration {
 }
 
 // Run polls until ctx ends, then waits for the catch-ups in flight to stop (they roll back) and
-// returns nil.
+// returns nil. A Run while another has not returned yet fails with ErrAlreadyRunning; after it
+// has, Run starts polling again.
 func (p *Poller) Run(ctx context.Context) error {
+	if !p.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("poller: %w", ErrAlreadyRunning)
+	}
+	defer p.running.Store(false)
 	var wg sync.WaitGroup
 	for _, name := range p.names {
 		wg.Add(1)

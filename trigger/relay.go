@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/nudgeworks/nudge/eventstore"
@@ -74,6 +75,8 @@ type Relay struct {
 	runner *projection.Runner
 	poller *projection.Poller
 	name   string
+	// running is set while Run runs.
+	running atomic.Bool
 }
 
 // NewRelay returns a relay that reads events through backend and publishes to pub.
@@ -148,8 +151,14 @@ func coalesce(events []eventstore.Event) Trigger {
 	return t
 }
 
-// Run registers the relay and publishes until ctx ends; then it returns nil.
+// Run registers the relay and publishes until ctx ends; then it returns nil. A Run while another
+// has not returned yet fails with an error matching projection.ErrAlreadyRunning; after it has,
+// Run starts again.
 func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("relay %s: %w", r.name, projection.ErrAlreadyRunning)
+	}
+	defer r.running.Store(false)
 	if err := r.runner.Init(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil

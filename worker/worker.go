@@ -113,6 +113,9 @@ type Config struct {
 	HorizonWarnAfter time.Duration
 }
 
+// ErrRunTwice is returned by a second Run of one Worker: its Running signal fires once.
+var ErrRunTwice = errors.New("worker: Run was called before on this worker; a Worker runs once: create a new one with worker.New")
+
 // ErrNotReadableYet reports a trigger whose position the event store cannot read yet because an
 // older transaction is still open; the trigger is retried, never dead-lettered.
 var ErrNotReadableYet = errors.New("worker: the trigger's events are not readable yet (an open transaction holds the store's readers back)")
@@ -124,6 +127,8 @@ type Worker struct {
 	logger  *slog.Logger
 	stats   map[string]*counters
 	running chan struct{}
+	// ran is set by the first Run.
+	ran atomic.Bool
 }
 
 // New returns a worker. It connects to nothing until Run or Declare.
@@ -522,8 +527,11 @@ func (w *Worker) Running() <-chan struct{} { return w.running }
 
 // Run declares the subscriptions, runs the handlers on a router of its own and the safety net,
 // until ctx ends; then it stops the router (handlers in flight finish or roll back, within
-// CloseTimeout) and returns nil.
+// CloseTimeout) and returns nil. A Worker runs once: a second Run returns ErrRunTwice.
 func (w *Worker) Run(ctx context.Context) error {
+	if !w.ran.CompareAndSwap(false, true) {
+		return ErrRunTwice
+	}
 	if err := w.Declare(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
