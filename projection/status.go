@@ -38,14 +38,12 @@ type Status struct {
 	// PostgreSQL backend counts up to 1,000 of them and estimates the rest (LagEstimated), so a
 	// status costs the same with any backlog.
 	LagEvents int64
-	// LagEstimated reports that LagEvents is an estimate: the events past the first 1,000 are
-	// reckoned from global positions, at the share of the projection's types among those
-	// 1,000. Positions have gaps, so the estimate errs high; it is exact again once the backlog
-	// is below 1,000.
+	// LagEstimated reports that LagEvents is an estimate: the events past the first 1,000 of
+	// the projection's types are reckoned from global positions, at their density among the
+	// first 1,000. Positions have gaps and the mix of types changes, so it is rough; it is exact
+	// again once the backlog is below 1,000. Whether the projection lags at all is always exact.
 	LagEstimated bool
-	// LagTime is the age of the oldest of those events; zero when there are none. When the
-	// first 1,000 events after Position hold none of the projection's types, it is the age of
-	// the newest of them (the oldest event of its types is younger).
+	// LagTime is the age of the oldest of those events; zero when there are none.
 	LagTime time.Duration
 	// HeldByHorizon reports committed events of the projection's types that cannot be read yet
 	// because an older transaction is still open somewhere in the database cluster: the

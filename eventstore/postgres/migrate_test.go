@@ -66,7 +66,7 @@ func TestMigrateConcurrently(t *testing.T) {
 			}
 			var count int
 			require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&count))
-			require.Equal(t, 1, count)
+			require.Equal(t, 2, count, "each of the store's two migrations ran once")
 		})
 	}
 }

@@ -143,7 +143,7 @@ func newStatements(schema string) statements {
 		// leader's id: the leader's row comes first.
 		holder: r.Replace(`WITH h AS MATERIALIZED (SELECT {readable} AS xmin),
 			held AS MATERIALIZED (
-				SELECT count(*) AS n FROM (SELECT 1 FROM {events} e, h WHERE e.transaction_id >= h.xmin LIMIT {heldLimit} + 1) c
+				SELECT count(*) AS n FROM (SELECT 1 FROM {events} e WHERE e.transaction_id >= (SELECT xmin FROM h) LIMIT {heldLimit} + 1) c
 			)
 			SELECT h.xmin, held.n, age(h.xmin::xid), a.pid, coalesce(a.datname, p.database::text, ''), coalesce(a.usename::text, p.owner::text, ''),
 				coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''), coalesce(a.xact_start, p.prepared),

@@ -3,7 +3,7 @@
 // (PASS/MISS with the gap). It also writes the results as JSON, with the machine they were
 // measured on, to -out.
 //
-//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|fanout|recovery]
+//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|fanout|recovery|status|horizon]
 //	                        [-out bench-results] [-cpuprofile] [-pprof-dir DIR]
 //
 // Scenarios (several may be given, comma-separated):
@@ -20,6 +20,13 @@
 //     projection raises the others' live latency.
 //   - recovery: a projection stuck on a poison event while events arrive; time until caught up
 //     after the fix and one dead-letter replay, beside a plain catch-up of the same events.
+//   - status: reading the status of 10 projections, each the whole store (1,000,000 events of
+//     a few types) behind: Backend.Statuses and a metrics scrape (WatchRunner, Gather), beside
+//     the exact lag count in SQL the library used to run; and whether the lag is exact.
+//   - horizon: read throughput (store.Read, limit 500, one connection) and the cost of the
+//     read horizon alone, with and without 200 more connections on the server (150 idle, 50
+//     holding exempt writing transactions, which the horizon finds in pg_locks); fewer, in
+//     the same ratio, when max_connections leaves no room for 200.
 //
 // Each scenario step runs on a database of its own (created and dropped, named like
 // internal/pgtest's) and a RabbitMQ prefix of its own (named like internal/amqptest's). The
@@ -92,6 +99,8 @@ var scenarios = []scenario{
 	{"append", "append throughput with trigger publishing", runAppend, appendTargets()},
 	{"fanout", "many projections on one worker", runFanout, []Target{targetSlowProjection}},
 	{"recovery", "poison event, fix, one replay", runRecovery, nil},
+	{"status", "projection status with a large backlog", runStatus, statusTargets()},
+	{"horizon", "the read horizon under many connections", runHorizon, []Target{targetHorizonReads}},
 }
 
 func scenarioNames() []string {
@@ -289,9 +298,12 @@ func startCPUProfile(dir, name string, at time.Time) (stop func(), path string, 
 	return func() { pprof.StopCPUProfile(); _ = f.Close() }, path, nil
 }
 
+// postgresOnly are the scenarios that do not use RabbitMQ.
+var postgresOnly = []string{"rebuild", "status", "horizon"}
+
 // needsAMQP reports whether any of the scenarios uses RabbitMQ.
 func needsAMQP(names []string) bool {
-	return slices.ContainsFunc(names, func(s string) bool { return s != "rebuild" })
+	return slices.ContainsFunc(names, func(s string) bool { return !slices.Contains(postgresOnly, s) })
 }
 
 // postgresVersion returns the server's version, empty if unknown.
@@ -335,6 +347,16 @@ type sizes struct {
 	slowLiveProjection int
 
 	recoveryEvents int
+
+	statusEvents int
+	statusRuns   int           // the most runs of each status measurement
+	statusBudget time.Duration // after statusMinRuns, no new run starts past it
+
+	horizonEvents      int
+	horizonConnections int // extra connections, of which horizonWriters write
+	horizonWriters     int
+	horizonRounds      int // rounds of a read of the whole store per condition
+	horizonCalls       int // horizon statements of each kind timed per condition, over the rounds
 }
 
 // sizesFor returns the default sizes (about 10 minutes on 2 cores) or the quick ones (about 2).
@@ -346,6 +368,8 @@ func sizesFor(quick bool) sizes {
 		appendRun: 2 * time.Second, appendRounds: 2,
 		fanoutEvents: 100_000, fanoutProjections: []int{1, 10, 50}, slowLiveDuration: 5 * time.Second, slowLiveProjection: 10,
 		recoveryEvents: 100_000,
+		statusEvents:   1_000_000, statusRuns: 7, statusBudget: 15 * time.Second,
+		horizonEvents: 200_000, horizonConnections: 200, horizonWriters: 50, horizonRounds: 5, horizonCalls: 2000,
 	}
 	if quick {
 		s.rebuildEvents, s.naiveEvents = 100_000, 5_000
@@ -353,6 +377,8 @@ func sizesFor(quick bool) sizes {
 		s.appendRun = time.Second
 		s.fanoutEvents, s.slowLiveDuration = 10_000, 2*time.Second
 		s.recoveryEvents = 10_000
+		s.statusEvents, s.statusBudget = 100_000, 5*time.Second
+		s.horizonEvents, s.horizonRounds = 50_000, 3
 	}
 	return s
 }

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -198,11 +199,14 @@ func WithUnit(v float64, unit string) string {
 }
 
 // FormatValue formats v for a table cell in unit: throughputs with thousands separators,
-// milliseconds and megabytes with one decimal (two below 10 ms), ratios as "3.2×".
+// milliseconds and megabytes with one decimal (two below 10 ms), ratios as "3.2×" (two
+// significant digits below 0.1: "0.014×").
 func FormatValue(v float64, unit string) string {
 	switch {
 	case math.IsNaN(v) || math.IsInf(v, 0):
 		return "—"
+	case unit == "×" && v != 0 && math.Abs(v) < 0.1:
+		return strconv.FormatFloat(v, 'g', 2, 64) + "×"
 	case unit == "×":
 		return fmt.Sprintf("%.1f×", v)
 	case unit == "%":

@@ -86,6 +86,8 @@ func TestFormatting(t *testing.T) {
 	require.Equal(t, "12,346", FormatValue(12345.6, ""))
 	require.Equal(t, "3.25", FormatValue(3.25, "ms"))
 	require.Equal(t, "12.3", FormatValue(12.3456, "ms"))
+	require.Equal(t, "0.014×", FormatValue(0.01402, "×"))
+	require.Equal(t, "3.2×", FormatValue(3.2, "×"))
 	require.Equal(t, "99.5", FormatValue(99.49, "MB"))
 	require.Equal(t, "30.0×", FormatValue(30, "×"))
 	require.Equal(t, "—", FormatValue(Ratio(1, 0)/0, "×"))
@@ -244,7 +246,7 @@ func TestParseFlags(t *testing.T) {
 	require.True(t, o.cpuProfile, "-pprof-dir implies -cpuprofile")
 
 	_, err = parseFlags([]string{"-scenario", "speed"}, io.Discard)
-	require.ErrorContains(t, err, `-scenario "speed": use all or rebuild, latency, append, fanout, recovery`)
+	require.ErrorContains(t, err, `-scenario "speed": use all or rebuild, latency, append, fanout, recovery, status, horizon`)
 	_, err = parseFlags([]string{"-log-level", "loud"}, io.Discard)
 	require.ErrorContains(t, err, "-log-level")
 	_, err = parseFlags([]string{"extra"}, io.Discard)
@@ -257,6 +259,10 @@ func TestParseFlags(t *testing.T) {
 	require.ErrorContains(t, err, "-relay-interval 0s: must be positive")
 
 	require.Less(t, sizesFor(true).rebuildEvents, sizesFor(false).rebuildEvents)
+	require.Less(t, sizesFor(true).statusEvents, sizesFor(false).statusEvents)
+	require.Less(t, sizesFor(true).horizonEvents, sizesFor(false).horizonEvents)
+	require.False(t, needsAMQP([]string{"rebuild", "status", "horizon"}))
+	require.True(t, needsAMQP([]string{"status", "latency"}))
 }
 
 func TestRedactArgs(t *testing.T) {

@@ -361,31 +361,28 @@ func (b *Backend) withLag(ctx context.Context, st projection.Status, types []str
 
 // lagRow is a row of the lag statement.
 type lagRow struct {
-	head            eventstore.Position
-	events, scanned int64
-	last            int64
-	oldest, newest  *float64 // ages in seconds: the oldest event of the types, the window's newest
-	held            bool
+	head   eventstore.Position
+	events int64    // in the window, at most lagWindow
+	first  int64    // the window's first global position
+	last   int64    // the window's last global position
+	oldest *float64 // age in seconds of the window's first event
+	held   bool
 }
 
 func (l *lagRow) scan(row pgx.Row) error {
-	return row.Scan(&l.head.TransactionID, &l.head.GlobalPosition, &l.events, &l.scanned, &l.last, &l.oldest, &l.newest, &l.held)
+	return row.Scan(&l.head.TransactionID, &l.head.GlobalPosition, &l.events, &l.first, &l.last, &l.oldest, &l.held)
 }
 
-// apply fills st's lag fields. A full window means more events follow it: the rest is
-// estimated from the global positions after the window, at the share of the projection's
-// types seen in the window. Positions have gaps (rolled-back appends), so the estimate errs
-// high.
+// apply fills st's lag fields. A full window means more of the projection's events may
+// follow it: the rest is estimated from the global positions after the window, at the density
+// of its events within the window (first to last). Positions have gaps (rolled-back appends)
+// and the mix of types changes, so the estimate is rough; it is exact again below lagWindow.
 func (l lagRow) apply(st projection.Status) projection.Status {
 	st.Head, st.LagEvents, st.HeldByHorizon = l.head, l.events, l.held
 	st.LagTime = seconds(l.oldest)
-	st.LagEstimated = l.scanned >= lagWindow
-	if st.LagEstimated && l.events == 0 {
-		st.LagTime = seconds(l.newest) // the oldest event of the types comes later: younger
-	}
-	if st.LagEstimated && l.head.GlobalPosition > l.last {
-		rest := float64(l.head.GlobalPosition-l.last) * float64(l.events) / float64(l.scanned)
-		st.LagEvents += int64(rest)
+	st.LagEstimated = l.events >= lagWindow
+	if span := l.last - l.first; st.LagEstimated && span > 0 && l.head.GlobalPosition > l.last {
+		st.LagEvents += int64(float64(l.head.GlobalPosition-l.last) * float64(l.events-1) / float64(span))
 	}
 	return st
 }

@@ -51,20 +51,26 @@ func newStatements(schema, horizon string) statements {
 	return statements{
 		eventsExist: r.Replace(`SELECT to_regclass('{events}') IS NOT NULL`),
 		// projection.Status.Condition in SQL, for operators: one row per projection. Like the
-		// status, it counts the event types recorded at registration (NULL: every type).
+		// status, it counts the event types recorded at registration (NULL: every type), and
+		// looks for them as the lag statement does (see there).
 		conditionsView: r.Replace(`CREATE OR REPLACE VIEW {conditions} AS
 			WITH h AS MATERIALIZED (SELECT {horizon} AS xmin)
 			SELECT p.name, CASE
 					WHEN p.state = 'paused' THEN 'paused'
 					WHEN p.state = 'failing' THEN 'failing'
 					WHEN p.state = 'rebuilding' THEN 'rebuilding'
-					WHEN EXISTS (SELECT 1 FROM {events} e WHERE (e.transaction_id, e.global_position) > (p.transaction_id, p.global_position)
-						AND e.transaction_id < h.xmin AND (p.event_types IS NULL OR e.event_type = ANY(p.event_types))) THEN 'working'
-					WHEN EXISTS (SELECT 1 FROM {events} e WHERE e.transaction_id >= h.xmin
-						AND (p.event_types IS NULL OR e.event_type = ANY(p.event_types))) THEN 'held'
+					WHEN (p.event_types IS NULL AND EXISTS (SELECT 1 FROM {events} e
+							WHERE (e.transaction_id, e.global_position) > (p.transaction_id, p.global_position)
+								AND e.transaction_id < (SELECT xmin FROM h)))
+						OR EXISTS (SELECT 1 FROM unnest(p.event_types) t(type) WHERE EXISTS (SELECT 1 FROM {events} e
+							WHERE (e.event_type, e.transaction_id, e.global_position) > (t.type, p.transaction_id, p.global_position)
+								AND (e.event_type, e.transaction_id) < (t.type, (SELECT xmin FROM h)))) THEN 'working'
+					WHEN (p.event_types IS NULL AND (SELECT max(e.transaction_id) FROM {events} e) >= (SELECT xmin FROM h))
+						OR EXISTS (SELECT 1 FROM unnest(p.event_types) t(type)
+							WHERE (SELECT max(e.transaction_id) FROM {events} e WHERE e.event_type = t.type) >= (SELECT xmin FROM h)) THEN 'held'
 					ELSE 'caught_up' END AS condition,
 				p.state, p.transaction_id, p.global_position, p.updated_at
-			FROM {projections} p, h`),
+			FROM {projections} p`),
 		lock: r.Replace(`SELECT pg_advisory_xact_lock({class}, hashtext('{schema}.' || $1))`),
 		register: r.Replace(`INSERT INTO {projections} AS p (name, event_types) VALUES ($1, $2)
 			ON CONFLICT (name) DO UPDATE SET event_types = EXCLUDED.event_types
@@ -127,36 +133,44 @@ func newStatements(schema, horizon string) statements {
 		setState: r.Replace(`UPDATE {projections} SET state = $2, updated_at = now() WHERE name = $1`),
 		delete:   r.Replace(`DELETE FROM {projections} WHERE name = $1`),
 		// The store's head; the projection's readable lag counted in a window of at most
-		// lagWindow events after its position (the index on (transaction_id, global_position)
-		// makes that a bounded range scan, whatever the backlog); the last global position of
-		// the window, from which the rest is estimated; and whether committed events of its
-		// types wait behind the horizon (looked for among the first lagWindow events there).
+		// lagWindow events after its position — in read order for a projection of every type,
+		// else per type through the type index, so the window holds only its own events and
+		// the work is bounded whatever the backlog and the mix of types; the window's last
+		// global position, from which the rest is estimated; and whether committed events of
+		// its types wait behind the horizon. The horizon is compared as a scalar subquery, so
+		// it is an index condition (a join with h would walk the index from its start). The
+		// statement is prepared, and PostgreSQL may plan it once for every parameter value: the
+		// per-type window bounds the type index's own key from both sides (type and position
+		// above, type and horizon below: together, that type only), which no other index can
+		// serve, and "held" compares the newest transaction id (of each type) with the horizon,
+		// so that no plan falls back to a scan of the table or of every type.
 		lag: r.Replace(`WITH h AS MATERIALIZED (SELECT {horizon} AS xmin),
 			head AS (
-				SELECT e.transaction_id, e.global_position FROM {events} e, h
-				WHERE e.transaction_id < h.xmin ORDER BY e.transaction_id DESC, e.global_position DESC LIMIT 1
+				SELECT e.transaction_id, e.global_position FROM {events} e
+				WHERE e.transaction_id < (SELECT xmin FROM h) ORDER BY e.transaction_id DESC, e.global_position DESC LIMIT 1
 			),
 			win AS MATERIALIZED (
-				SELECT e.global_position, e.event_type, e.recorded_at FROM {events} e, h
-				WHERE (e.transaction_id, e.global_position) > ($1::xid8, $2::bigint) AND e.transaction_id < h.xmin
-				ORDER BY e.transaction_id, e.global_position LIMIT {window}
+				(SELECT e.transaction_id, e.global_position, e.recorded_at FROM {events} e
+				WHERE $3::text[] IS NULL AND (e.transaction_id, e.global_position) > ($1::xid8, $2::bigint)
+					AND e.transaction_id < (SELECT xmin FROM h)
+				ORDER BY e.transaction_id, e.global_position LIMIT {window})
+				UNION ALL
+				(SELECT w.transaction_id, w.global_position, w.recorded_at FROM unnest($3::text[]) t(type), LATERAL (
+					SELECT e.transaction_id, e.global_position, e.recorded_at FROM {events} e
+					WHERE (e.event_type, e.transaction_id, e.global_position) > (t.type, $1::xid8, $2::bigint)
+						AND (e.event_type, e.transaction_id) < (t.type, (SELECT xmin FROM h))
+					ORDER BY e.event_type, e.transaction_id, e.global_position LIMIT {window}) w
+				ORDER BY w.transaction_id, w.global_position LIMIT {window})
 			),
-			lag AS (
-				SELECT count(*) FILTER (WHERE $3::text[] IS NULL OR event_type = ANY($3::text[])) AS events,
-					count(*) AS scanned, max(global_position) AS last,
-					min(recorded_at) FILTER (WHERE $3::text[] IS NULL OR event_type = ANY($3::text[])) AS oldest,
-					max(recorded_at) AS newest
-				FROM win
-			),
+			lag AS (SELECT count(*) AS events, min(global_position) AS first, max(global_position) AS last, min(recorded_at) AS oldest FROM win),
 			held AS (
-				SELECT EXISTS (SELECT 1 FROM (
-					SELECT e.event_type FROM {events} e, h WHERE e.transaction_id >= h.xmin
-					ORDER BY e.transaction_id, e.global_position LIMIT {window}) w
-					WHERE $3::text[] IS NULL OR w.event_type = ANY($3::text[])) AS held
+				SELECT coalesce(CASE WHEN $3::text[] IS NULL
+					THEN (SELECT max(e.transaction_id) FROM {events} e)
+					ELSE (SELECT max((SELECT max(e.transaction_id) FROM {events} e WHERE e.event_type = t.type)) FROM unnest($3::text[]) t(type))
+					END >= (SELECT xmin FROM h), false) AS held
 			)
 			SELECT coalesce((SELECT transaction_id FROM head), '0'::xid8), coalesce((SELECT global_position FROM head), 0),
-				lag.events, lag.scanned, coalesce(lag.last, 0), extract(epoch FROM clock_timestamp() - lag.oldest)::float8,
-				extract(epoch FROM clock_timestamp() - lag.newest)::float8, held.held
+				lag.events, coalesce(lag.first, 0), coalesce(lag.last, 0), extract(epoch FROM clock_timestamp() - lag.oldest)::float8, held.held
 			FROM lag, held`),
 	}
 }
