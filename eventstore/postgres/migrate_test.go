@@ -24,7 +24,7 @@ func TestMigrateTwice(t *testing.T) {
 	require.NoError(t, err)
 	versions, err = pgx.CollectRows(rows, pgx.RowTo[int])
 	require.NoError(t, err)
-	require.Equal(t, []int{1}, versions)
+	require.Equal(t, []int{1, 2}, versions)
 	_, err = s.Append(ctx, "s", eventstore.Any, eventstore.EventData{Type: "A", Payload: []byte(`{}`)})
 	require.NoError(t, err)
 }
