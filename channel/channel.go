@@ -25,7 +25,9 @@ type Channel interface {
 	Declare(ctx context.Context, projections ...string) error
 	// Publish sends t to every declared projection, or, when t.Projection is set, to that
 	// projection's subscription (non-durable channels may deliver it to all; consumers ignore
-	// triggers addressed to another projection).
+	// triggers addressed to another projection). Publish never creates a subscription: durable
+	// channels refuse a trigger addressed to a projection that no process has declared, rather
+	// than keep it where nobody reads it.
 	Publish(ctx context.Context, t trigger.Trigger) error
 	// Subscriber returns the subscriber and topic a handler of the projection consumes.
 	Subscriber(projection string) (message.Subscriber, string, error)

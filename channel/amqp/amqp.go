@@ -11,9 +11,13 @@
 // Declare creates the queues and bindings of the projections it is given (and the dead-letter
 // queue): the broker drops a trigger published to the fanout exchange when no queue is bound to
 // it, so declare every projection before publishing to it. A trigger addressed to one projection
-// (Trigger.Projection set) goes through the default exchange to that projection's queue only;
-// Publish declares that queue first if this Channel has not. Projection names are checked with
-// projection.ValidateName before anything reaches the broker.
+// (Trigger.Projection set) goes through the default exchange to that projection's queue only.
+// Publish never declares that queue: a queue declared by a publisher would be bound to the
+// exchange and collect every trigger forever, with nobody consuming it. When this Channel has
+// not declared the projection itself, Publish looks the queue up (a passive declare) and fails
+// with ErrNotDeclared if no process has declared it — a wrong name or a wrong prefix.
+// Declared does that look-up alone. Projection names are checked with projection.ValidateName
+// before anything reaches the broker.
 //
 // Subscriber returns a subscriber of one projection's queue with a prefetch of 1: a
 // projection's consumer handles one trigger at a time, and several consumers of one projection
@@ -112,6 +116,11 @@ var ErrDisconnected = errors.New("amqp: not connected to RabbitMQ (reconnecting 
 
 // ErrClosed matches the errors of calls made after Close.
 var ErrClosed = errors.New("amqp: channel is closed")
+
+// ErrNotDeclared matches a trigger addressed to a projection whose queue does not exist on the
+// broker: no consumer has declared it (under this Config.Prefix), so nothing would read the
+// trigger. Nothing was sent.
+var ErrNotDeclared = errors.New("amqp: projection not declared")
 
 // Config configures a Channel.
 type Config struct {
@@ -501,12 +510,59 @@ func (c *Channel) Publish(ctx context.Context, t trigger.Trigger) error {
 	}
 	if t.Projection != "" {
 		if _, ok := c.declared.Load(t.Projection); !ok {
-			if err := c.declareProjection(t.Projection); err != nil {
+			ok, err := c.Declared(ctx, t.Projection)
+			if err != nil {
 				return err
+			}
+			if !ok {
+				return c.notDeclared(t.Projection)
 			}
 		}
 	}
 	return c.publish(ctx, topic, msg)
+}
+
+// Declared reports whether the projection's queue exists on the broker, declared by this
+// Channel or by any other process with the same Config.Prefix (a worker of the projection).
+// It looks the queue up without creating it (a passive declare).
+func (c *Channel) Declared(ctx context.Context, name string) (bool, error) {
+	if err := projection.ValidateName(name); err != nil {
+		return false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	return c.queueExists(c.queueName(name))
+}
+
+// queueExists looks queue up with a passive declare on a channel of its own: the broker
+// closes the channel when the queue does not exist.
+func (c *Channel) queueExists(queue string) (bool, error) {
+	what := "look up queue " + queue
+	if err := c.usable(); err != nil {
+		return false, fmt.Errorf("amqp: %s: %w", what, err)
+	}
+	ch, err := c.conn.Connection().Channel()
+	if err != nil {
+		return false, c.brokerError(what, err)
+	}
+	defer func() { _ = ch.Close() }() // already closed by the broker when the queue is missing
+	_, err = ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	var amqpErr *amqp091.Error
+	switch {
+	case errors.As(err, &amqpErr) && amqpErr.Code == amqp091.NotFound:
+		return false, nil
+	case err != nil:
+		return false, c.brokerError(what, err)
+	}
+	return true, nil
+}
+
+// notDeclared is the error of a trigger addressed to a projection whose queue does not exist.
+func (c *Channel) notDeclared(name string) error {
+	return fmt.Errorf("%w: no queue %s on RabbitMQ (prefix %q): no consumer of projection %s has declared it, "+
+		"so nothing would read the trigger; check the projection's name and Config.Prefix (it must be the consumers'), "+
+		"or call Declare(ctx, %q) first", ErrNotDeclared, c.queueName(name), c.cfg.Prefix, name, name)
 }
 
 // publish publishes msg to topic and waits for the broker's confirm, or until ctx ends.

@@ -23,6 +23,7 @@ import (
 	"github.com/nudgeworks/nudge/channel/amqp"
 	"github.com/nudgeworks/nudge/channel/channeltest"
 	"github.com/nudgeworks/nudge/internal/amqptest"
+	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -481,15 +482,53 @@ func TestCloseWhileDisconnected(t *testing.T) {
 // TestCloseWhileDisconnected); TestMain allows that many.
 var knownLeaks atomic.Int32
 
-func TestAddressedPublishDeclaresTheQueue(t *testing.T) {
+// TestAddressedPublishNeedsADeclaredQueue: a trigger addressed to a projection nobody declared
+// is refused, and no queue is left behind (it would collect every trigger forever); once any
+// process declares the projection, the same channel publishes to it.
+func TestAddressedPublishNeedsADeclaredQueue(t *testing.T) {
 	t.Parallel()
 	env := amqptest.New(t)
+	ctx := context.Background()
 	ch := newChannel(t, config(t, env))
 	tr := channeltest.Trigger(7)
 	tr.Projection = "gamma"
-	require.NoError(t, ch.Publish(context.Background(), tr), "gamma was never declared")
-	got := channeltest.Next(t, channeltest.Consume(t, ch, "gamma"))
+	err := ch.Publish(ctx, tr)
+	require.ErrorIs(t, err, amqp.ErrNotDeclared)
+	require.ErrorContains(t, err, "no queue "+env.Prefix+"nudge.triggers_gamma on RabbitMQ (prefix \""+env.Prefix+"\")")
+	ok, err := ch.Declared(ctx, "gamma")
+	require.NoError(t, err)
+	require.False(t, ok)
+	require.False(t, queueExists(t, env, env.Prefix+"nudge.triggers_gamma"), "the publisher declared no queue")
+
+	// A worker (another process) declares it.
+	other := newChannel(t, config(t, env))
+	require.NoError(t, other.Declare(ctx, "gamma"))
+	ok, err = ch.Declared(ctx, "gamma")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, ch.Publish(ctx, tr))
+	got := channeltest.Next(t, channeltest.Consume(t, other, "gamma"))
 	require.Equal(t, "gamma", got.Projection)
+
+	_, err = ch.Declared(ctx, "Gamma")
+	require.ErrorIs(t, err, projection.ErrInvalidName)
+}
+
+// queueExists looks queue up on a connection of the test's own, without creating it.
+func queueExists(t *testing.T, env *amqptest.Env, queue string) bool {
+	t.Helper()
+	conn, err := amqp091.Dial(env.URL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	raw, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = raw.QueueDeclarePassive(queue, true, false, false, false, nil)
+	var amqpErr *amqp091.Error
+	if errors.As(err, &amqpErr) && amqpErr.Code == amqp091.NotFound {
+		return false
+	}
+	require.NoError(t, err)
+	return true
 }
 
 func TestPublishHonoursContext(t *testing.T) {
