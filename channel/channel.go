@@ -19,9 +19,11 @@ import (
 
 // Channel is one broker's wiring for triggers.
 type Channel interface {
-	// Declare creates the subscriptions of the named projections and the dead-letter topic,
-	// so that every trigger published after Declare returns reaches each of them (on durable
-	// channels even if no consumer runs yet). It is idempotent and refuses invalid names.
+	// Declare creates the subscriptions of the named projections, so that every trigger
+	// published after Declare returns reaches each of them (on durable channels even if no
+	// consumer runs yet). It is idempotent and refuses invalid names. The dead-letter topic is
+	// ready by the time a message is published to it, through Publisher, or DeadLetterSubscriber
+	// subscribes; a backend may create it only then.
 	Declare(ctx context.Context, projections ...string) error
 	// Publish sends t to every declared projection, or, when t.Projection is set, to that
 	// projection's subscription (non-durable channels may deliver it to all; consumers ignore

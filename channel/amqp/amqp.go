@@ -6,10 +6,14 @@
 //
 //	exchange  p + "nudge.triggers"              fanout; every trigger is published here
 //	queue     p + "nudge.triggers_" + name      one per projection, bound to the exchange
-//	queue     p + "nudge.dead_letters"          the dead-letter topic
+//	queue     p + "nudge.dead_letters"          the dead-letter topic, only once it is used
 //
-// Declare creates the queues and bindings of the projections it is given (and the dead-letter
-// queue): the broker drops a trigger published to the fanout exchange when no queue is bound to
+// The dead-letter queue is declared when a message is first published to DeadLetterTopic (or
+// DeadLetterSubscriber subscribes), not by Declare: a worker with a durable dead-letter store
+// (worker.Config.DeadLetters) never publishes there, and a queue nobody writes or reads would
+// only puzzle whoever looks at the broker.
+//
+// Declare creates the queues and bindings of the projections it is given: the broker drops a trigger published to the fanout exchange when no queue is bound to
 // it, so declare every projection before publishing to it. A trigger addressed to one projection
 // (Trigger.Projection set) goes through the default exchange to that projection's queue only.
 // Publish never declares that queue: a queue declared by a publisher would be bound to the
@@ -160,6 +164,10 @@ type Channel struct {
 	deadLetterTopic string
 
 	declared sync.Map // projection name → struct{}: its queue is declared
+	// deadLettersDeclared is set once the dead-letter queue is declared; deadLettersMu
+	// serialises the declaring.
+	deadLettersDeclared atomic.Bool
+	deadLettersMu       sync.Mutex
 
 	mu     sync.Mutex
 	closed bool
@@ -422,8 +430,8 @@ func (c *Channel) newSubscriber(cfg amqp.Config, log watermill.LoggerAdapter) (*
 	return sub, nil
 }
 
-// Declare implements channel.Channel: it declares the exchange, each projection's queue bound
-// to it, and the dead-letter queue.
+// Declare implements channel.Channel: it declares the exchange and each projection's queue
+// bound to it. The dead-letter queue is declared on first use (see the package documentation).
 func (c *Channel) Declare(ctx context.Context, projections ...string) error {
 	for _, name := range projections {
 		if err := projection.ValidateName(name); err != nil {
@@ -438,10 +446,24 @@ func (c *Channel) Declare(ctx context.Context, projections ...string) error {
 			return err
 		}
 	}
-	if err := ctx.Err(); err != nil {
+	return nil
+}
+
+// declareDeadLetters declares the dead-letter queue, once per Channel.
+func (c *Channel) declareDeadLetters() error {
+	if c.deadLettersDeclared.Load() {
+		return nil
+	}
+	c.deadLettersMu.Lock()
+	defer c.deadLettersMu.Unlock()
+	if c.deadLettersDeclared.Load() {
+		return nil
+	}
+	if err := c.initialize(amqp.NewDurableQueueConfig(""), c.deadLetterTopic, c.deadLetterTopic); err != nil {
 		return err
 	}
-	return c.initialize(amqp.NewDurableQueueConfig(""), c.deadLetterTopic, c.deadLetterTopic)
+	c.deadLettersDeclared.Store(true)
+	return nil
 }
 
 func (c *Channel) declareProjection(name string) error {
@@ -599,8 +621,14 @@ func (c *Channel) publish(ctx context.Context, topic string, msg *message.Messag
 // publisher is the message.Publisher of Channel.Publisher.
 type publisher struct{ c *Channel }
 
-// Publish publishes each message with its own context.
+// Publish publishes each message with its own context; the first message to the dead-letter
+// topic declares its queue.
 func (p publisher) Publish(topic string, msgs ...*message.Message) error {
+	if topic == p.c.deadLetterTopic && len(msgs) > 0 {
+		if err := p.c.declareDeadLetters(); err != nil {
+			return err
+		}
+	}
 	for _, msg := range msgs {
 		if err := p.c.publish(msg.Context(), topic, msg); err != nil {
 			return err
@@ -629,14 +657,15 @@ func (c *Channel) Subscriber(name string) (message.Subscriber, string, error) {
 // Publisher implements channel.Channel. It publishes through the same pool of confirmed
 // channels as Publish, each message with its own context: to the fanout exchange for the
 // trigger topic, and for any other topic (DeadLetterTopic, a projection's queue) through the
-// default exchange to the queue of that name, which must exist (Declare creates the dead-letter
-// queue). Its Close does nothing; Close closes it.
+// default exchange to the queue of that name, which must exist (the dead-letter queue is
+// declared before the first message to it). Its Close does nothing; Close closes it.
 func (c *Channel) Publisher() message.Publisher { return publisher{c} }
 
 // DeadLetterTopic implements channel.Channel: Config.Prefix + channel.DeadLetterTopic.
 func (c *Channel) DeadLetterTopic() string { return c.deadLetterTopic }
 
-// DeadLetterSubscriber implements channel.Channel: a new subscriber of the dead-letter queue.
+// DeadLetterSubscriber implements channel.Channel: a new subscriber of the dead-letter queue,
+// which its Subscribe declares.
 func (c *Channel) DeadLetterSubscriber() (message.Subscriber, error) {
 	return c.newSubscriber(amqp.NewDurableQueueConfig(""), c.wlog)
 }

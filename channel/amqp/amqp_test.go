@@ -557,8 +557,13 @@ func TestTopology(t *testing.T) {
 	raw, err := conn.Channel()
 	require.NoError(t, err)
 	require.NoError(t, raw.ExchangeDeclarePassive(env.Prefix+"nudge.triggers", "fanout", true, false, false, false, nil))
-	for _, queue := range []string{env.Prefix + "nudge.triggers_alpha", env.Prefix + "nudge.dead_letters"} {
-		_, err := raw.QueueDeclarePassive(queue, true, false, false, false, nil)
-		require.NoError(t, err, queue)
-	}
+	require.True(t, queueExists(t, env, env.Prefix+"nudge.triggers_alpha"))
+	require.False(t, queueExists(t, env, env.Prefix+"nudge.dead_letters"), "Declare leaves the dead-letter queue to its first use")
+
+	// The first dead letter declares its queue, and lands there.
+	dead := message.NewMessage("dead-1", []byte("poison"))
+	require.NoError(t, ch.Publisher().Publish(ch.DeadLetterTopic(), dead))
+	q, err := raw.QueueDeclarePassive(env.Prefix+"nudge.dead_letters", true, false, false, false, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, q.Messages)
 }
