@@ -39,8 +39,10 @@
 //
 // The channel opens one connection (named Config.ConnectionName, visible in RabbitMQ's
 // management UI) shared by its publisher and subscribers. New retries the first dial with
-// backoff for up to Config.StartupTimeout, logging each failed attempt (the URL's password
-// redacted), then fails with an error that says what to check.
+// backoff for up to Config.StartupTimeout (or Config.StartupAttempts), logging each failed
+// attempt (the URL's password redacted), then fails with a *ConnectError that says what to
+// check. A refused login (user, password or vhost) is not retried. A Config that New refuses
+// is a *ConfigError naming the field.
 //
 // Once connected, a lost connection is re-established in the background, forever, with
 // backoff from 500 ms up to Config.ReconnectMaxInterval; subscriptions resume by themselves.
@@ -126,6 +128,62 @@ var ErrClosed = errors.New("amqp: channel is closed")
 // trigger. Nothing was sent.
 var ErrNotDeclared = errors.New("amqp: projection not declared")
 
+// ConfigError is a Config that New refuses. Problem says what is wrong with the field and what
+// to do, without naming the field, so that a program can put the name of its own setting (a
+// command-line flag, say) in front of it.
+type ConfigError struct {
+	// Field is the name of the Config field, e.g. "URL" or "Prefix".
+	Field string
+	// Problem is what is wrong, e.g. `"a b" may only hold letters, …`. It never holds a
+	// password.
+	Problem string
+}
+
+func (e *ConfigError) Error() string { return "amqp: Config." + e.Field + " " + e.Problem }
+
+// ConnectError is New's failure to connect to RabbitMQ.
+type ConnectError struct {
+	// URL is the broker's URL, its password redacted.
+	URL string
+	// Attempts is how many times New tried, over Took.
+	Attempts int
+	Took     time.Duration
+	// Refused reports that the broker refused the login (user, password or vhost); New does
+	// not retry that.
+	Refused bool
+	// Reason is the last attempt's error, its password redacted.
+	Reason string
+
+	ctxErr        error // the context's error, when it ended the attempts
+	outOfAttempts bool  // Config.StartupAttempts ended the attempts
+}
+
+func (e *ConnectError) Error() string {
+	switch {
+	case e.Refused:
+		return fmt.Sprintf("amqp: RabbitMQ at %s refused the connection: %s; check the user, password and vhost in Config.URL", e.URL, e.Reason)
+	case e.ctxErr != nil:
+		return fmt.Sprintf("amqp: RabbitMQ at %s is not reachable (%s, until the context ended: %v): %s", e.URL, e.Tries(), e.ctxErr, e.Reason)
+	}
+	raise := "Config.StartupTimeout"
+	if e.outOfAttempts {
+		raise = "Config.StartupAttempts"
+	}
+	return fmt.Sprintf("amqp: RabbitMQ at %s is not reachable (%s): %s; check that the broker runs and Config.URL points at it, or raise %s",
+		e.URL, e.Tries(), e.Reason, raise)
+}
+
+// Unwrap returns the context's error when the context ended the attempts.
+func (e *ConnectError) Unwrap() error { return e.ctxErr }
+
+// Tries says how often and how long New tried, e.g. "3 attempts in 1.2s".
+func (e *ConnectError) Tries() string {
+	if e.Attempts == 1 {
+		return "1 attempt in " + e.Took.String()
+	}
+	return fmt.Sprintf("%d attempts in %s", e.Attempts, e.Took)
+}
+
 // Config configures a Channel.
 type Config struct {
 	// URL of the broker: amqp://user:password@host:port/vhost (or amqps://). Required. Percent-
@@ -140,9 +198,13 @@ type Config struct {
 	// ConnectionName names the connection in RabbitMQ (its "connection_name" client property).
 	// Defaults to ConnectionNameDefault.
 	ConnectionName string
-	// StartupTimeout is how long New keeps retrying the first connection. Defaults to
-	// StartupTimeoutDefault.
+	// StartupTimeout is how long New keeps retrying the first connection; it also bounds each
+	// attempt. Defaults to StartupTimeoutDefault.
 	StartupTimeout time.Duration
+	// StartupAttempts, if positive, is the most attempts New makes at the first connection
+	// within StartupTimeout: 1 fails at the first refused connection, as a command-line tool
+	// should. Defaults to 0: attempts until StartupTimeout.
+	StartupAttempts int
 	// PublishChannels is the number of AMQP channels publishes share; each publish waits for
 	// its confirm on one of them. Defaults to PublishChannelsDefault.
 	PublishChannels int
@@ -183,7 +245,7 @@ var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]*$`)
 // cfg.StartupTimeout (or until ctx ends), then fails.
 func New(ctx context.Context, cfg Config) (*Channel, error) {
 	if cfg.URL == "" {
-		return nil, errors.New("amqp: Config.URL is required, e.g. amqp://guest:guest@localhost:5672/")
+		return nil, &ConfigError{Field: "URL", Problem: "is required, e.g. amqp://guest:guest@localhost:5672/"}
 	}
 	uri, err := parseURL(cfg.URL)
 	if err != nil {
@@ -195,13 +257,13 @@ func New(ctx context.Context, cfg Config) (*Channel, error) {
 	cfg.ReconnectMaxInterval = cmp.Or(cfg.ReconnectMaxInterval, ReconnectMaxIntervalDefault)
 	switch {
 	case len(cfg.Prefix) > MaxPrefixLength:
-		return nil, fmt.Errorf("amqp: Config.Prefix is %d bytes long; at most %d allowed", len(cfg.Prefix), MaxPrefixLength)
+		return nil, &ConfigError{Field: "Prefix", Problem: fmt.Sprintf("is %d bytes long; at most %d allowed", len(cfg.Prefix), MaxPrefixLength)}
 	case !prefixPattern.MatchString(cfg.Prefix):
-		return nil, fmt.Errorf("amqp: Config.Prefix %q may only hold letters, digits, '-', '_', '.' and ':'", cfg.Prefix)
+		return nil, &ConfigError{Field: "Prefix", Problem: fmt.Sprintf("%q may only hold letters, digits, '-', '_', '.' and ':'", cfg.Prefix)}
 	case strings.HasPrefix(cfg.Prefix, "amq."):
-		return nil, fmt.Errorf("amqp: Config.Prefix %q starts with \"amq.\", which RabbitMQ reserves; choose another", cfg.Prefix)
-	case cfg.StartupTimeout < 0, cfg.PublishChannels < 0, cfg.ReconnectMaxInterval < 0:
-		return nil, errors.New("amqp: Config.StartupTimeout, PublishChannels and ReconnectMaxInterval must not be negative (0 means the default)")
+		return nil, &ConfigError{Field: "Prefix", Problem: fmt.Sprintf("%q starts with \"amq.\", which RabbitMQ reserves; choose another", cfg.Prefix)}
+	case cfg.StartupTimeout < 0, cfg.StartupAttempts < 0, cfg.PublishChannels < 0, cfg.ReconnectMaxInterval < 0:
+		return nil, errors.New("amqp: Config.StartupTimeout, StartupAttempts, PublishChannels and ReconnectMaxInterval must not be negative (0 means the default)")
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -245,13 +307,13 @@ func parseURL(raw string) (amqp091.URI, error) {
 		if errors.As(err, &urlErr) {
 			err = urlErr.Err // without the URL, which holds the password
 		}
-		return amqp091.URI{}, fmt.Errorf("amqp: Config.URL is not a valid URL (%v); "+
-			"use amqp://user:password@host:port/vhost and percent-encode reserved characters in the user and password", err)
+		return amqp091.URI{}, &ConfigError{Field: "URL", Problem: fmt.Sprintf("is not a valid URL (%v); "+
+			"use amqp://user:password@host:port/vhost and percent-encode reserved characters in the user and password", err)}
 	}
 	uri, err := amqp091.ParseURI(raw)
 	if err != nil {
-		return amqp091.URI{}, fmt.Errorf("amqp: Config.URL %s is not an AMQP URL: %s; use amqp://user:password@host:port/vhost",
-			u.Redacted(), redact.Message(err.Error(), raw))
+		return amqp091.URI{}, &ConfigError{Field: "URL", Problem: fmt.Sprintf("%s is not an AMQP URL: %s; use amqp://user:password@host:port/vhost",
+			u.Redacted(), redact.Message(err.Error(), raw))}
 	}
 	return uri, nil
 }
@@ -289,20 +351,21 @@ func (c *Channel) connect(ctx context.Context) error {
 			return nil
 		}
 		msg := redact.Message(err.Error(), c.cfg.URL)
+		cerr := &ConnectError{URL: redacted, Attempts: attempt, Took: time.Since(started).Round(time.Millisecond), Reason: msg}
 		var amqpErr *amqp091.Error
-		if errors.As(err, &amqpErr) && (amqpErr.Code == amqp091.AccessRefused || amqpErr.Code == amqp091.NotAllowed) {
-			return fmt.Errorf("amqp: RabbitMQ at %s refused the connection: %s; check the user, password and vhost in Config.URL",
-				redacted, msg)
-		}
 		remaining := time.Until(deadline)
-		if ctx.Err() != nil {
-			return fmt.Errorf("amqp: RabbitMQ at %s is not reachable (%d attempts in %s, until the context ended: %w): %s",
-				redacted, attempt, time.Since(started).Round(time.Millisecond), ctx.Err(), msg)
-		}
-		if remaining <= 0 {
-			return fmt.Errorf("amqp: RabbitMQ at %s is not reachable (%d attempts in %s): %s; "+
-				"check that the broker runs and Config.URL points at it, or raise Config.StartupTimeout",
-				redacted, attempt, time.Since(started).Round(time.Millisecond), msg)
+		switch {
+		case errors.As(err, &amqpErr) && (amqpErr.Code == amqp091.AccessRefused || amqpErr.Code == amqp091.NotAllowed):
+			cerr.Refused = true
+			return cerr
+		case ctx.Err() != nil:
+			cerr.ctxErr = ctx.Err()
+			return cerr
+		case c.cfg.StartupAttempts > 0 && attempt >= c.cfg.StartupAttempts:
+			cerr.outOfAttempts = true
+			return cerr
+		case remaining <= 0:
+			return cerr
 		}
 		wait = min(wait, remaining)
 		c.log.Warn("amqp: RabbitMQ not reachable, retrying", slog.String("url", redacted),
@@ -409,8 +472,9 @@ func (c *Channel) projectionConfig(name string) amqp.Config {
 	return amqp.NewDurablePubSubConfig("", amqp.GenerateQueueNameTopicNameWithSuffix(name))
 }
 
-// queueName is the queue of the projection.
-func (c *Channel) queueName(name string) string {
+// QueueName returns the name of the projection's queue: Config.Prefix + "nudge.triggers_" +
+// the projection's name.
+func (c *Channel) QueueName(name string) string {
 	return c.projectionConfig(name).Queue.GenerateName(c.triggerTopic)
 }
 
@@ -467,7 +531,7 @@ func (c *Channel) declareDeadLetters() error {
 }
 
 func (c *Channel) declareProjection(name string) error {
-	if err := c.initialize(c.projectionConfig(name), c.triggerTopic, c.queueName(name)); err != nil {
+	if err := c.initialize(c.projectionConfig(name), c.triggerTopic, c.QueueName(name)); err != nil {
 		return err
 	}
 	c.declared.Store(name, struct{}{})
@@ -520,7 +584,7 @@ func (c *Channel) Publish(ctx context.Context, t trigger.Trigger) error {
 		if err := projection.ValidateName(t.Projection); err != nil {
 			return err
 		}
-		topic = c.queueName(t.Projection)
+		topic = c.QueueName(t.Projection)
 	}
 	msg, err := trigger.NewMessage(t)
 	if err != nil {
@@ -554,7 +618,7 @@ func (c *Channel) Declared(ctx context.Context, name string) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	return c.queueExists(c.queueName(name))
+	return c.queueExists(c.QueueName(name))
 }
 
 // queueExists looks queue up with a passive declare on a channel of its own: the broker
@@ -584,7 +648,7 @@ func (c *Channel) queueExists(queue string) (bool, error) {
 func (c *Channel) notDeclared(name string) error {
 	return fmt.Errorf("%w: no queue %s on RabbitMQ (prefix %q): no consumer of projection %s has declared it, "+
 		"so nothing would read the trigger; check the projection's name and Config.Prefix (it must be the consumers'), "+
-		"or call Declare(ctx, %q) first", ErrNotDeclared, c.queueName(name), c.cfg.Prefix, name, name)
+		"or call Declare(ctx, %q) first", ErrNotDeclared, c.QueueName(name), c.cfg.Prefix, name, name)
 }
 
 // publish publishes msg to topic and waits for the broker's confirm, or until ctx ends.

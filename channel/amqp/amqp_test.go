@@ -167,19 +167,49 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		want string
 	}{
 		{"no URL", amqp.Config{}, "Config.URL is required"},
-		{"not a URL", amqp.Config{URL: "amqp://guest:secret@host:port/"}, "not a valid URL"},
+		{"not a URL", amqp.Config{URL: "amqp://guest:secret@host:port/"}, "Config.URL is not a valid URL"},
 		{"not AMQP", amqp.Config{URL: "http://guest:secret@localhost/"}, "not an AMQP URL"},
-		{"bad prefix", amqp.Config{URL: amqptest.URLDefault, Prefix: "a b"}, "may only hold"},
+		{"bad prefix", amqp.Config{URL: amqptest.URLDefault, Prefix: "a b"}, `Config.Prefix "a b" may only hold`},
 		{"reserved prefix", amqp.Config{URL: amqptest.URLDefault, Prefix: "amq.x"}, "reserves"},
 		{"long prefix", amqp.Config{URL: amqptest.URLDefault, Prefix: strings.Repeat("p", amqp.MaxPrefixLength+1)}, "at most"},
 		{"negative", amqp.Config{URL: amqptest.URLDefault, PublishChannels: -1}, "must not be negative"},
+		{"negative attempts", amqp.Config{URL: amqptest.URLDefault, StartupAttempts: -1}, "must not be negative"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := amqp.New(context.Background(), tc.cfg)
 			require.ErrorContains(t, err, tc.want)
 			require.NotContains(t, err.Error(), "secret", "the password is never printed")
+			var cerr *amqp.ConfigError
+			if errors.As(err, &cerr) {
+				// The problem reads on behind any name for the field.
+				require.NotContains(t, cerr.Problem, "Config.")
+				require.Equal(t, "amqp: Config."+cerr.Field+" "+cerr.Problem, err.Error())
+				require.Contains(t, []string{"URL", "Prefix"}, cerr.Field)
+			}
 		})
 	}
+}
+
+// TestStartupAttempts: with StartupAttempts 1, an unreachable broker fails at the first
+// refused connection instead of retrying for StartupTimeout.
+func TestStartupAttempts(t *testing.T) {
+	t.Parallel()
+	l := newLogs(t)
+	_, err := amqp.New(context.Background(), amqp.Config{
+		URL:             "amqp://guest:secret@" + closedPort(t) + "/",
+		StartupTimeout:  time.Minute,
+		StartupAttempts: 1,
+		Logger:          l.logger(),
+	})
+	var cerr *amqp.ConnectError
+	require.ErrorAs(t, err, &cerr)
+	require.Equal(t, 1, cerr.Attempts)
+	require.False(t, cerr.Refused)
+	require.Contains(t, cerr.Reason, "connection refused")
+	require.ErrorContains(t, err, "is not reachable (1 attempt in ")
+	require.ErrorContains(t, err, "or raise Config.StartupAttempts")
+	require.Zero(t, l.count("RabbitMQ not reachable, retrying"), l.String())
+	require.NotContains(t, err.Error()+l.String(), "secret", "the password is never printed")
 }
 
 // closedPort returns a local address nothing listens on.
@@ -219,6 +249,7 @@ func TestUnreachableBrokerAtStartContextEnds(t *testing.T) {
 	start := time.Now()
 	_, err := amqp.New(ctx, amqp.Config{URL: "amqp://guest:secret@" + closedPort(t) + "/"})
 	require.ErrorContains(t, err, "is not reachable")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Less(t, time.Since(start), 2*time.Second, "New stops when its context ends")
 }
 
@@ -235,6 +266,9 @@ func TestWrongPasswordFailsAtOnce(t *testing.T) {
 	_, err := amqp.New(context.Background(), cfg)
 	require.ErrorContains(t, err, "refused the connection")
 	require.ErrorContains(t, err, "check the user, password and vhost")
+	var cerr *amqp.ConnectError
+	require.ErrorAs(t, err, &cerr)
+	require.True(t, cerr.Refused)
 	require.NotContains(t, err.Error(), "wrong-secret")
 	// RabbitMQ takes a few seconds to refuse a login.
 	require.Less(t, time.Since(start), 10*time.Second, "bad credentials are not retried for StartupTimeout")
@@ -557,6 +591,7 @@ func TestTopology(t *testing.T) {
 	raw, err := conn.Channel()
 	require.NoError(t, err)
 	require.NoError(t, raw.ExchangeDeclarePassive(env.Prefix+"nudge.triggers", "fanout", true, false, false, false, nil))
+	require.Equal(t, env.Prefix+"nudge.triggers_alpha", ch.QueueName("alpha"))
 	require.True(t, queueExists(t, env, env.Prefix+"nudge.triggers_alpha"))
 	require.False(t, queueExists(t, env, env.Prefix+"nudge.dead_letters"), "Declare leaves the dead-letter queue to its first use")
 
