@@ -64,8 +64,16 @@ func unwrapURLError(err error) error {
 	return err
 }
 
-// publisher opens the channel --channel names; close releases it.
-func (c *cli) publisher(ctx context.Context, pool *pgxpool.Pool) (pub trigger.Publisher, closeFunc func(), err error) {
+// triggerChannel is what the commands that send requests to workers need of a channel.
+type triggerChannel interface {
+	trigger.Publisher
+	// Declared reports whether a worker has declared the projection's subscription.
+	Declared(ctx context.Context, projection string) (bool, error)
+}
+
+// publisher opens the channel --channel names; close releases it. It declares nothing: the
+// workers declare their subscriptions, and the CLI publishes only to those.
+func (c *cli) publisher(ctx context.Context, pool *pgxpool.Pool) (pub triggerChannel, closeFunc func(), err error) {
 	switch c.g.channel {
 	case channelAMQP:
 		if c.g.amqp == "" {
@@ -84,4 +92,71 @@ func (c *cli) publisher(ctx context.Context, pool *pgxpool.Pool) (pub trigger.Pu
 		}
 		return ch, func() { _ = ch.Close() }, nil
 	}
+}
+
+// requireConsumer returns nil if a worker has declared the projection's subscription on the
+// channel, and otherwise an error that names the channel (and its prefix or schema): a
+// request there would wait forever, or, on RabbitMQ, in a queue nobody reads.
+func (c *cli) requireConsumer(ctx context.Context, ch triggerChannel, name string) error {
+	ok, err := ch.Declared(ctx, name)
+	switch {
+	case errors.Is(err, chpg.ErrNotMigrated):
+		return c.noChannelTables(name)
+	case err != nil:
+		return fmt.Errorf("look up the subscription of projection %s on the %s channel: %w", name, c.g.channel, err)
+	case ok:
+		return nil
+	}
+	return c.noConsumer(ch, name)
+}
+
+// noConsumer is the error for a projection without a declared subscription on the channel.
+func (c *cli) noConsumer(ch triggerChannel, name string) error {
+	if q, ok := ch.(interface{ QueueName(string) string }); ok {
+		return fmt.Errorf("no worker of projection %s consumes from the amqp channel with prefix %q: RabbitMQ has no queue %s, "+
+			"so nothing would take the request. Check the projection's name ('nudge status' lists them) and --amqp-prefix "+
+			"(or %s), which must be its workers' prefix; or use --channel postgres if it runs on PostgreSQL queues",
+			name, c.g.amqpPrefix, q.QueueName(name), envAMQPPrefix)
+	}
+	return fmt.Errorf("no worker of projection %s has declared its subscription on the postgres channel in %s, "+
+		"so nothing would take the request. Check the projection's name ('nudge status' lists them) and --schema, "+
+		"start its worker, or use --channel amqp if it runs on RabbitMQ", name, c.schemaWhere())
+}
+
+// noChannelTables is the error for a postgres channel whose tables do not exist.
+func (c *cli) noChannelTables(name string) error {
+	return fmt.Errorf("the postgres channel has no tables in %s (no worker has run on it here), so nothing would take a request for "+
+		"projection %s: start its worker, check --db and --schema, or use --channel amqp if it runs on RabbitMQ", c.schemaWhere(), name)
+}
+
+// schemaWhere names the database, and --schema if set.
+func (c *cli) schemaWhere() string {
+	if c.g.schema == "" {
+		return "this database"
+	}
+	return fmt.Sprintf("schema %s of this database", c.g.schema)
+}
+
+// send publishes t to its projection on the channel, which a worker of the projection must
+// have declared.
+func (c *cli) send(ctx context.Context, ch triggerChannel, t trigger.Trigger) error {
+	if err := ch.Publish(ctx, t); err != nil {
+		if errors.Is(err, amqp.ErrNotDeclared) || errors.Is(err, chpg.ErrNotDeclared) {
+			return c.noConsumer(ch, t.Projection)
+		}
+		if errors.Is(err, chpg.ErrNotMigrated) {
+			return c.noChannelTables(t.Projection)
+		}
+		return fmt.Errorf("send the %s request to projection %s's worker on the %s channel: %w", t.Reason, t.Projection, c.g.channel, err)
+	}
+	return nil
+}
+
+// refuseRelay refuses the relay's name where a command needs a projection's worker.
+func refuseRelay(cmd, name string) error {
+	if name != trigger.RelayNameDefault {
+		return nil
+	}
+	return usageErrorf("%s: %s is the trigger relay, not a projection: no worker takes requests for it and it has no read model; "+
+		"name a projection ('nudge status' lists them)", cmd, name)
 }

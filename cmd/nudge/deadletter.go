@@ -217,6 +217,20 @@ func (c *cli) deadletterReplay(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closePub()
+	// Every projection to trigger must have a worker's subscription, or its records would be
+	// marked replayed for a trigger nobody reads: check them all before changing any.
+	targets, err := deadletter.ReplayTargets(ctx, store, f)
+	if err != nil {
+		if errors.Is(err, deadletter.ErrNotFound) {
+			return fmt.Errorf("%w; nothing was replayed", err)
+		}
+		return fmt.Errorf("replay: %w", err)
+	}
+	for _, name := range targets {
+		if err := c.requireConsumer(ctx, pub, name); err != nil {
+			return fmt.Errorf("%w\nNothing was replayed", err)
+		}
+	}
 	res, err := deadletter.Replay(ctx, store, pub, f, c.actor(*by), time.Time{})
 	fmt.Fprintf(c.stdout, "replayed %d dead letter(s)", res.Replayed)
 	if res.Skipped > 0 {

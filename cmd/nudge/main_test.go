@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
@@ -14,8 +15,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nudgeworks/nudge/channel"
 	chamqp "github.com/nudgeworks/nudge/channel/amqp"
 	chpg "github.com/nudgeworks/nudge/channel/postgres"
 	"github.com/nudgeworks/nudge/deadletter"
@@ -154,9 +157,23 @@ func TestReplayPostgresChannel(t *testing.T) {
 	ch, err := chpg.New(f.db.Pool, chpg.Config{PollInterval: 10 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ch.Close() })
+
+	// Before any worker ran here: refused, nothing marked.
+	res := runCLI(t, f.env, "deadletter", "replay", "--projection", "orders", "--channel", "postgres")
+	require.Equal(t, 1, res.code, res.stdout)
+	require.Contains(t, res.stderr, "the postgres channel has no tables in this database")
+	require.NoError(t, ch.Declare(ctx, "invoices"))
+	res = runCLI(t, f.env, "deadletter", "replay", "--projection", "orders", "--channel", "postgres")
+	require.Equal(t, 1, res.code, res.stdout)
+	require.Contains(t, res.stderr, "no worker of projection orders has declared its subscription on the postgres channel in this database")
+	require.Contains(t, res.stderr, "Nothing was replayed")
+	rec, err := f.store.Get(ctx, 1)
+	require.NoError(t, err)
+	require.Equal(t, deadletter.StatusFailed, rec.Status)
+
 	require.NoError(t, ch.Declare(ctx, "orders"))
 
-	res := runCLI(t, f.env, "deadletter", "replay", "--projection", "orders", "--by", "alice", "--channel", "postgres")
+	res = runCLI(t, f.env, "deadletter", "replay", "--projection", "orders", "--by", "alice", "--channel", "postgres")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Equal(t, "replayed 2 dead letter(s); triggered orders on the postgres channel\n", res.stdout)
 
@@ -166,7 +183,7 @@ func TestReplayPostgresChannel(t *testing.T) {
 		require.Equal(t, deadletter.StatusReplayed, rec.Status)
 		require.Equal(t, "alice", rec.ReplayedBy)
 	}
-	rec, err := f.store.Get(ctx, 3)
+	rec, err = f.store.Get(ctx, 3)
 	require.NoError(t, err)
 	require.Equal(t, deadletter.StatusFailed, rec.Status, "another projection's record is left alone")
 
@@ -214,14 +231,17 @@ func TestReplayAMQPChannel(t *testing.T) {
 
 	f.env[envAMQPURL] = amqpEnv.URL
 	f.env[envAMQPPrefix] = amqpEnv.Prefix
-	res := runCLI(t, f.env, "deadletter", "replay", "--all")
-	require.Equal(t, 0, res.code, res.stderr)
-	require.Equal(t, "replayed 3 dead letter(s); triggered invoices, orders on the amqp channel\n", res.stdout)
-
+	// The projections' workers have declared their queues.
 	ch, err := chamqp.New(ctx, chamqp.Config{URL: amqpEnv.URL, Prefix: amqpEnv.Prefix, ConnectionName: amqpEnv.ConnectionName,
 		Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ch.Close() })
+	require.NoError(t, ch.Declare(ctx, "orders", "invoices"))
+
+	res := runCLI(t, f.env, "deadletter", "replay", "--all")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, "replayed 3 dead letter(s); triggered invoices, orders on the amqp channel\n", res.stdout)
+
 	sub, topic, err := ch.Subscriber("orders")
 	require.NoError(t, err)
 	subCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -238,6 +258,88 @@ func TestReplayAMQPChannel(t *testing.T) {
 	case <-subCtx.Done():
 		t.Fatal("no trigger arrived on the AMQP channel")
 	}
+}
+
+// TestNoOrphanQueues: requests to a projection no worker consumes — under a forgotten
+// prefix, or the relay's name — fail, naming the channel and its prefix, and leave no queue on
+// the broker that would collect every trigger forever; a refused replay marks nothing.
+func TestNoOrphanQueues(t *testing.T) {
+	t.Parallel()
+	f := newStatusFixture(t)
+	amqpEnv := amqptest.New(t)
+	ctx := context.Background()
+	f.env[envAMQPURL] = amqpEnv.URL
+	f.env[envAMQPPrefix] = amqpEnv.Prefix
+	queue := func(prefix, name string) string { return prefix + channel.TriggerTopic + "_" + name }
+
+	// No worker has declared anything yet.
+	res := runCLI(t, f.env, "deadletter", "replay", "--projection", "failing")
+	require.Equal(t, 1, res.code, res.stdout)
+	require.Contains(t, res.stderr, fmt.Sprintf("no worker of projection failing consumes from the amqp channel with prefix %q: "+
+		"RabbitMQ has no queue %s", amqpEnv.Prefix, queue(amqpEnv.Prefix, "failing")))
+	require.Contains(t, res.stderr, "--amqp-prefix")
+	require.Contains(t, res.stderr, "Nothing was replayed")
+	recs, err := f.store.List(ctx, deadletter.Filter{Projection: "failing", Status: []deadletter.Status{deadletter.StatusFailed}})
+	require.NoError(t, err)
+	require.Len(t, recs, 1, "the record is still failed")
+	require.Zero(t, recs[0].Replays)
+
+	for _, args := range [][]string{
+		{"rebuild", "lagging", "--no-wait"},
+		{"skip", "failing", "--event", f.events[2].ID.String(), "--reason", "bad"},
+	} {
+		res := runCLI(t, f.env, args...)
+		require.Equal(t, 1, res.code, args)
+		require.Contains(t, res.stderr, "consumes from the amqp channel with prefix "+strconv.Quote(amqpEnv.Prefix), args)
+	}
+
+	// The workers run under the prefix; the operator forgot it.
+	ch, err := chamqp.New(ctx, chamqp.Config{URL: amqpEnv.URL, Prefix: amqpEnv.Prefix, ConnectionName: amqpEnv.ConnectionName,
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	require.NoError(t, ch.Declare(ctx, "failing", "lagging", "caught_up"))
+	wrong := amqpEnv.Prefix + "other."
+	res = runCLI(t, f.env, "rebuild", "lagging", "--no-wait", "--amqp-prefix", wrong)
+	require.Equal(t, 1, res.code)
+	require.Contains(t, res.stderr, fmt.Sprintf("prefix %q: RabbitMQ has no queue %s", wrong, queue(wrong, "lagging")))
+
+	// The relay is no projection: refused before anything is sent.
+	for _, args := range [][]string{
+		{"rebuild", trigger.RelayNameDefault},
+		{"skip", trigger.RelayNameDefault, "--event", f.events[0].ID.String(), "--reason", "x"},
+		{"skip", trigger.RelayNameDefault, "--event", f.events[0].ID.String(), "--reason", "x", "--direct"},
+	} {
+		res := runCLI(t, f.env, args...)
+		require.Equal(t, 2, res.code, args)
+		require.Contains(t, res.stderr, "nudge-relay is the trigger relay, not a projection", args)
+	}
+
+	for _, q := range []string{queue(amqpEnv.Prefix, trigger.RelayNameDefault), queue(wrong, "lagging")} {
+		require.False(t, queueExists(t, amqpEnv, q), "no orphan queue %s", q)
+	}
+	res = runCLI(t, f.env, "rebuild", "lagging", "--no-wait")
+	require.Equal(t, 0, res.code, res.stderr)
+	res = runCLI(t, f.env, "deadletter", "replay", "--projection", "failing")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, "replayed 1 dead letter(s); triggered failing on the amqp channel\n", res.stdout)
+}
+
+// queueExists looks queue up on the test's broker, without creating it.
+func queueExists(t *testing.T, env *amqptest.Env, queue string) bool {
+	t.Helper()
+	conn, err := amqp091.Dial(env.URL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	raw, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = raw.QueueDeclarePassive(queue, true, false, false, false, nil)
+	var amqpErr *amqp091.Error
+	if errors.As(err, &amqpErr) && amqpErr.Code == amqp091.NotFound {
+		return false
+	}
+	require.NoError(t, err)
+	return true
 }
 
 func TestResolveAndPurge(t *testing.T) {

@@ -57,6 +57,9 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 	if err := projection.ValidateName(name); err != nil {
 		return usageErrorf("skip: %v", err)
 	}
+	if err := refuseRelay("skip", name); err != nil {
+		return err
+	}
 	if *event == "" {
 		return usageErrorf("skip needs --event EVENT_UUID: the id of the event to skip (the projection's failing event, see its status)")
 	}
@@ -168,8 +171,8 @@ func (c *cli) skipThroughWorker(ctx context.Context, pool *pgxpool.Pool, runner 
 		return err
 	}
 	defer closeFn()
-	if err := pub.Publish(ctx, trigger.Trigger{Projection: name, Reason: trigger.ReasonSkip, At: time.Now().UTC(), Skip: &req}); err != nil {
-		return fmt.Errorf("send the skip request to projection %s's worker: %w", name, err)
+	if err := c.send(ctx, pub, trigger.Trigger{Projection: name, Reason: trigger.ReasonSkip, At: time.Now().UTC(), Skip: &req}); err != nil {
+		return err
 	}
 	fmt.Fprintf(c.stdout, "asked the worker of projection %s to skip event %s; waiting up to %s\n", name, req.EventID, wait)
 	deadline := time.Now().Add(wait)
