@@ -17,11 +17,10 @@ import (
 	"github.com/nudgeworks/nudge/trigger"
 )
 
-// Timeouts of the connections the CLI opens.
-const (
-	connectTimeout     = 5 * time.Second
-	amqpStartupTimeout = 10 * time.Second
-)
+// connectTimeout bounds each connection the CLI opens, to PostgreSQL and to RabbitMQ alike:
+// both fail after one attempt, so an unreachable broker fails as fast as an unreachable
+// database.
+const connectTimeout = 5 * time.Second
 
 // connect opens a small pool on --db and checks that the server answers. Errors name the host
 // and database but never the password.
@@ -79,10 +78,9 @@ func (c *cli) publisher(ctx context.Context, pool *pgxpool.Pool) (pub triggerCha
 		if c.g.amqp == "" {
 			return nil, nil, usageErrorf("--channel amqp needs a RabbitMQ URL: set %s or pass --amqp amqp://user:password@host:5672/ (or use --channel postgres)", envAMQPURL)
 		}
-		ch, err := amqp.New(ctx, amqp.Config{URL: c.g.amqp, Prefix: c.g.amqpPrefix, ConnectionName: "nudge-cli", StartupTimeout: amqpStartupTimeout})
+		ch, err := amqp.New(ctx, c.amqpConfig())
 		if err != nil {
-			return nil, nil, fmt.Errorf("cannot connect to RabbitMQ at %s: %s; check --amqp or %s, or use --channel postgres",
-				redact.URL(c.g.amqp), redact.Message(err.Error(), c.g.amqp), envAMQPURL)
+			return nil, nil, c.amqpError(err)
 		}
 		return ch, func() { _ = ch.Close() }, nil
 	default:
@@ -92,6 +90,36 @@ func (c *cli) publisher(ctx context.Context, pool *pgxpool.Pool) (pub triggerCha
 		}
 		return ch, func() { _ = ch.Close() }, nil
 	}
+}
+
+// amqpConfig is the config of the CLI's RabbitMQ channel: one attempt to connect, bounded by
+// connectTimeout like the database's.
+func (c *cli) amqpConfig() amqp.Config {
+	return amqp.Config{URL: c.g.amqp, Prefix: c.g.amqpPrefix, ConnectionName: "nudge-cli",
+		StartupTimeout: connectTimeout, StartupAttempts: 1}
+}
+
+// amqpError says what went wrong connecting to RabbitMQ in terms of the command line.
+func (c *cli) amqpError(err error) error {
+	var (
+		cfgErr  *amqp.ConfigError
+		connErr *amqp.ConnectError
+	)
+	switch {
+	case errors.As(err, &cfgErr):
+		flagName := map[string]string{"URL": "--amqp", "Prefix": "--amqp-prefix"}[cfgErr.Field]
+		if flagName == "" {
+			return fmt.Errorf("RabbitMQ channel: %s", redact.Message(err.Error(), c.g.amqp))
+		}
+		return usageErrorf("%s %s", flagName, redact.Message(cfgErr.Problem, c.g.amqp))
+	case errors.As(err, &connErr) && connErr.Refused:
+		return fmt.Errorf("RabbitMQ at %s refused the connection: %s; check the user, password and vhost in --amqp or %s",
+			connErr.URL, redact.Message(connErr.Reason, c.g.amqp), envAMQPURL)
+	case errors.As(err, &connErr):
+		return fmt.Errorf("cannot connect to RabbitMQ at %s (%s): %s; check that the broker runs and that --amqp or %s points at it, or use --channel postgres",
+			connErr.URL, connErr.Tries(), redact.Message(connErr.Reason, c.g.amqp), envAMQPURL)
+	}
+	return fmt.Errorf("cannot connect to RabbitMQ at %s: %s", redact.URL(c.g.amqp), redact.Message(err.Error(), c.g.amqp))
 }
 
 // requireConsumer returns nil if a worker has declared the projection's subscription on the
