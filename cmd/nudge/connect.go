@@ -111,7 +111,7 @@ func (c *cli) amqpError(err error) error {
 		if flagName == "" {
 			return fmt.Errorf("RabbitMQ channel: %s", redact.Message(err.Error(), c.g.amqp))
 		}
-		return usageErrorf("%s %s", flagName, redact.Message(cfgErr.Problem, c.g.amqp))
+		return usageErrorf("%s %s", flagName, cfgErr.Problem) // never holds the password
 	case errors.As(err, &connErr) && connErr.Refused:
 		return fmt.Errorf("RabbitMQ at %s refused the connection: %s; check the user, password and vhost in --amqp or %s",
 			connErr.URL, redact.Message(connErr.Reason, c.g.amqp), envAMQPURL)

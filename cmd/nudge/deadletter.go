@@ -319,7 +319,7 @@ func (c *cli) deadletterPurge(ctx context.Context, args []string) error {
 
 // actor is --by, or the user running the command.
 func (c *cli) actor(by string) string {
-	if by != "" {
+	if strings.TrimSpace(by) != "" {
 		return by
 	}
 	if u := c.env("USER"); u != "" {

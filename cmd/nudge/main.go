@@ -24,6 +24,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
 )
@@ -126,6 +127,10 @@ func (g *globals) resolve(env func(string) string) error {
 	if g.amqpPrefix == "" {
 		g.amqpPrefix = env(envAMQPPrefix)
 	}
+	if g.schema != "" && !schemaPattern.MatchString(g.schema) {
+		return usageErrorf("--schema %q is not a schema name nudge uses: use lowercase letters, digits and _ "+
+			"(at most 63, not starting with a digit)", g.schema)
+	}
 	switch g.channel {
 	case "":
 		g.channel = channelPostgres
@@ -138,6 +143,9 @@ func (g *globals) resolve(env func(string) string) error {
 	}
 	return nil
 }
+
+// schemaPattern is the schema names nudge's packages accept.
+var schemaPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 // cli is one invocation: its output streams, environment and global flags.
 type cli struct {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -578,4 +579,46 @@ func TestSkipThroughWorker(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "dave", st.LastSkip.By)
 	require.NotEqual(t, projection.StateFailing, st.State)
+}
+
+// goWords are names of Go config fields and arguments that CLI messages must not show: the
+// user gave flags.
+var goWords = regexp.MustCompile(`Config\.|Options\.?|Filter\.|Replay's by|Resolve's by|\bForce\b|\bSchema\b|Prefix\b|StartupTimeout`)
+
+// TestErrorsSpeakOfFlags: mistakes on the command line, including those a library refuses,
+// are reported with the flag to change.
+func TestErrorsSpeakOfFlags(t *testing.T) {
+	t.Parallel()
+	f := newStatusFixture(t)
+	amqpURL := amqptest.URL()
+	long := strings.Repeat("x", trigger.MaxSize)
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--schema", "Bad_schema", "status"}, 2, `--schema "Bad_schema" is not a schema name nudge uses`},
+		{[]string{"deadletter", "list", "--schema", "Bad_schema"}, 2, `--schema "Bad_schema"`},
+		{[]string{"migrate", "--schema", "1x"}, 2, `--schema "1x"`},
+		{[]string{"horizon", "--schema", "x y"}, 2, `--schema "x y"`},
+		{[]string{"deadletter", "replay", "--all", "--amqp", amqpURL, "--amqp-prefix", "a b"}, 2,
+			`--amqp-prefix "a b" may only hold letters, digits`},
+		{[]string{"deadletter", "replay", "--all", "--amqp", amqpURL, "--amqp-prefix", "amq.x"}, 2,
+			`--amqp-prefix "amq.x" starts with "amq.", which RabbitMQ reserves`},
+		{[]string{"deadletter", "replay", "--all", "--amqp", "http://guest:secret@localhost/"}, 2,
+			"--amqp http://guest:xxxxx@localhost/ is not an AMQP URL"},
+		{[]string{"deadletter", "replay", "--all", "--amqp", "amqp://guest:secret@host:port/"}, 2, "--amqp is not a valid URL"},
+		{[]string{"skip", "failing", "--event", f.events[2].ID.String(), "--reason", long}, 2,
+			"--reason and --by are too long for a request to the worker"},
+		{[]string{"skip", "failing", "--event", f.events[4].ID.String(), "--reason", "x", "--direct"}, 1,
+			"pass --force to skip another event"},
+		{[]string{"deadletter", "replay", "--all", "--channel", "postgres", "--by", "  "}, 1, "the postgres channel has no tables"},
+		{[]string{"deadletter", "resolve", "1", "--by", " "}, 0, "resolved dead letter 1"},
+	} {
+		res := runCLI(t, f.env, tc.args...)
+		out := res.stderr + res.stdout
+		require.Equal(t, tc.code, res.code, "%v: %s", tc.args, out)
+		require.Contains(t, out, tc.want, tc.args)
+		require.NotRegexp(t, goWords, out, tc.args)
+	}
 }

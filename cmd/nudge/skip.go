@@ -70,6 +70,14 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 	if strings.TrimSpace(*reason) == "" {
 		return usageErrorf("skip needs --reason TEXT: it is recorded with the skip")
 	}
+	req := trigger.SkipRequest{EventID: eventID, Reason: *reason, By: c.actor(*by), Force: *force}
+	if !*direct {
+		// The request travels as a trigger, which has a size limit.
+		if _, err := (trigger.Trigger{Projection: name, Reason: trigger.ReasonSkip, At: time.Now().UTC(), Skip: &req}).Encode(); err != nil {
+			return usageErrorf("--reason and --by are too long for a request to the worker (a trigger holds at most %d bytes): shorten them, "+
+				"or skip with --direct", trigger.MaxSize)
+		}
+	}
 
 	pool, err := c.connect(ctx)
 	if err != nil {
@@ -95,7 +103,7 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 		return fmt.Errorf("read the status of projection %s: %w", name, err)
 	}
 	if !*direct {
-		return c.skipThroughWorker(ctx, pool, runner, st, name, trigger.SkipRequest{EventID: eventID, Reason: *reason, By: c.actor(*by), Force: *force}, *wait)
+		return c.skipThroughWorker(ctx, pool, runner, st, name, req, *wait)
 	}
 	if fe := st.FailingEvent; fe != nil && fe.ID == eventID {
 		// The failing event is the first event of the projection's own types after its
@@ -108,7 +116,8 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 	skipped, err := runner.Skip(ctx, name, eventID, projection.SkipOptions{Reason: *reason, By: c.actor(*by), Force: *force})
 	if err != nil {
 		if errors.Is(err, projection.ErrSkipRefused) {
-			return fmt.Errorf("skip refused: %w", err)
+			// The runner speaks of SkipOptions.Force; here it is a flag.
+			return fmt.Errorf("skip refused: %s", strings.ReplaceAll(err.Error(), "pass Force ", "pass --force "))
 		}
 		return fmt.Errorf("skip: %w", err)
 	}
