@@ -31,7 +31,7 @@ nudge_dead_letters. Commands:
   resolve ID [--by NAME] [--note TEXT]
   purge   [--older-than 720h] [--include-unresolved]
 
-Run 'nudge deadletter <command> -h' for a command's flags.
+Run 'nudge deadletter <command> --help' for a command's flags.
 `
 
 const (
@@ -61,7 +61,8 @@ func (c *cli) deadletter(ctx context.Context, args []string) error {
 	case "purge":
 		return c.deadletterPurge(ctx, args[1:])
 	}
-	return usageErrorf("unknown deadletter command %q; use list, show, replay, resolve or purge", args[0])
+	return usageErrorf("unknown deadletter command %q%s; use list, show, replay, resolve or purge", args[0],
+		didYouMean(args[0], []string{"list", "show", "replay", "resolve", "purge"}))
 }
 
 // deadletterStore connects and returns the dead-letter store and its pool, which the caller closes.
@@ -183,7 +184,7 @@ func (c *cli) deadletterReplay(ctx context.Context, args []string) error {
 	fs := newFlagSet(cmd.name)
 	name := fs.String("projection", "", "replay every failed or replayed dead letter of this `projection`")
 	all := fs.Bool("all", false, "replay every failed or replayed dead letter")
-	by := fs.String("by", "", "who replays (default $USER)")
+	by := fs.String("by", "", "who replays, a `NAME` kept on the records (default $USER)")
 	pos, err := c.parse(fs, cmd, args)
 	if err != nil {
 		return err
@@ -253,8 +254,8 @@ func (c *cli) deadletterResolve(ctx context.Context, args []string) error {
 	cmd := command{name: "deadletter resolve", synopsis: "ID [--by NAME] [--note TEXT]",
 		doc: "Closes a dead letter: it is no longer replayed, and a new failure on the same event\nstarts a new record.\n"}
 	fs := newFlagSet(cmd.name)
-	by := fs.String("by", "", "who resolves (default $USER)")
-	note := fs.String("note", "", "a note on the resolution")
+	by := fs.String("by", "", "who resolves, a `NAME` kept on the record (default $USER)")
+	note := fs.String("note", "", "a `TEXT` kept with the resolution")
 	pos, err := c.parse(fs, cmd, args)
 	if err != nil {
 		return err

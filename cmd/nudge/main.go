@@ -76,7 +76,7 @@ Global flags (before or after the command):
   --channel NAME     channel replay, skip and rebuild publish to: amqp or postgres; amqp
                      when an AMQP URL is set, else postgres
 
-Run 'nudge <command> -h' for a command's flags.
+Run 'nudge <command> --help' for a command's flags.
 Exit codes: 0 success, 1 the command failed, 2 the command line is wrong.
 `
 
@@ -92,7 +92,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.schema, "schema", "", "`schema` of nudge's tables (default $"+envSchema+", else the search_path)")
 	fs.StringVar(&g.amqp, "amqp", "", "RabbitMQ `URL` (default $"+envAMQPURL+")")
 	fs.StringVar(&g.amqpPrefix, "amqp-prefix", "", "`prefix` of the AMQP channel's exchanges and queues (default $"+envAMQPPrefix+")")
-	fs.StringVar(&g.channel, "channel", "", "channel replay, skip and rebuild publish to: amqp or postgres (default amqp when an AMQP URL is set, else postgres)")
+	fs.StringVar(&g.channel, "channel", "", "`NAME` of the channel replay, skip and rebuild publish to: amqp or postgres (default amqp when an AMQP URL is set, else postgres)")
 }
 
 // merge copies into g the global flags that were set on fs (bound to from).
@@ -195,7 +195,7 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 			fmt.Fprint(c.stdout, mainUsage)
 			return errHelp
 		}
-		return usageErrorf("%v", err)
+		return usageErrorf("%s", flagError(fs, err))
 	}
 	c.g.merge(fs, &set)
 	rest := fs.Args()
@@ -220,12 +220,18 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 	case "migrate":
 		return c.migrate(ctx, rest)
 	default:
-		return usageErrorf("unknown command %q; %s", cmd, commandList)
+		return unknownCommand(cmd)
 	}
 }
 
-// commandList ends the error about an unknown command.
-const commandList = "the commands are status, horizon, rebuild (or reset), deadletter, skip, migrate and help"
+// commands are the command names, for suggestions.
+var commands = []string{"status", "horizon", "rebuild", "reset", "deadletter", "skip", "migrate", "help"}
+
+// unknownCommand is the error about an unknown command.
+func unknownCommand(cmd string) error {
+	return usageErrorf("unknown command %q%s; the commands are status, horizon, rebuild (or reset), deadletter, skip, migrate and help",
+		cmd, didYouMean(cmd, commands))
+}
 
 func (c *cli) help(ctx context.Context, args []string) error {
 	switch strings.Join(args, " ") {
@@ -236,12 +242,12 @@ func (c *cli) help(ctx context.Context, args []string) error {
 		fmt.Fprint(c.stdout, deadletterUsage)
 		return nil
 	}
-	// Reuse the command's own -h.
+	// Reuse the command's own --help.
 	switch args[0] {
 	case "status", "horizon", "rebuild", "reset", "deadletter", "skip", "migrate":
-		return c.dispatch(ctx, append(args, "-h"))
+		return c.dispatch(ctx, append(args, "--help"))
 	}
-	return usageErrorf("unknown command %q; %s", strings.Join(args, " "), commandList)
+	return unknownCommand(args[0])
 }
 
 func newFlagSet(name string) *flag.FlagSet {
@@ -260,7 +266,7 @@ type command struct {
 
 // parse parses a subcommand's args with fs, whose own flags are registered already: it adds
 // the global flags, allows flags after positional arguments, merges the global flags into
-// c.g and resolves them. It returns the positional arguments. -h prints the command's usage
+// c.g and resolves them. It returns the positional arguments. --help prints the command's usage
 // to stdout and returns errHelp.
 func (c *cli) parse(fs *flag.FlagSet, cmd command, args []string) ([]string, error) {
 	var set globals
@@ -272,7 +278,7 @@ func (c *cli) parse(fs *flag.FlagSet, cmd command, args []string) ([]string, err
 				printUsage(c.stdout, fs, cmd)
 				return nil, errHelp
 			}
-			return nil, usageErrorf("%s: %v; run 'nudge %s -h' for its flags", cmd.name, err, cmd.name)
+			return nil, usageErrorf("%s: %s; run 'nudge %s --help' for its flags", cmd.name, flagError(fs, err), cmd.name)
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -294,7 +300,5 @@ func (c *cli) parse(fs *flag.FlagSet, cmd command, args []string) ([]string, err
 
 func printUsage(w io.Writer, fs *flag.FlagSet, cmd command) {
 	fmt.Fprintf(w, "Usage: nudge %s %s\n\n%s\nFlags:\n", cmd.name, cmd.synopsis, cmd.doc)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
-	fs.SetOutput(io.Discard)
+	printFlags(w, fs)
 }

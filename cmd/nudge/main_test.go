@@ -467,7 +467,7 @@ func TestBadInput(t *testing.T) {
 
 	res = runCLI(t, nil, "deadletter", "list", "--bogus")
 	require.Equal(t, 2, res.code)
-	require.Contains(t, res.stderr, "flag provided but not defined: -bogus")
+	require.Contains(t, res.stderr, "unknown flag --bogus")
 
 	res = runCLI(t, nil, "--channel", "kafka", "deadletter", "list")
 	require.Equal(t, 2, res.code)
@@ -516,11 +516,11 @@ func TestHelp(t *testing.T) {
 	require.Equal(t, 0, res.code)
 	require.Contains(t, res.stdout, "Usage: nudge skip PROJECTION")
 	require.Contains(t, res.stdout, "the on-skip hook does NOT run")
-	require.Contains(t, res.stdout, "-reason")
+	require.Contains(t, res.stdout, "  --reason TEXT")
 
 	res = runCLI(t, map[string]string{envDatabaseURL: "postgres://u:hidden@h/db"}, "help", "deadletter", "list")
 	require.Equal(t, 0, res.code)
-	require.Contains(t, res.stdout, "-status")
+	require.Contains(t, res.stdout, "  --status status")
 	require.NotContains(t, res.stdout, "hidden", "usage never shows a URL from the environment")
 
 	res = runCLI(t, nil)

@@ -53,14 +53,14 @@ func (c *cli) rebuild(ctx context.Context, name string, args []string) error {
 	cmd := command{name: name, synopsis: "PROJECTION [--no-wait] [--by NAME] [--timeout 1h]", doc: rebuildDoc}
 	fs := newFlagSet(cmd.name)
 	noWait := fs.Bool("no-wait", false, "return once the request is sent, without following the rebuild")
-	by := fs.String("by", "", "who asks, for the worker's log (default $USER)")
+	by := fs.String("by", "", "who asks, a `NAME` for the worker's log (default $USER)")
 	timeout := fs.Duration("timeout", rebuildTimeoutDefault, "how long to follow the rebuild before giving up waiting (0: no limit)")
 	pos, err := c.parse(fs, cmd, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
-		return usageErrorf("%s takes one projection name, got %d arguments; run 'nudge %s -h'", name, len(pos), name)
+		return usageErrorf("%s takes one projection name, got %d arguments; run 'nudge %s --help'", name, len(pos), name)
 	}
 	target := pos[0]
 	if err := projection.ValidateName(target); err != nil {

@@ -41,8 +41,8 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 	cmd := command{name: "skip", synopsis: "PROJECTION --event EVENT_UUID --reason TEXT [--by NAME] [--force] [--direct] [--wait 30s]", doc: skipDoc}
 	fs := newFlagSet(cmd.name)
 	event := fs.String("event", "", "`UUID` of the event to skip (required)")
-	reason := fs.String("reason", "", "why the event is skipped, recorded with the skip (required)")
-	by := fs.String("by", "", "who skips (default $USER)")
+	reason := fs.String("reason", "", "why the event is skipped, a `TEXT` recorded with the skip (required)")
+	by := fs.String("by", "", "who skips, a `NAME` recorded with the skip (default $USER)")
 	force := fs.Bool("force", false, "skip the event even though the projection is not failing on it")
 	direct := fs.Bool("direct", false, "skip here, without the projection's worker (its on-skip hook does not run)")
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the worker to do the skip")
@@ -51,7 +51,7 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return usageErrorf("skip takes one projection name, got %d arguments; run 'nudge skip -h'", len(pos))
+		return usageErrorf("skip takes one projection name, got %d arguments; run 'nudge skip --help'", len(pos))
 	}
 	name := pos[0]
 	if err := projection.ValidateName(name); err != nil {
