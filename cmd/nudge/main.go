@@ -66,6 +66,7 @@ Commands:
   deadletter purge   [--older-than 720h] [--include-unresolved]
   skip               PROJECTION --event EVENT_UUID --reason TEXT [--by NAME] [--force] [--direct]
   migrate            create or upgrade the event store, projection and dead-letter tables
+  version            the version of nudge and of the Go it was built with (also --version)
   help [command]     show this text, or a command's
 
 Global flags (before or after the command):
@@ -190,6 +191,7 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 	fs := newFlagSet("nudge")
 	var set globals
 	set.register(fs)
+	showVersion := fs.Bool("version", false, "print the version")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(c.stdout, mainUsage)
@@ -199,6 +201,9 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 	}
 	c.g.merge(fs, &set)
 	rest := fs.Args()
+	if *showVersion {
+		return c.version(rest)
+	}
 	if len(rest) == 0 {
 		fmt.Fprint(c.stderr, mainUsage)
 		return usageErrorf("no command given")
@@ -219,17 +224,19 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 		return c.skip(ctx, rest)
 	case "migrate":
 		return c.migrate(ctx, rest)
+	case "version":
+		return c.version(rest)
 	default:
 		return unknownCommand(cmd)
 	}
 }
 
 // commands are the command names, for suggestions.
-var commands = []string{"status", "horizon", "rebuild", "reset", "deadletter", "skip", "migrate", "help"}
+var commands = []string{"status", "horizon", "rebuild", "reset", "deadletter", "skip", "migrate", "version", "help"}
 
 // unknownCommand is the error about an unknown command.
 func unknownCommand(cmd string) error {
-	return usageErrorf("unknown command %q%s; the commands are status, horizon, rebuild (or reset), deadletter, skip, migrate and help",
+	return usageErrorf("unknown command %q%s; the commands are status, horizon, rebuild (or reset), deadletter, skip, migrate, version and help",
 		cmd, didYouMean(cmd, commands))
 }
 
@@ -244,7 +251,7 @@ func (c *cli) help(ctx context.Context, args []string) error {
 	}
 	// Reuse the command's own --help.
 	switch args[0] {
-	case "status", "horizon", "rebuild", "reset", "deadletter", "skip", "migrate":
+	case "status", "horizon", "rebuild", "reset", "deadletter", "skip", "migrate", "version":
 		return c.dispatch(ctx, append(args, "--help"))
 	}
 	return unknownCommand(args[0])
@@ -299,6 +306,9 @@ func (c *cli) parse(fs *flag.FlagSet, cmd command, args []string) ([]string, err
 }
 
 func printUsage(w io.Writer, fs *flag.FlagSet, cmd command) {
-	fmt.Fprintf(w, "Usage: nudge %s %s\n\n%s\nFlags:\n", cmd.name, cmd.synopsis, cmd.doc)
-	printFlags(w, fs)
+	fmt.Fprintf(w, "Usage: %s\n\n%s", strings.TrimSpace("nudge "+cmd.name+" "+cmd.synopsis), cmd.doc)
+	if len(flagNames(fs)) > 0 {
+		fmt.Fprint(w, "\nFlags:\n")
+		printFlags(w, fs)
+	}
 }
