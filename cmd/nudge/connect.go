@@ -48,6 +48,9 @@ func (c *cli) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("connect to PostgreSQL at %s: %w", where, ctx.Err())
+		}
 		return nil, fmt.Errorf("cannot reach PostgreSQL at %s: %s; check that the server runs and that --db or %s is right",
 			where, redact.Message(err.Error(), raw), envDatabaseURL)
 	}
@@ -106,6 +109,8 @@ func (c *cli) amqpError(err error) error {
 		connErr *amqp.ConnectError
 	)
 	switch {
+	case errors.As(err, &connErr) && errors.Is(err, context.Canceled):
+		return fmt.Errorf("connect to RabbitMQ at %s: %w", connErr.URL, context.Canceled)
 	case errors.As(err, &cfgErr):
 		flagName := map[string]string{"URL": "--amqp", "Prefix": "--amqp-prefix"}[cfgErr.Field]
 		if flagName == "" {

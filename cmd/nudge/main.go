@@ -13,7 +13,7 @@
 //
 // Exit codes: 0 success, 1 the command failed (database or broker unreachable, unknown
 // projection or id, refused skip, a rebuild that failed or timed out, …), 2 the command line is
-// wrong.
+// wrong, 130 interrupted by Ctrl-C (SIGINT), 143 stopped by SIGTERM.
 package main
 
 import (
@@ -44,10 +44,57 @@ const (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := notifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
 	stop()
 	os.Exit(code)
+}
+
+// signalError is the cause of a context that a signal ended.
+type signalError struct{ sig os.Signal }
+
+func (e *signalError) Error() string { return e.name() + " received" }
+
+// name is the signal's name, e.g. SIGINT.
+func (e *signalError) name() string {
+	switch e.sig {
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	}
+	return e.sig.String()
+}
+
+// exitCode is the shell's code for a process ended by the signal: 128 plus its number.
+func (e *signalError) exitCode() int {
+	if n, ok := e.sig.(syscall.Signal); ok {
+		return 128 + int(n)
+	}
+	return 128 + int(syscall.SIGINT)
+}
+
+// notifyContext returns a context that the first of sigs cancels, with a *signalError as its
+// cause (context.Cause), so that run can exit with the signal's code. A second signal gets its
+// default action: Ctrl-C twice kills a command that does not stop.
+func notifyContext(parent context.Context, sigs ...os.Signal) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, sigs...)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-ch:
+			signal.Stop(ch)
+			cancel(&signalError{sig: sig})
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(ch)
+		close(done)
+		cancel(nil)
+	}
 }
 
 const mainUsage = `nudge — operate a nudge deployment.
@@ -78,7 +125,8 @@ Global flags (before or after the command):
                      when an AMQP URL is set, else postgres
 
 Run 'nudge <command> --help' for a command's flags.
-Exit codes: 0 success, 1 the command failed, 2 the command line is wrong.
+Exit codes: 0 success, 1 the command failed, 2 the command line is wrong, 130 interrupted
+(Ctrl-C), 143 stopped (SIGTERM).
 `
 
 // globals holds the global flags.
@@ -174,7 +222,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(
 	}
 	c := &cli{stdout: stdout, stderr: stderr, env: env}
 	err := c.dispatch(ctx, args)
-	var uerr *usageError
+	var (
+		uerr *usageError
+		sig  *signalError
+	)
+	if errors.As(context.Cause(ctx), &sig) {
+		// Interrupted: whatever the command was doing, the shell learns it was a signal.
+		switch {
+		case err == nil, errors.Is(err, errHelp):
+		case errors.Is(err, context.Canceled):
+			fmt.Fprintf(stderr, "nudge: stopped by %s: %s\n", sig.name(), err)
+		default:
+			fmt.Fprintf(stderr, "nudge: %s\n", err)
+		}
+		return sig.exitCode()
+	}
 	switch {
 	case err == nil, errors.Is(err, errHelp):
 		return 0

@@ -203,7 +203,8 @@ func (c *cli) skipThroughWorker(ctx context.Context, pool *pgxpool.Pool, runner 
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return fmt.Errorf("interrupted: stopped waiting, not the request: it stays with the channel until a worker of projection %s "+
+				"takes it; see 'nudge status %s'", name, name)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
