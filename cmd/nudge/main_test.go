@@ -427,12 +427,27 @@ func TestSkip(t *testing.T) {
 	require.Equal(t, 2, res.code)
 	require.Contains(t, res.stderr, "--reason")
 
-	// The failing event: skipped through Runner.Skip.
+	// The failing event: skipped through Runner.Skip; its dead letter is resolved, the
+	// projection's others are not.
+	dead, err := f.store.Add(ctx, deadletter.Entry{Projection: "orders", MessageUUID: "m-skip", Error: "cannot", At: time.Now(),
+		FailingEvent: &deadletter.FailingEvent{ID: evs[2].ID, Type: evs[2].Type, Position: evs[2].Position}})
+	require.NoError(t, err)
 	res = runCLI(t, f.env, "skip", "--direct", "orders", "--event", evs[2].ID.String(), "--reason", "bad data", "--by", "dave")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, "skipped event "+evs[2].ID.String()+" (type OrderBad")
 	require.Contains(t, res.stdout, "state running, position "+evs[2].Position.String())
+	require.Contains(t, res.stdout, fmt.Sprintf("resolved dead letter %d (it failed on the skipped event), so no worker replays it", dead.ID))
 	require.Contains(t, res.stderr, "on-skip hook")
+	rec, err := f.store.Get(ctx, dead.ID)
+	require.NoError(t, err)
+	require.Equal(t, deadletter.StatusResolved, rec.Status)
+	require.Equal(t, "dave", rec.ResolvedBy)
+	require.Equal(t, "event skipped: bad data", rec.ResolveNote)
+	for _, id := range []int64{1, 2} {
+		rec, err := f.store.Get(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, deadletter.StatusFailed, rec.Status, "a dead letter on another event stays")
+	}
 
 	st, err = runner.Status(ctx, "orders")
 	require.NoError(t, err)
@@ -571,9 +586,19 @@ func TestSkipThroughWorker(t *testing.T) {
 		return st.FailingEvent != nil && st.FailingEvent.ID == bad.ID
 	}, 20*time.Second, 10*time.Millisecond, "the worker runs the projection into its failing event")
 
+	dead, err := f.store.Add(ctx, deadletter.Entry{Projection: "orders", MessageUUID: "m-skip", Error: "cannot", At: time.Now(),
+		FailingEvent: &deadletter.FailingEvent{ID: bad.ID, Type: bad.Type, Position: bad.Position}})
+	require.NoError(t, err)
+	_, err = f.store.MarkReplayed(ctx, []int64{dead.ID}, "ops", time.Time{})
+	require.NoError(t, err)
+
 	res := runCLI(t, f.env, "--channel", "postgres", "skip", "orders", "--event", bad.ID.String(), "--reason", "bad data", "--by", "dave")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, "by its worker (on-skip hook included)")
+	require.Contains(t, res.stdout, fmt.Sprintf("resolved dead letter %d", dead.ID))
+	rec, err := f.store.Get(ctx, dead.ID)
+	require.NoError(t, err)
+	require.Equal(t, deadletter.StatusResolved, rec.Status, "a replayed dead letter on the event is resolved too")
 	require.Equal(t, bad.ID, hooked.Load(), "the projection's own on-skip hook ran")
 	st, err := runner.Status(ctx, "orders")
 	require.NoError(t, err)

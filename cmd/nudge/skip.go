@@ -12,6 +12,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/nudgeworks/nudge/deadletter"
+	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/projection"
@@ -21,7 +23,8 @@ import (
 
 const skipDoc = `Moves PROJECTION's position past exactly one event, without handling it, and records the
 skip (who, when, why) in its status. The event must be the one the projection is failing on
-(unless --force) and the next one it would handle.
+(unless --force) and the next one it would handle. The projection's dead letters on that event
+are then resolved (note "event skipped: REASON"), so no worker replays them at its next start.
 
 By default the request travels as a trigger (through --channel, like replay) to the worker of
 the projection, which skips with the projection's definition, so its on-skip hook
@@ -103,7 +106,10 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 		return fmt.Errorf("read the status of projection %s: %w", name, err)
 	}
 	if !*direct {
-		return c.skipThroughWorker(ctx, pool, runner, st, name, req, *wait)
+		if err := c.skipThroughWorker(ctx, pool, runner, st, name, req, *wait); err != nil {
+			return err
+		}
+		return c.resolveSkipped(ctx, pool, name, req)
 	}
 	if fe := st.FailingEvent; fe != nil && fe.ID == eventID {
 		// The failing event is the first event of the projection's own types after its
@@ -113,7 +119,7 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	skipped, err := runner.Skip(ctx, name, eventID, projection.SkipOptions{Reason: *reason, By: c.actor(*by), Force: *force})
+	skipped, err := runner.Skip(ctx, name, eventID, projection.SkipOptions{Reason: req.Reason, By: req.By, Force: req.Force})
 	if err != nil {
 		if errors.Is(err, projection.ErrSkipRefused) {
 			// The runner speaks of SkipOptions.Force; here it is a flag.
@@ -129,7 +135,41 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 		skipped.ID, skipped.Type, skipped.StreamID, skipped.Position, name)
 	fmt.Fprintf(c.stdout, "projection %s: state %s, position %s\n", name, after.State, after.Position)
 	fmt.Fprintln(c.stderr, skipHookNote)
-	return nil
+	return c.resolveSkipped(ctx, pool, name, req)
+}
+
+// resolveSkipped resolves the projection's open dead letters on the skipped event: a worker
+// replays failed dead letters when it starts, and the event is behind the projection now.
+func (c *cli) resolveSkipped(ctx context.Context, pool *pgxpool.Pool, name string, req trigger.SkipRequest) error {
+	dead, err := dlpg.New(pool, dlpg.Config{Schema: c.g.schema})
+	if err != nil {
+		return usageErrorf("--schema: %v", err)
+	}
+	f := deadletter.Filter{Projection: name, Status: []deadletter.Status{deadletter.StatusFailed, deadletter.StatusReplayed},
+		Limit: deadletter.ListLimitMax}
+	for {
+		recs, err := dead.List(ctx, f)
+		if isUndefinedTable(err) {
+			return nil // no dead-letter store here
+		}
+		if err != nil {
+			return fmt.Errorf("skipped, but could not look for the event's dead letters: %w; "+
+				"resolve them with 'nudge deadletter resolve ID' ('nudge deadletter list --projection %s' lists them)", err, name)
+		}
+		for _, r := range recs {
+			if r.FailingEvent == nil || r.FailingEvent.ID != req.EventID {
+				continue
+			}
+			if err := dead.Resolve(ctx, r.ID, req.By, "event skipped: "+req.Reason, time.Time{}); err != nil {
+				return fmt.Errorf("skipped, but could not resolve dead letter %d: %w; resolve it with 'nudge deadletter resolve %d'", r.ID, err, r.ID)
+			}
+			fmt.Fprintf(c.stdout, "resolved dead letter %d (it failed on the skipped event), so no worker replays it\n", r.ID)
+		}
+		if len(recs) < f.Limit {
+			return nil
+		}
+		f.AfterID = recs[len(recs)-1].ID
+	}
 }
 
 // skipRunner returns a runner with a stand-in projection called name that reads the given
