@@ -1,7 +1,8 @@
 // Command nudge is the operator's tool for a nudge deployment: it shows the projections' status
 // and lag (once, or redrawn with --watch, or as JSON), rebuilds a projection through its worker
 // and follows the rebuild's progress, lists, inspects, replays, resolves and purges dead
-// letters, skips an event a projection cannot handle, and runs the database migrations.
+// letters, skips an event a projection cannot handle, and creates or upgrades the tables of the
+// event store, the projections and the dead letters.
 //
 // It needs no projection definitions: status reads everything from the database (the event
 // types each projection handles are recorded there when its worker starts), and the commands
@@ -113,6 +114,7 @@ Commands:
   deadletter purge   [--older-than 720h] [--include-unresolved]
   skip               PROJECTION --event EVENT_UUID --reason TEXT [--by NAME] [--force] [--direct]
   migrate            create or upgrade the event store, projection and dead-letter tables
+                     (the PostgreSQL channel's tables are its workers' to create)
   version            the version of nudge and of the Go it was built with (also --version)
   help [command]     show this text, or a command's
 

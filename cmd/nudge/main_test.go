@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -646,4 +648,45 @@ func TestErrorsSpeakOfFlags(t *testing.T) {
 		require.Contains(t, out, tc.want, tc.args)
 		require.NotRegexp(t, goWords, out, tc.args)
 	}
+}
+
+// TestMigrateDoesWhatItSays: the help of migrate names every table and view it creates, and
+// the README does not promise more.
+func TestMigrateDoesWhatItSays(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	res := runCLI(t, map[string]string{envDatabaseURL: db.URL}, "migrate")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, "migrated: event store\nmigrated: projections\nmigrated: dead letters\n", res.stdout)
+
+	rows, err := db.Pool.Query(context.Background(),
+		`SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() ORDER BY 1`)
+	require.NoError(t, err)
+	created, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"nudge_dead_letters", "nudge_events", "nudge_projection_conditions", "nudge_projection_skips",
+		"nudge_projections", "nudge_schema_migrations", "nudge_streams"}, created)
+
+	help := runCLI(t, nil, "help", "migrate")
+	require.Equal(t, 0, help.code)
+	for _, name := range created {
+		require.Contains(t, help.stdout, name, "migrate's help names what it creates")
+	}
+	require.Contains(t, help.stdout, "not the\nPostgreSQL channel's tables")
+
+	var line string
+	for _, l := range strings.Split(readFile(t, "../../README.md"), "\n") {
+		if strings.HasPrefix(l, "nudge migrate ") {
+			line = l
+		}
+	}
+	require.NotEmpty(t, line, "the README shows nudge migrate")
+	require.NotRegexp(t, `PG queue\s*$|PG queue,`, line, "migrate does not create the PostgreSQL channel's tables")
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return string(b)
 }
