@@ -335,8 +335,9 @@ func (c *Channel) connect(ctx context.Context) error {
 	redacted := redact.URL(c.cfg.URL)
 	started := time.Now()
 	deadline := started.Add(c.cfg.StartupTimeout)
+	ctxDeadline := false // the context's deadline comes first
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
+		deadline, ctxDeadline = d, true
 	}
 	c.dialer.setDeadline(deadline)
 	defer c.dialer.setDeadline(time.Time{})
@@ -365,6 +366,9 @@ func (c *Channel) connect(ctx context.Context) error {
 			cerr.outOfAttempts = true
 			return cerr
 		case remaining <= 0:
+			if ctxDeadline {
+				cerr.ctxErr = context.DeadlineExceeded // a moment before ctx.Err says so
+			}
 			return cerr
 		}
 		wait = min(wait, remaining)
