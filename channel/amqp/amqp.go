@@ -176,12 +176,17 @@ func (e *ConnectError) Error() string {
 // Unwrap returns the context's error when the context ended the attempts.
 func (e *ConnectError) Unwrap() error { return e.ctxErr }
 
-// Tries says how often and how long New tried, e.g. "3 attempts in 1.2s".
+// Tries says how often and how long New tried, e.g. "3 attempts in 1.2s" (or "1 attempt" when
+// it failed within a millisecond).
 func (e *ConnectError) Tries() string {
+	tries := fmt.Sprintf("%d attempts", e.Attempts)
 	if e.Attempts == 1 {
-		return "1 attempt in " + e.Took.String()
+		tries = "1 attempt"
 	}
-	return fmt.Sprintf("%d attempts in %s", e.Attempts, e.Took)
+	if e.Took < time.Millisecond {
+		return tries
+	}
+	return tries + " in " + e.Took.String()
 }
 
 // Config configures a Channel.

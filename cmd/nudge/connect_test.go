@@ -67,7 +67,7 @@ func TestUnreachableBrokerFailsLikeTheDatabase(t *testing.T) {
 		{"database silent", map[string]string{envDatabaseURL: "postgres://ops:" + password + "@" + silent + "/x?sslmode=disable"},
 			"cannot reach PostgreSQL at " + silent},
 		{"broker refuses", map[string]string{envDatabaseURL: f.db.URL, envAMQPURL: "amqp://ops:" + password + "@" + refused + "/"},
-			"cannot connect to RabbitMQ at amqp://ops:xxxxx@" + refused + "/ (1 attempt in "},
+			"cannot connect to RabbitMQ at amqp://ops:xxxxx@" + refused + "/ (1 attempt"},
 		{"broker silent", map[string]string{envDatabaseURL: f.db.URL, envAMQPURL: "amqp://ops:" + password + "@" + silent + "/"},
 			"cannot connect to RabbitMQ at amqp://ops:xxxxx@" + silent + "/ (1 attempt in "},
 	} {
