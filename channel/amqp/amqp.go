@@ -13,9 +13,10 @@
 // (worker.Config.DeadLetters) never publishes there, and a queue nobody writes or reads would
 // only puzzle whoever looks at the broker.
 //
-// Declare creates the queues and bindings of the projections it is given: the broker drops a trigger published to the fanout exchange when no queue is bound to
-// it, so declare every projection before publishing to it. A trigger addressed to one projection
-// (Trigger.Projection set) goes through the default exchange to that projection's queue only.
+// Declare creates the queues and bindings of the projections it is given: the broker drops a
+// trigger published to the fanout exchange when no queue is bound to it, so declare every
+// projection before publishing to it. A trigger addressed to one projection (Trigger.Projection
+// set) goes through the default exchange to that projection's queue only.
 // Publish never declares that queue: a queue declared by a publisher would be bound to the
 // exchange and collect every trigger forever, with nobody consuming it. When this Channel has
 // not declared the projection itself, Publish looks the queue up (a passive declare) and fails
@@ -260,15 +261,12 @@ func New(ctx context.Context, cfg Config) (*Channel, error) {
 	cfg.StartupTimeout = cmp.Or(cfg.StartupTimeout, StartupTimeoutDefault)
 	cfg.PublishChannels = cmp.Or(cfg.PublishChannels, PublishChannelsDefault)
 	cfg.ReconnectMaxInterval = cmp.Or(cfg.ReconnectMaxInterval, ReconnectMaxIntervalDefault)
-	switch {
-	case len(cfg.Prefix) > MaxPrefixLength:
-		return nil, &ConfigError{Field: "Prefix", Problem: fmt.Sprintf("is %d bytes long; at most %d allowed", len(cfg.Prefix), MaxPrefixLength)}
-	case !prefixPattern.MatchString(cfg.Prefix):
-		return nil, &ConfigError{Field: "Prefix", Problem: fmt.Sprintf("%q may only hold letters, digits, '-', '_', '.' and ':'", cfg.Prefix)}
-	case strings.HasPrefix(cfg.Prefix, "amq."):
-		return nil, &ConfigError{Field: "Prefix", Problem: fmt.Sprintf("%q starts with \"amq.\", which RabbitMQ reserves; choose another", cfg.Prefix)}
-	case cfg.StartupTimeout < 0, cfg.StartupAttempts < 0, cfg.PublishChannels < 0, cfg.ReconnectMaxInterval < 0:
-		return nil, errors.New("amqp: Config.StartupTimeout, StartupAttempts, PublishChannels and ReconnectMaxInterval must not be negative (0 means the default)")
+	if problem := prefixProblem(cfg.Prefix); problem != "" {
+		return nil, &ConfigError{Field: "Prefix", Problem: problem}
+	}
+	if cfg.StartupTimeout < 0 || cfg.StartupAttempts < 0 || cfg.PublishChannels < 0 || cfg.ReconnectMaxInterval < 0 {
+		return nil, errors.New("amqp: Config.StartupTimeout, StartupAttempts, PublishChannels and ReconnectMaxInterval " +
+			"must not be negative (0 means the default)")
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -302,6 +300,19 @@ func New(ctx context.Context, cfg Config) (*Channel, error) {
 		c.slots <- pub
 	}
 	return c, nil
+}
+
+// prefixProblem says what is wrong with a Config.Prefix, or "" if nothing is.
+func prefixProblem(prefix string) string {
+	switch {
+	case len(prefix) > MaxPrefixLength:
+		return fmt.Sprintf("is %d bytes long; at most %d allowed", len(prefix), MaxPrefixLength)
+	case !prefixPattern.MatchString(prefix):
+		return fmt.Sprintf("%q may only hold letters, digits, '-', '_', '.' and ':'", prefix)
+	case strings.HasPrefix(prefix, "amq."):
+		return fmt.Sprintf("%q starts with \"amq.\", which RabbitMQ reserves; choose another", prefix)
+	}
+	return ""
 }
 
 // parseURL checks the broker URL without ever putting its password into an error.
