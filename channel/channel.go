@@ -19,13 +19,17 @@ import (
 
 // Channel is one broker's wiring for triggers.
 type Channel interface {
-	// Declare creates the subscriptions of the named projections and the dead-letter topic,
-	// so that every trigger published after Declare returns reaches each of them (on durable
-	// channels even if no consumer runs yet). It is idempotent and refuses invalid names.
+	// Declare creates the subscriptions of the named projections, so that every trigger
+	// published after Declare returns reaches each of them (on durable channels even if no
+	// consumer runs yet). It is idempotent and refuses invalid names. The dead-letter topic is
+	// ready by the time a message is published to it, through Publisher, or DeadLetterSubscriber
+	// subscribes; a backend may create it only then.
 	Declare(ctx context.Context, projections ...string) error
 	// Publish sends t to every declared projection, or, when t.Projection is set, to that
 	// projection's subscription (non-durable channels may deliver it to all; consumers ignore
-	// triggers addressed to another projection).
+	// triggers addressed to another projection). Publish never creates a subscription: durable
+	// channels refuse a trigger addressed to a projection that no process has declared, rather
+	// than keep it where nobody reads it.
 	Publish(ctx context.Context, t trigger.Trigger) error
 	// Subscriber returns the subscriber and topic a handler of the projection consumes.
 	Subscriber(projection string) (message.Subscriber, string, error)

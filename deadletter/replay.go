@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -98,6 +99,52 @@ func Replay(ctx context.Context, store Store, pub trigger.Publisher, f ReplayFil
 		res.Projections = append(res.Projections, name)
 	}
 	return res, nil
+}
+
+// ReplayTargets returns the projections a Replay with f would trigger now, sorted, and
+// changes nothing: a caller checks that each has a consumer (a declared subscription) before
+// it replays, so that no record is marked replayed for a trigger nobody would read. f is
+// checked as Replay checks it; an unknown ID fails with an error matching ErrNotFound.
+func ReplayTargets(ctx context.Context, store Store, f ReplayFilter) ([]string, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: ReplayTargets needs a dead-letter store, got nil", ErrInvalidInput)
+	}
+	if err := validateReplayFilter(&f); err != nil {
+		return nil, err
+	}
+	targets := map[string]bool{}
+	if len(f.IDs) > 0 {
+		for _, id := range f.IDs {
+			rec, err := store.Get(ctx, id)
+			if err != nil {
+				if errors.Is(err, ErrNotFound) {
+					return nil, err
+				}
+				return nil, fmt.Errorf("deadletter: read record %d: %w", id, err)
+			}
+			if rec.Status.Replayable() {
+				targets[rec.Projection] = true
+			}
+		}
+	} else {
+		filter := Filter{Projection: f.Projection, Status: []Status{StatusFailed, StatusReplayed}, Limit: f.PageSize}
+		for {
+			page, err := store.List(ctx, filter)
+			if err != nil {
+				return nil, fmt.Errorf("deadletter: list records after ID %d: %w", filter.AfterID, err)
+			}
+			for _, rec := range page {
+				targets[rec.Projection] = true
+			}
+			if len(page) < f.PageSize {
+				break
+			}
+			filter.AfterID = page[len(page)-1].ID
+		}
+	}
+	names := slices.Collect(maps.Keys(targets))
+	slices.Sort(names)
+	return names, nil
 }
 
 func validateReplayFilter(f *ReplayFilter) error {

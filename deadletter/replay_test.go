@@ -71,3 +71,42 @@ func TestReplayCancelled(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.Empty(t, pub.Triggers())
 }
+
+// ReplayTargets names the projections a replay would trigger, without changing a record.
+func TestReplayTargets(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := memory.New(memory.Config{})
+	var ids []int64
+	for _, name := range []string{"tickets", "orders", "tickets", "invoices"} {
+		r, err := s.Add(ctx, deadlettertest.EventEntry(name, uuid.New(), deadlettertest.Base))
+		require.NoError(t, err)
+		ids = append(ids, r.ID)
+	}
+	require.NoError(t, s.Resolve(ctx, ids[3], "ann", "", time.Time{}))
+
+	for _, tc := range []struct {
+		filter deadletter.ReplayFilter
+		want   []string
+	}{
+		{deadletter.ReplayFilter{All: true}, []string{"orders", "tickets"}},
+		{deadletter.ReplayFilter{All: true, PageSize: 1}, []string{"orders", "tickets"}},
+		{deadletter.ReplayFilter{Projection: "tickets"}, []string{"tickets"}},
+		{deadletter.ReplayFilter{Projection: "invoices"}, nil},
+		{deadletter.ReplayFilter{IDs: []int64{ids[2], ids[3]}}, []string{"tickets"}},
+	} {
+		got, err := deadletter.ReplayTargets(ctx, s, tc.filter)
+		require.NoError(t, err, tc.filter)
+		require.Equal(t, tc.want, got, tc.filter)
+	}
+	_, err := deadletter.ReplayTargets(ctx, s, deadletter.ReplayFilter{IDs: []int64{ids[0], 99}})
+	require.ErrorIs(t, err, deadletter.ErrNotFound)
+	_, err = deadletter.ReplayTargets(ctx, s, deadletter.ReplayFilter{})
+	require.ErrorIs(t, err, deadletter.ErrInvalidFilter)
+
+	recs, err := s.List(ctx, deadletter.Filter{})
+	require.NoError(t, err)
+	for _, r := range recs {
+		require.Zero(t, r.Replays, "nothing was marked")
+	}
+}

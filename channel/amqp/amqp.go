@@ -6,14 +6,23 @@
 //
 //	exchange  p + "nudge.triggers"              fanout; every trigger is published here
 //	queue     p + "nudge.triggers_" + name      one per projection, bound to the exchange
-//	queue     p + "nudge.dead_letters"          the dead-letter topic
+//	queue     p + "nudge.dead_letters"          the dead-letter topic, only once it is used
 //
-// Declare creates the queues and bindings of the projections it is given (and the dead-letter
-// queue): the broker drops a trigger published to the fanout exchange when no queue is bound to
-// it, so declare every projection before publishing to it. A trigger addressed to one projection
-// (Trigger.Projection set) goes through the default exchange to that projection's queue only;
-// Publish declares that queue first if this Channel has not. Projection names are checked with
-// projection.ValidateName before anything reaches the broker.
+// The dead-letter queue is declared when a message is first published to DeadLetterTopic (or
+// DeadLetterSubscriber subscribes), not by Declare: a worker with a durable dead-letter store
+// (worker.Config.DeadLetters) never publishes there, and a queue nobody writes or reads would
+// only puzzle whoever looks at the broker.
+//
+// Declare creates the queues and bindings of the projections it is given: the broker drops a
+// trigger published to the fanout exchange when no queue is bound to it, so declare every
+// projection before publishing to it. A trigger addressed to one projection (Trigger.Projection
+// set) goes through the default exchange to that projection's queue only.
+// Publish never declares that queue: a queue declared by a publisher would be bound to the
+// exchange and collect every trigger forever, with nobody consuming it. When this Channel has
+// not declared the projection itself, Publish looks the queue up (a passive declare) and fails
+// with ErrNotDeclared if no process has declared it — a wrong name or a wrong prefix.
+// Declared does that look-up alone. Projection names are checked with projection.ValidateName
+// before anything reaches the broker.
 //
 // Subscriber returns a subscriber of one projection's queue with a prefetch of 1: a
 // projection's consumer handles one trigger at a time, and several consumers of one projection
@@ -31,8 +40,10 @@
 //
 // The channel opens one connection (named Config.ConnectionName, visible in RabbitMQ's
 // management UI) shared by its publisher and subscribers. New retries the first dial with
-// backoff for up to Config.StartupTimeout, logging each failed attempt (the URL's password
-// redacted), then fails with an error that says what to check.
+// backoff for up to Config.StartupTimeout (or Config.StartupAttempts), logging each failed
+// attempt (the URL's password redacted), then fails with a *ConnectError that says what to
+// check. A refused login (user, password or vhost) is not retried. A Config that New refuses
+// is a *ConfigError naming the field.
 //
 // Once connected, a lost connection is re-established in the background, forever, with
 // backoff from 500 ms up to Config.ReconnectMaxInterval; subscriptions resume by themselves.
@@ -113,6 +124,72 @@ var ErrDisconnected = errors.New("amqp: not connected to RabbitMQ (reconnecting 
 // ErrClosed matches the errors of calls made after Close.
 var ErrClosed = errors.New("amqp: channel is closed")
 
+// ErrNotDeclared matches a trigger addressed to a projection whose queue does not exist on the
+// broker: no consumer has declared it (under this Config.Prefix), so nothing would read the
+// trigger. Nothing was sent.
+var ErrNotDeclared = errors.New("amqp: projection not declared")
+
+// ConfigError is a Config that New refuses. Problem says what is wrong with the field and what
+// to do, without naming the field, so that a program can put the name of its own setting (a
+// command-line flag, say) in front of it.
+type ConfigError struct {
+	// Field is the name of the Config field, e.g. "URL" or "Prefix".
+	Field string
+	// Problem is what is wrong, e.g. `"a b" may only hold letters, …`. It never holds a
+	// password.
+	Problem string
+}
+
+func (e *ConfigError) Error() string { return "amqp: Config." + e.Field + " " + e.Problem }
+
+// ConnectError is New's failure to connect to RabbitMQ.
+type ConnectError struct {
+	// URL is the broker's URL, its password redacted.
+	URL string
+	// Attempts is how many times New tried, over Took.
+	Attempts int
+	Took     time.Duration
+	// Refused reports that the broker refused the login (user, password or vhost); New does
+	// not retry that.
+	Refused bool
+	// Reason is the last attempt's error, its password redacted.
+	Reason string
+
+	ctxErr        error // the context's error, when it ended the attempts
+	outOfAttempts bool  // Config.StartupAttempts ended the attempts
+}
+
+func (e *ConnectError) Error() string {
+	switch {
+	case e.Refused:
+		return fmt.Sprintf("amqp: RabbitMQ at %s refused the connection: %s; check the user, password and vhost in Config.URL", e.URL, e.Reason)
+	case e.ctxErr != nil:
+		return fmt.Sprintf("amqp: RabbitMQ at %s is not reachable (%s, until the context ended: %v): %s", e.URL, e.Tries(), e.ctxErr, e.Reason)
+	}
+	raise := "Config.StartupTimeout"
+	if e.outOfAttempts {
+		raise = "Config.StartupAttempts"
+	}
+	return fmt.Sprintf("amqp: RabbitMQ at %s is not reachable (%s): %s; check that the broker runs and Config.URL points at it, or raise %s",
+		e.URL, e.Tries(), e.Reason, raise)
+}
+
+// Unwrap returns the context's error when the context ended the attempts.
+func (e *ConnectError) Unwrap() error { return e.ctxErr }
+
+// Tries says how often and how long New tried, e.g. "3 attempts in 1.2s" (or "1 attempt" when
+// it failed within a millisecond).
+func (e *ConnectError) Tries() string {
+	tries := fmt.Sprintf("%d attempts", e.Attempts)
+	if e.Attempts == 1 {
+		tries = "1 attempt"
+	}
+	if e.Took < time.Millisecond {
+		return tries
+	}
+	return tries + " in " + e.Took.String()
+}
+
 // Config configures a Channel.
 type Config struct {
 	// URL of the broker: amqp://user:password@host:port/vhost (or amqps://). Required. Percent-
@@ -127,9 +204,13 @@ type Config struct {
 	// ConnectionName names the connection in RabbitMQ (its "connection_name" client property).
 	// Defaults to ConnectionNameDefault.
 	ConnectionName string
-	// StartupTimeout is how long New keeps retrying the first connection. Defaults to
-	// StartupTimeoutDefault.
+	// StartupTimeout is how long New keeps retrying the first connection; it also bounds each
+	// attempt. Defaults to StartupTimeoutDefault.
 	StartupTimeout time.Duration
+	// StartupAttempts, if positive, is the most attempts New makes at the first connection
+	// within StartupTimeout: 1 fails at the first refused connection, as a command-line tool
+	// should. Defaults to 0: attempts until StartupTimeout.
+	StartupAttempts int
 	// PublishChannels is the number of AMQP channels publishes share; each publish waits for
 	// its confirm on one of them. Defaults to PublishChannelsDefault.
 	PublishChannels int
@@ -151,6 +232,10 @@ type Channel struct {
 	deadLetterTopic string
 
 	declared sync.Map // projection name → struct{}: its queue is declared
+	// deadLettersDeclared is set once the dead-letter queue is declared; deadLettersMu
+	// serialises the declaring.
+	deadLettersDeclared atomic.Bool
+	deadLettersMu       sync.Mutex
 
 	mu     sync.Mutex
 	closed bool
@@ -166,7 +251,7 @@ var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]*$`)
 // cfg.StartupTimeout (or until ctx ends), then fails.
 func New(ctx context.Context, cfg Config) (*Channel, error) {
 	if cfg.URL == "" {
-		return nil, errors.New("amqp: Config.URL is required, e.g. amqp://guest:guest@localhost:5672/")
+		return nil, &ConfigError{Field: "URL", Problem: "is required, e.g. amqp://guest:guest@localhost:5672/"}
 	}
 	uri, err := parseURL(cfg.URL)
 	if err != nil {
@@ -176,15 +261,12 @@ func New(ctx context.Context, cfg Config) (*Channel, error) {
 	cfg.StartupTimeout = cmp.Or(cfg.StartupTimeout, StartupTimeoutDefault)
 	cfg.PublishChannels = cmp.Or(cfg.PublishChannels, PublishChannelsDefault)
 	cfg.ReconnectMaxInterval = cmp.Or(cfg.ReconnectMaxInterval, ReconnectMaxIntervalDefault)
-	switch {
-	case len(cfg.Prefix) > MaxPrefixLength:
-		return nil, fmt.Errorf("amqp: Config.Prefix is %d bytes long; at most %d allowed", len(cfg.Prefix), MaxPrefixLength)
-	case !prefixPattern.MatchString(cfg.Prefix):
-		return nil, fmt.Errorf("amqp: Config.Prefix %q may only hold letters, digits, '-', '_', '.' and ':'", cfg.Prefix)
-	case strings.HasPrefix(cfg.Prefix, "amq."):
-		return nil, fmt.Errorf("amqp: Config.Prefix %q starts with \"amq.\", which RabbitMQ reserves; choose another", cfg.Prefix)
-	case cfg.StartupTimeout < 0, cfg.PublishChannels < 0, cfg.ReconnectMaxInterval < 0:
-		return nil, errors.New("amqp: Config.StartupTimeout, PublishChannels and ReconnectMaxInterval must not be negative (0 means the default)")
+	if problem := prefixProblem(cfg.Prefix); problem != "" {
+		return nil, &ConfigError{Field: "Prefix", Problem: problem}
+	}
+	if cfg.StartupTimeout < 0 || cfg.StartupAttempts < 0 || cfg.PublishChannels < 0 || cfg.ReconnectMaxInterval < 0 {
+		return nil, errors.New("amqp: Config.StartupTimeout, StartupAttempts, PublishChannels and ReconnectMaxInterval " +
+			"must not be negative (0 means the default)")
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -220,6 +302,19 @@ func New(ctx context.Context, cfg Config) (*Channel, error) {
 	return c, nil
 }
 
+// prefixProblem says what is wrong with a Config.Prefix, or "" if nothing is.
+func prefixProblem(prefix string) string {
+	switch {
+	case len(prefix) > MaxPrefixLength:
+		return fmt.Sprintf("is %d bytes long; at most %d allowed", len(prefix), MaxPrefixLength)
+	case !prefixPattern.MatchString(prefix):
+		return fmt.Sprintf("%q may only hold letters, digits, '-', '_', '.' and ':'", prefix)
+	case strings.HasPrefix(prefix, "amq."):
+		return fmt.Sprintf("%q starts with \"amq.\", which RabbitMQ reserves; choose another", prefix)
+	}
+	return ""
+}
+
 // parseURL checks the broker URL without ever putting its password into an error.
 func parseURL(raw string) (amqp091.URI, error) {
 	u, err := url.Parse(raw)
@@ -228,13 +323,13 @@ func parseURL(raw string) (amqp091.URI, error) {
 		if errors.As(err, &urlErr) {
 			err = urlErr.Err // without the URL, which holds the password
 		}
-		return amqp091.URI{}, fmt.Errorf("amqp: Config.URL is not a valid URL (%v); "+
-			"use amqp://user:password@host:port/vhost and percent-encode reserved characters in the user and password", err)
+		return amqp091.URI{}, &ConfigError{Field: "URL", Problem: fmt.Sprintf("is not a valid URL (%v); "+
+			"use amqp://user:password@host:port/vhost and percent-encode reserved characters in the user and password", err)}
 	}
 	uri, err := amqp091.ParseURI(raw)
 	if err != nil {
-		return amqp091.URI{}, fmt.Errorf("amqp: Config.URL %s is not an AMQP URL: %s; use amqp://user:password@host:port/vhost",
-			u.Redacted(), redact.Message(err.Error(), raw))
+		return amqp091.URI{}, &ConfigError{Field: "URL", Problem: fmt.Sprintf("%s is not an AMQP URL: %s; use amqp://user:password@host:port/vhost",
+			u.Redacted(), redact.Message(err.Error(), raw))}
 	}
 	return uri, nil
 }
@@ -256,8 +351,9 @@ func (c *Channel) connect(ctx context.Context) error {
 	redacted := redact.URL(c.cfg.URL)
 	started := time.Now()
 	deadline := started.Add(c.cfg.StartupTimeout)
+	ctxDeadline := false // the context's deadline comes first
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
+		deadline, ctxDeadline = d, true
 	}
 	c.dialer.setDeadline(deadline)
 	defer c.dialer.setDeadline(time.Time{})
@@ -272,20 +368,24 @@ func (c *Channel) connect(ctx context.Context) error {
 			return nil
 		}
 		msg := redact.Message(err.Error(), c.cfg.URL)
+		cerr := &ConnectError{URL: redacted, Attempts: attempt, Took: time.Since(started).Round(time.Millisecond), Reason: msg}
 		var amqpErr *amqp091.Error
-		if errors.As(err, &amqpErr) && (amqpErr.Code == amqp091.AccessRefused || amqpErr.Code == amqp091.NotAllowed) {
-			return fmt.Errorf("amqp: RabbitMQ at %s refused the connection: %s; check the user, password and vhost in Config.URL",
-				redacted, msg)
-		}
 		remaining := time.Until(deadline)
-		if ctx.Err() != nil {
-			return fmt.Errorf("amqp: RabbitMQ at %s is not reachable (%d attempts in %s, until the context ended: %w): %s",
-				redacted, attempt, time.Since(started).Round(time.Millisecond), ctx.Err(), msg)
-		}
-		if remaining <= 0 {
-			return fmt.Errorf("amqp: RabbitMQ at %s is not reachable (%d attempts in %s): %s; "+
-				"check that the broker runs and Config.URL points at it, or raise Config.StartupTimeout",
-				redacted, attempt, time.Since(started).Round(time.Millisecond), msg)
+		switch {
+		case errors.As(err, &amqpErr) && (amqpErr.Code == amqp091.AccessRefused || amqpErr.Code == amqp091.NotAllowed):
+			cerr.Refused = true
+			return cerr
+		case ctx.Err() != nil:
+			cerr.ctxErr = ctx.Err()
+			return cerr
+		case c.cfg.StartupAttempts > 0 && attempt >= c.cfg.StartupAttempts:
+			cerr.outOfAttempts = true
+			return cerr
+		case remaining <= 0:
+			if ctxDeadline {
+				cerr.ctxErr = context.DeadlineExceeded // a moment before ctx.Err says so
+			}
+			return cerr
 		}
 		wait = min(wait, remaining)
 		c.log.Warn("amqp: RabbitMQ not reachable, retrying", slog.String("url", redacted),
@@ -392,8 +492,9 @@ func (c *Channel) projectionConfig(name string) amqp.Config {
 	return amqp.NewDurablePubSubConfig("", amqp.GenerateQueueNameTopicNameWithSuffix(name))
 }
 
-// queueName is the queue of the projection.
-func (c *Channel) queueName(name string) string {
+// QueueName returns the name of the projection's queue: Config.Prefix + "nudge.triggers_" +
+// the projection's name.
+func (c *Channel) QueueName(name string) string {
 	return c.projectionConfig(name).Queue.GenerateName(c.triggerTopic)
 }
 
@@ -413,8 +514,8 @@ func (c *Channel) newSubscriber(cfg amqp.Config, log watermill.LoggerAdapter) (*
 	return sub, nil
 }
 
-// Declare implements channel.Channel: it declares the exchange, each projection's queue bound
-// to it, and the dead-letter queue.
+// Declare implements channel.Channel: it declares the exchange and each projection's queue
+// bound to it. The dead-letter queue is declared on first use (see the package documentation).
 func (c *Channel) Declare(ctx context.Context, projections ...string) error {
 	for _, name := range projections {
 		if err := projection.ValidateName(name); err != nil {
@@ -429,14 +530,28 @@ func (c *Channel) Declare(ctx context.Context, projections ...string) error {
 			return err
 		}
 	}
-	if err := ctx.Err(); err != nil {
+	return nil
+}
+
+// declareDeadLetters declares the dead-letter queue, once per Channel.
+func (c *Channel) declareDeadLetters() error {
+	if c.deadLettersDeclared.Load() {
+		return nil
+	}
+	c.deadLettersMu.Lock()
+	defer c.deadLettersMu.Unlock()
+	if c.deadLettersDeclared.Load() {
+		return nil
+	}
+	if err := c.initialize(amqp.NewDurableQueueConfig(""), c.deadLetterTopic, c.deadLetterTopic); err != nil {
 		return err
 	}
-	return c.initialize(amqp.NewDurableQueueConfig(""), c.deadLetterTopic, c.deadLetterTopic)
+	c.deadLettersDeclared.Store(true)
+	return nil
 }
 
 func (c *Channel) declareProjection(name string) error {
-	if err := c.initialize(c.projectionConfig(name), c.triggerTopic, c.queueName(name)); err != nil {
+	if err := c.initialize(c.projectionConfig(name), c.triggerTopic, c.QueueName(name)); err != nil {
 		return err
 	}
 	c.declared.Store(name, struct{}{})
@@ -489,7 +604,7 @@ func (c *Channel) Publish(ctx context.Context, t trigger.Trigger) error {
 		if err := projection.ValidateName(t.Projection); err != nil {
 			return err
 		}
-		topic = c.queueName(t.Projection)
+		topic = c.QueueName(t.Projection)
 	}
 	msg, err := trigger.NewMessage(t)
 	if err != nil {
@@ -501,12 +616,59 @@ func (c *Channel) Publish(ctx context.Context, t trigger.Trigger) error {
 	}
 	if t.Projection != "" {
 		if _, ok := c.declared.Load(t.Projection); !ok {
-			if err := c.declareProjection(t.Projection); err != nil {
+			ok, err := c.Declared(ctx, t.Projection)
+			if err != nil {
 				return err
+			}
+			if !ok {
+				return c.notDeclared(t.Projection)
 			}
 		}
 	}
 	return c.publish(ctx, topic, msg)
+}
+
+// Declared reports whether the projection's queue exists on the broker, declared by this
+// Channel or by any other process with the same Config.Prefix (a worker of the projection).
+// It looks the queue up without creating it (a passive declare).
+func (c *Channel) Declared(ctx context.Context, name string) (bool, error) {
+	if err := projection.ValidateName(name); err != nil {
+		return false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	return c.queueExists(c.QueueName(name))
+}
+
+// queueExists looks queue up with a passive declare on a channel of its own: the broker
+// closes the channel when the queue does not exist.
+func (c *Channel) queueExists(queue string) (bool, error) {
+	what := "look up queue " + queue
+	if err := c.usable(); err != nil {
+		return false, fmt.Errorf("amqp: %s: %w", what, err)
+	}
+	ch, err := c.conn.Connection().Channel()
+	if err != nil {
+		return false, c.brokerError(what, err)
+	}
+	defer func() { _ = ch.Close() }() // already closed by the broker when the queue is missing
+	_, err = ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	var amqpErr *amqp091.Error
+	switch {
+	case errors.As(err, &amqpErr) && amqpErr.Code == amqp091.NotFound:
+		return false, nil
+	case err != nil:
+		return false, c.brokerError(what, err)
+	}
+	return true, nil
+}
+
+// notDeclared is the error of a trigger addressed to a projection whose queue does not exist.
+func (c *Channel) notDeclared(name string) error {
+	return fmt.Errorf("%w: no queue %s on RabbitMQ (prefix %q): no consumer of projection %s has declared it, "+
+		"so nothing would read the trigger; check the projection's name and Config.Prefix (it must be the consumers'), "+
+		"or call Declare(ctx, %q) first", ErrNotDeclared, c.QueueName(name), c.cfg.Prefix, name, name)
 }
 
 // publish publishes msg to topic and waits for the broker's confirm, or until ctx ends.
@@ -543,8 +705,14 @@ func (c *Channel) publish(ctx context.Context, topic string, msg *message.Messag
 // publisher is the message.Publisher of Channel.Publisher.
 type publisher struct{ c *Channel }
 
-// Publish publishes each message with its own context.
+// Publish publishes each message with its own context; the first message to the dead-letter
+// topic declares its queue.
 func (p publisher) Publish(topic string, msgs ...*message.Message) error {
+	if topic == p.c.deadLetterTopic && len(msgs) > 0 {
+		if err := p.c.declareDeadLetters(); err != nil {
+			return err
+		}
+	}
 	for _, msg := range msgs {
 		if err := p.c.publish(msg.Context(), topic, msg); err != nil {
 			return err
@@ -573,14 +741,15 @@ func (c *Channel) Subscriber(name string) (message.Subscriber, string, error) {
 // Publisher implements channel.Channel. It publishes through the same pool of confirmed
 // channels as Publish, each message with its own context: to the fanout exchange for the
 // trigger topic, and for any other topic (DeadLetterTopic, a projection's queue) through the
-// default exchange to the queue of that name, which must exist (Declare creates the dead-letter
-// queue). Its Close does nothing; Close closes it.
+// default exchange to the queue of that name, which must exist (the dead-letter queue is
+// declared before the first message to it). Its Close does nothing; Close closes it.
 func (c *Channel) Publisher() message.Publisher { return publisher{c} }
 
 // DeadLetterTopic implements channel.Channel: Config.Prefix + channel.DeadLetterTopic.
 func (c *Channel) DeadLetterTopic() string { return c.deadLetterTopic }
 
-// DeadLetterSubscriber implements channel.Channel: a new subscriber of the dead-letter queue.
+// DeadLetterSubscriber implements channel.Channel: a new subscriber of the dead-letter queue,
+// which its Subscribe declares.
 func (c *Channel) DeadLetterSubscriber() (message.Subscriber, error) {
 	return c.newSubscriber(amqp.NewDurableQueueConfig(""), c.wlog)
 }

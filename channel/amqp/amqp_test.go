@@ -23,6 +23,7 @@ import (
 	"github.com/nudgeworks/nudge/channel/amqp"
 	"github.com/nudgeworks/nudge/channel/channeltest"
 	"github.com/nudgeworks/nudge/internal/amqptest"
+	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -166,19 +167,49 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		want string
 	}{
 		{"no URL", amqp.Config{}, "Config.URL is required"},
-		{"not a URL", amqp.Config{URL: "amqp://guest:secret@host:port/"}, "not a valid URL"},
+		{"not a URL", amqp.Config{URL: "amqp://guest:secret@host:port/"}, "Config.URL is not a valid URL"},
 		{"not AMQP", amqp.Config{URL: "http://guest:secret@localhost/"}, "not an AMQP URL"},
-		{"bad prefix", amqp.Config{URL: amqptest.URLDefault, Prefix: "a b"}, "may only hold"},
+		{"bad prefix", amqp.Config{URL: amqptest.URLDefault, Prefix: "a b"}, `Config.Prefix "a b" may only hold`},
 		{"reserved prefix", amqp.Config{URL: amqptest.URLDefault, Prefix: "amq.x"}, "reserves"},
 		{"long prefix", amqp.Config{URL: amqptest.URLDefault, Prefix: strings.Repeat("p", amqp.MaxPrefixLength+1)}, "at most"},
 		{"negative", amqp.Config{URL: amqptest.URLDefault, PublishChannels: -1}, "must not be negative"},
+		{"negative attempts", amqp.Config{URL: amqptest.URLDefault, StartupAttempts: -1}, "must not be negative"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := amqp.New(context.Background(), tc.cfg)
 			require.ErrorContains(t, err, tc.want)
 			require.NotContains(t, err.Error(), "secret", "the password is never printed")
+			var cerr *amqp.ConfigError
+			if errors.As(err, &cerr) {
+				// The problem reads on behind any name for the field.
+				require.NotContains(t, cerr.Problem, "Config.")
+				require.Equal(t, "amqp: Config."+cerr.Field+" "+cerr.Problem, err.Error())
+				require.Contains(t, []string{"URL", "Prefix"}, cerr.Field)
+			}
 		})
 	}
+}
+
+// TestStartupAttempts: with StartupAttempts 1, an unreachable broker fails at the first
+// refused connection instead of retrying for StartupTimeout.
+func TestStartupAttempts(t *testing.T) {
+	t.Parallel()
+	l := newLogs(t)
+	_, err := amqp.New(context.Background(), amqp.Config{
+		URL:             "amqp://guest:secret@" + closedPort(t) + "/",
+		StartupTimeout:  time.Minute,
+		StartupAttempts: 1,
+		Logger:          l.logger(),
+	})
+	var cerr *amqp.ConnectError
+	require.ErrorAs(t, err, &cerr)
+	require.Equal(t, 1, cerr.Attempts)
+	require.False(t, cerr.Refused)
+	require.Contains(t, cerr.Reason, "connection refused")
+	require.ErrorContains(t, err, "is not reachable (1 attempt")
+	require.ErrorContains(t, err, "or raise Config.StartupAttempts")
+	require.Zero(t, l.count("RabbitMQ not reachable, retrying"), l.String())
+	require.NotContains(t, err.Error()+l.String(), "secret", "the password is never printed")
 }
 
 // closedPort returns a local address nothing listens on.
@@ -218,6 +249,7 @@ func TestUnreachableBrokerAtStartContextEnds(t *testing.T) {
 	start := time.Now()
 	_, err := amqp.New(ctx, amqp.Config{URL: "amqp://guest:secret@" + closedPort(t) + "/"})
 	require.ErrorContains(t, err, "is not reachable")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Less(t, time.Since(start), 2*time.Second, "New stops when its context ends")
 }
 
@@ -234,6 +266,9 @@ func TestWrongPasswordFailsAtOnce(t *testing.T) {
 	_, err := amqp.New(context.Background(), cfg)
 	require.ErrorContains(t, err, "refused the connection")
 	require.ErrorContains(t, err, "check the user, password and vhost")
+	var cerr *amqp.ConnectError
+	require.ErrorAs(t, err, &cerr)
+	require.True(t, cerr.Refused)
 	require.NotContains(t, err.Error(), "wrong-secret")
 	// RabbitMQ takes a few seconds to refuse a login.
 	require.Less(t, time.Since(start), 10*time.Second, "bad credentials are not retried for StartupTimeout")
@@ -481,15 +516,53 @@ func TestCloseWhileDisconnected(t *testing.T) {
 // TestCloseWhileDisconnected); TestMain allows that many.
 var knownLeaks atomic.Int32
 
-func TestAddressedPublishDeclaresTheQueue(t *testing.T) {
+// TestAddressedPublishNeedsADeclaredQueue: a trigger addressed to a projection nobody declared
+// is refused, and no queue is left behind (it would collect every trigger forever); once any
+// process declares the projection, the same channel publishes to it.
+func TestAddressedPublishNeedsADeclaredQueue(t *testing.T) {
 	t.Parallel()
 	env := amqptest.New(t)
+	ctx := context.Background()
 	ch := newChannel(t, config(t, env))
 	tr := channeltest.Trigger(7)
 	tr.Projection = "gamma"
-	require.NoError(t, ch.Publish(context.Background(), tr), "gamma was never declared")
-	got := channeltest.Next(t, channeltest.Consume(t, ch, "gamma"))
+	err := ch.Publish(ctx, tr)
+	require.ErrorIs(t, err, amqp.ErrNotDeclared)
+	require.ErrorContains(t, err, "no queue "+env.Prefix+"nudge.triggers_gamma on RabbitMQ (prefix \""+env.Prefix+"\")")
+	ok, err := ch.Declared(ctx, "gamma")
+	require.NoError(t, err)
+	require.False(t, ok)
+	require.False(t, queueExists(t, env, env.Prefix+"nudge.triggers_gamma"), "the publisher declared no queue")
+
+	// A worker (another process) declares it.
+	other := newChannel(t, config(t, env))
+	require.NoError(t, other.Declare(ctx, "gamma"))
+	ok, err = ch.Declared(ctx, "gamma")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, ch.Publish(ctx, tr))
+	got := channeltest.Next(t, channeltest.Consume(t, other, "gamma"))
 	require.Equal(t, "gamma", got.Projection)
+
+	_, err = ch.Declared(ctx, "Gamma")
+	require.ErrorIs(t, err, projection.ErrInvalidName)
+}
+
+// queueExists looks queue up on a connection of the test's own, without creating it.
+func queueExists(t *testing.T, env *amqptest.Env, queue string) bool {
+	t.Helper()
+	conn, err := amqp091.Dial(env.URL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	raw, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = raw.QueueDeclarePassive(queue, true, false, false, false, nil)
+	var amqpErr *amqp091.Error
+	if errors.As(err, &amqpErr) && amqpErr.Code == amqp091.NotFound {
+		return false
+	}
+	require.NoError(t, err)
+	return true
 }
 
 func TestPublishHonoursContext(t *testing.T) {
@@ -518,8 +591,14 @@ func TestTopology(t *testing.T) {
 	raw, err := conn.Channel()
 	require.NoError(t, err)
 	require.NoError(t, raw.ExchangeDeclarePassive(env.Prefix+"nudge.triggers", "fanout", true, false, false, false, nil))
-	for _, queue := range []string{env.Prefix + "nudge.triggers_alpha", env.Prefix + "nudge.dead_letters"} {
-		_, err := raw.QueueDeclarePassive(queue, true, false, false, false, nil)
-		require.NoError(t, err, queue)
-	}
+	require.Equal(t, env.Prefix+"nudge.triggers_alpha", ch.QueueName("alpha"))
+	require.True(t, queueExists(t, env, env.Prefix+"nudge.triggers_alpha"))
+	require.False(t, queueExists(t, env, env.Prefix+"nudge.dead_letters"), "Declare leaves the dead-letter queue to its first use")
+
+	// The first dead letter declares its queue, and lands there.
+	dead := message.NewMessage("dead-1", []byte("poison"))
+	require.NoError(t, ch.Publisher().Publish(ch.DeadLetterTopic(), dead))
+	q, err := raw.QueueDeclarePassive(env.Prefix+"nudge.dead_letters", true, false, false, false, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, q.Messages)
 }

@@ -29,6 +29,7 @@ func Run(t *testing.T, newChannel NewChannelFunc) {
 	}{
 		{"FanOutToEveryProjection", testFanOut},
 		{"AddressedToOneProjection", testAddressed},
+		{"AddressedToUndeclaredIsRefused", testAddressedUndeclared},
 		{"NackRedelivers", testNack},
 		{"DurableBeforeConsumerStarts", testDurable},
 		{"DeadLetters", testDeadLetters},
@@ -124,6 +125,25 @@ func testAddressed(t *testing.T, ch channel.Channel) {
 		}
 		require.Equal(t, "beta", tr.Projection)
 	}
+}
+
+// testAddressedUndeclared: on a durable channel, a trigger addressed to a projection nobody
+// declared is refused and leaves nothing behind: the projection's first trigger after it
+// declares is the one published then.
+func testAddressedUndeclared(t *testing.T, ch channel.Channel) {
+	if !ch.Durable() {
+		t.Log("this channel keeps nothing for absent consumers: nothing to check")
+		return
+	}
+	declare(t, ch, "alpha")
+	lost := Trigger(8)
+	lost.Projection, lost.Reason = "gamma", trigger.ReasonReplay
+	require.Error(t, ch.Publish(context.Background(), lost), "gamma was never declared")
+
+	declare(t, ch, "gamma")
+	require.NoError(t, ch.Publish(context.Background(), Trigger(9)))
+	require.Equal(t, int64(9), Next(t, Consume(t, ch, "gamma")).Position.GlobalPosition,
+		"the refused trigger was not kept for gamma")
 }
 
 func testNack(t *testing.T, ch channel.Channel) {

@@ -435,6 +435,23 @@ func (c *Channel) triggerMessage(ctx context.Context, q interface {
 	return topic, msg, nil
 }
 
+// Declared reports whether a process has declared the projection on this database, so that a
+// trigger addressed to it would be consumed. Without the channel's tables it returns an error
+// matching ErrNotMigrated.
+func (c *Channel) Declared(ctx context.Context, name string) (bool, error) {
+	if err := projection.ValidateName(name); err != nil {
+		return false, err
+	}
+	if c.closed.Load() {
+		return false, ErrClosed
+	}
+	var declared bool
+	if err := c.db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+c.tables.subscriptions+` WHERE projection = $1)`, name).Scan(&declared); err != nil {
+		return false, fmt.Errorf("postgres channel: look up projection %s: %w", name, c.translate(err))
+	}
+	return declared, nil
+}
+
 // Subscriber implements channel.Channel. Each call returns a new subscriber (a Watermill
 // router closes a handler's subscriber when it stops); Close closes them all. Declare the
 // projection before triggers are published: the subscription only receives triggers

@@ -298,6 +298,8 @@ func TestClearErrors(t *testing.T) {
 	err := ch.Publish(ctx, channeltest.Trigger(1))
 	require.ErrorIs(t, err, postgres.ErrNotMigrated)
 	require.ErrorContains(t, err, "call Declare (or Migrate) once at start-up")
+	_, err = ch.Declared(ctx, "ghost")
+	require.ErrorIs(t, err, postgres.ErrNotMigrated)
 
 	require.NoError(t, ch.Migrate(ctx))
 	require.NoError(t, ch.Publish(ctx, channeltest.Trigger(1)), "no projection declared: nothing to queue")
@@ -306,6 +308,13 @@ func TestClearErrors(t *testing.T) {
 	err = ch.Publish(ctx, ghost)
 	require.ErrorIs(t, err, postgres.ErrNotDeclared)
 	require.ErrorContains(t, err, `call Declare(ctx, "ghost") first`)
+	declared, err := ch.Declared(ctx, "ghost")
+	require.NoError(t, err)
+	require.False(t, declared)
+	require.NoError(t, ch.Declare(ctx, "ghost"))
+	declared, err = ch.Declared(ctx, "ghost")
+	require.NoError(t, err)
+	require.True(t, declared)
 
 	require.NoError(t, ch.Close())
 	require.ErrorIs(t, ch.Publish(ctx, channeltest.Trigger(3)), postgres.ErrClosed)

@@ -31,7 +31,7 @@ nudge_dead_letters. Commands:
   resolve ID [--by NAME] [--note TEXT]
   purge   [--older-than 720h] [--include-unresolved]
 
-Run 'nudge deadletter <command> -h' for a command's flags.
+Run 'nudge deadletter <command> --help' for a command's flags.
 `
 
 const (
@@ -61,7 +61,8 @@ func (c *cli) deadletter(ctx context.Context, args []string) error {
 	case "purge":
 		return c.deadletterPurge(ctx, args[1:])
 	}
-	return usageErrorf("unknown deadletter command %q; use list, show, replay, resolve or purge", args[0])
+	return usageErrorf("unknown deadletter command %q%s; use list, show, replay, resolve or purge", args[0],
+		didYouMean(args[0], []string{"list", "show", "replay", "resolve", "purge"}))
 }
 
 // deadletterStore connects and returns the dead-letter store and its pool, which the caller closes.
@@ -183,7 +184,7 @@ func (c *cli) deadletterReplay(ctx context.Context, args []string) error {
 	fs := newFlagSet(cmd.name)
 	name := fs.String("projection", "", "replay every failed or replayed dead letter of this `projection`")
 	all := fs.Bool("all", false, "replay every failed or replayed dead letter")
-	by := fs.String("by", "", "who replays (default $USER)")
+	by := fs.String("by", "", "who replays, a `NAME` kept on the records (default $USER)")
 	pos, err := c.parse(fs, cmd, args)
 	if err != nil {
 		return err
@@ -217,6 +218,20 @@ func (c *cli) deadletterReplay(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closePub()
+	// Every projection to trigger must have a worker's subscription, or its records would be
+	// marked replayed for a trigger nobody reads: check them all before changing any.
+	targets, err := deadletter.ReplayTargets(ctx, store, f)
+	if err != nil {
+		if errors.Is(err, deadletter.ErrNotFound) {
+			return fmt.Errorf("%w; nothing was replayed", err)
+		}
+		return fmt.Errorf("replay: %w", err)
+	}
+	for _, name := range targets {
+		if err := c.requireConsumer(ctx, pub, name); err != nil {
+			return fmt.Errorf("%w\nNothing was replayed", err)
+		}
+	}
 	res, err := deadletter.Replay(ctx, store, pub, f, c.actor(*by), time.Time{})
 	fmt.Fprintf(c.stdout, "replayed %d dead letter(s)", res.Replayed)
 	if res.Skipped > 0 {
@@ -239,8 +254,8 @@ func (c *cli) deadletterResolve(ctx context.Context, args []string) error {
 	cmd := command{name: "deadletter resolve", synopsis: "ID [--by NAME] [--note TEXT]",
 		doc: "Closes a dead letter: it is no longer replayed, and a new failure on the same event\nstarts a new record.\n"}
 	fs := newFlagSet(cmd.name)
-	by := fs.String("by", "", "who resolves (default $USER)")
-	note := fs.String("note", "", "a note on the resolution")
+	by := fs.String("by", "", "who resolves, a `NAME` kept on the record (default $USER)")
+	note := fs.String("note", "", "a `TEXT` kept with the resolution")
 	pos, err := c.parse(fs, cmd, args)
 	if err != nil {
 		return err
@@ -305,7 +320,7 @@ func (c *cli) deadletterPurge(ctx context.Context, args []string) error {
 
 // actor is --by, or the user running the command.
 func (c *cli) actor(by string) string {
-	if by != "" {
+	if strings.TrimSpace(by) != "" {
 		return by
 	}
 	if u := c.env("USER"); u != "" {

@@ -1,7 +1,8 @@
 // Command nudge is the operator's tool for a nudge deployment: it shows the projections' status
 // and lag (once, or redrawn with --watch, or as JSON), rebuilds a projection through its worker
 // and follows the rebuild's progress, lists, inspects, replays, resolves and purges dead
-// letters, skips an event a projection cannot handle, and runs the database migrations.
+// letters, skips an event a projection cannot handle, and creates or upgrades the tables of the
+// event store, the projections and the dead letters.
 //
 // It needs no projection definitions: status reads everything from the database (the event
 // types each projection handles are recorded there when its worker starts), and the commands
@@ -13,7 +14,7 @@
 //
 // Exit codes: 0 success, 1 the command failed (database or broker unreachable, unknown
 // projection or id, refused skip, a rebuild that failed or timed out, …), 2 the command line is
-// wrong.
+// wrong, 130 interrupted by Ctrl-C (SIGINT), 143 stopped by SIGTERM.
 package main
 
 import (
@@ -24,6 +25,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
 )
@@ -43,10 +45,57 @@ const (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := notifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
 	stop()
 	os.Exit(code)
+}
+
+// signalError is the cause of a context that a signal ended.
+type signalError struct{ sig os.Signal }
+
+func (e *signalError) Error() string { return e.name() + " received" }
+
+// name is the signal's name, e.g. SIGINT.
+func (e *signalError) name() string {
+	switch e.sig {
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	}
+	return e.sig.String()
+}
+
+// exitCode is the shell's code for a process ended by the signal: 128 plus its number.
+func (e *signalError) exitCode() int {
+	if n, ok := e.sig.(syscall.Signal); ok {
+		return 128 + int(n)
+	}
+	return 128 + int(syscall.SIGINT)
+}
+
+// notifyContext returns a context that the first of sigs cancels, with a *signalError as its
+// cause (context.Cause), so that run can exit with the signal's code. A second signal gets its
+// default action: Ctrl-C twice kills a command that does not stop.
+func notifyContext(parent context.Context, sigs ...os.Signal) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, sigs...)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-ch:
+			signal.Stop(ch)
+			cancel(&signalError{sig: sig})
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(ch)
+		close(done)
+		cancel(nil)
+	}
 }
 
 const mainUsage = `nudge — operate a nudge deployment.
@@ -65,6 +114,8 @@ Commands:
   deadletter purge   [--older-than 720h] [--include-unresolved]
   skip               PROJECTION --event EVENT_UUID --reason TEXT [--by NAME] [--force] [--direct]
   migrate            create or upgrade the event store, projection and dead-letter tables
+                     (the PostgreSQL channel's tables are its workers' to create)
+  version            the version of nudge and of the Go it was built with (also --version)
   help [command]     show this text, or a command's
 
 Global flags (before or after the command):
@@ -75,8 +126,9 @@ Global flags (before or after the command):
   --channel NAME     channel replay, skip and rebuild publish to: amqp or postgres; amqp
                      when an AMQP URL is set, else postgres
 
-Run 'nudge <command> -h' for a command's flags.
-Exit codes: 0 success, 1 the command failed, 2 the command line is wrong.
+Run 'nudge <command> --help' for a command's flags.
+Exit codes: 0 success, 1 the command failed, 2 the command line is wrong, 130 interrupted
+(Ctrl-C), 143 stopped (SIGTERM).
 `
 
 // globals holds the global flags.
@@ -91,7 +143,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.schema, "schema", "", "`schema` of nudge's tables (default $"+envSchema+", else the search_path)")
 	fs.StringVar(&g.amqp, "amqp", "", "RabbitMQ `URL` (default $"+envAMQPURL+")")
 	fs.StringVar(&g.amqpPrefix, "amqp-prefix", "", "`prefix` of the AMQP channel's exchanges and queues (default $"+envAMQPPrefix+")")
-	fs.StringVar(&g.channel, "channel", "", "channel replay, skip and rebuild publish to: amqp or postgres (default amqp when an AMQP URL is set, else postgres)")
+	fs.StringVar(&g.channel, "channel", "", "`NAME` of the channel replay, skip and rebuild publish to: amqp or postgres (default amqp when an AMQP URL is set, else postgres)")
 }
 
 // merge copies into g the global flags that were set on fs (bound to from).
@@ -126,6 +178,10 @@ func (g *globals) resolve(env func(string) string) error {
 	if g.amqpPrefix == "" {
 		g.amqpPrefix = env(envAMQPPrefix)
 	}
+	if g.schema != "" && !schemaPattern.MatchString(g.schema) {
+		return usageErrorf("--schema %q is not a schema name nudge uses: use lowercase letters, digits and _ "+
+			"(at most 63, not starting with a digit)", g.schema)
+	}
 	switch g.channel {
 	case "":
 		g.channel = channelPostgres
@@ -138,6 +194,9 @@ func (g *globals) resolve(env func(string) string) error {
 	}
 	return nil
 }
+
+// schemaPattern is the schema names nudge's packages accept.
+var schemaPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 // cli is one invocation: its output streams, environment and global flags.
 type cli struct {
@@ -165,7 +224,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(
 	}
 	c := &cli{stdout: stdout, stderr: stderr, env: env}
 	err := c.dispatch(ctx, args)
-	var uerr *usageError
+	var (
+		uerr *usageError
+		sig  *signalError
+	)
+	if errors.As(context.Cause(ctx), &sig) {
+		// Interrupted: whatever the command was doing, the shell learns it was a signal.
+		switch {
+		case err == nil, errors.Is(err, errHelp):
+		case errors.Is(err, context.Canceled):
+			fmt.Fprintf(stderr, "nudge: stopped by %s: %s\n", sig.name(), err)
+		default:
+			fmt.Fprintf(stderr, "nudge: %s\n", err)
+		}
+		return sig.exitCode()
+	}
 	switch {
 	case err == nil, errors.Is(err, errHelp):
 		return 0
@@ -182,15 +255,19 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 	fs := newFlagSet("nudge")
 	var set globals
 	set.register(fs)
+	showVersion := fs.Bool("version", false, "print the version")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(c.stdout, mainUsage)
 			return errHelp
 		}
-		return usageErrorf("%v", err)
+		return usageErrorf("%s", flagError(fs, err))
 	}
 	c.g.merge(fs, &set)
 	rest := fs.Args()
+	if *showVersion {
+		return c.version(rest)
+	}
 	if len(rest) == 0 {
 		fmt.Fprint(c.stderr, mainUsage)
 		return usageErrorf("no command given")
@@ -211,13 +288,21 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 		return c.skip(ctx, rest)
 	case "migrate":
 		return c.migrate(ctx, rest)
+	case "version":
+		return c.version(rest)
 	default:
-		return usageErrorf("unknown command %q; %s", cmd, commandList)
+		return unknownCommand(cmd)
 	}
 }
 
-// commandList ends the error about an unknown command.
-const commandList = "the commands are status, horizon, rebuild (or reset), deadletter, skip, migrate and help"
+// commands are the command names, for suggestions.
+var commands = []string{"status", "horizon", "rebuild", "reset", "deadletter", "skip", "migrate", "version", "help"}
+
+// unknownCommand is the error about an unknown command.
+func unknownCommand(cmd string) error {
+	return usageErrorf("unknown command %q%s; the commands are status, horizon, rebuild (or reset), deadletter, skip, migrate, version and help",
+		cmd, didYouMean(cmd, commands))
+}
 
 func (c *cli) help(ctx context.Context, args []string) error {
 	switch strings.Join(args, " ") {
@@ -228,12 +313,12 @@ func (c *cli) help(ctx context.Context, args []string) error {
 		fmt.Fprint(c.stdout, deadletterUsage)
 		return nil
 	}
-	// Reuse the command's own -h.
+	// Reuse the command's own --help.
 	switch args[0] {
-	case "status", "horizon", "rebuild", "reset", "deadletter", "skip", "migrate":
-		return c.dispatch(ctx, append(args, "-h"))
+	case "status", "horizon", "rebuild", "reset", "deadletter", "skip", "migrate", "version":
+		return c.dispatch(ctx, append(args, "--help"))
 	}
-	return usageErrorf("unknown command %q; %s", strings.Join(args, " "), commandList)
+	return unknownCommand(args[0])
 }
 
 func newFlagSet(name string) *flag.FlagSet {
@@ -252,7 +337,7 @@ type command struct {
 
 // parse parses a subcommand's args with fs, whose own flags are registered already: it adds
 // the global flags, allows flags after positional arguments, merges the global flags into
-// c.g and resolves them. It returns the positional arguments. -h prints the command's usage
+// c.g and resolves them. It returns the positional arguments. --help prints the command's usage
 // to stdout and returns errHelp.
 func (c *cli) parse(fs *flag.FlagSet, cmd command, args []string) ([]string, error) {
 	var set globals
@@ -264,7 +349,7 @@ func (c *cli) parse(fs *flag.FlagSet, cmd command, args []string) ([]string, err
 				printUsage(c.stdout, fs, cmd)
 				return nil, errHelp
 			}
-			return nil, usageErrorf("%s: %v; run 'nudge %s -h' for its flags", cmd.name, err, cmd.name)
+			return nil, usageErrorf("%s: %s; run 'nudge %s --help' for its flags", cmd.name, flagError(fs, err), cmd.name)
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -285,8 +370,9 @@ func (c *cli) parse(fs *flag.FlagSet, cmd command, args []string) ([]string, err
 }
 
 func printUsage(w io.Writer, fs *flag.FlagSet, cmd command) {
-	fmt.Fprintf(w, "Usage: nudge %s %s\n\n%s\nFlags:\n", cmd.name, cmd.synopsis, cmd.doc)
-	fs.SetOutput(w)
-	fs.PrintDefaults()
-	fs.SetOutput(io.Discard)
+	fmt.Fprintf(w, "Usage: %s\n\n%s", strings.TrimSpace("nudge "+cmd.name+" "+cmd.synopsis), cmd.doc)
+	if len(flagNames(fs)) > 0 {
+		fmt.Fprint(w, "\nFlags:\n")
+		printFlags(w, fs)
+	}
 }

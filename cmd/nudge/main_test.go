@@ -5,8 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -14,8 +17,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nudgeworks/nudge/channel"
 	chamqp "github.com/nudgeworks/nudge/channel/amqp"
 	chpg "github.com/nudgeworks/nudge/channel/postgres"
 	"github.com/nudgeworks/nudge/deadletter"
@@ -154,9 +160,23 @@ func TestReplayPostgresChannel(t *testing.T) {
 	ch, err := chpg.New(f.db.Pool, chpg.Config{PollInterval: 10 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ch.Close() })
+
+	// Before any worker ran here: refused, nothing marked.
+	res := runCLI(t, f.env, "deadletter", "replay", "--projection", "orders", "--channel", "postgres")
+	require.Equal(t, 1, res.code, res.stdout)
+	require.Contains(t, res.stderr, "the postgres channel has no tables in this database")
+	require.NoError(t, ch.Declare(ctx, "invoices"))
+	res = runCLI(t, f.env, "deadletter", "replay", "--projection", "orders", "--channel", "postgres")
+	require.Equal(t, 1, res.code, res.stdout)
+	require.Contains(t, res.stderr, "no worker of projection orders has declared its subscription on the postgres channel in this database")
+	require.Contains(t, res.stderr, "Nothing was replayed")
+	rec, err := f.store.Get(ctx, 1)
+	require.NoError(t, err)
+	require.Equal(t, deadletter.StatusFailed, rec.Status)
+
 	require.NoError(t, ch.Declare(ctx, "orders"))
 
-	res := runCLI(t, f.env, "deadletter", "replay", "--projection", "orders", "--by", "alice", "--channel", "postgres")
+	res = runCLI(t, f.env, "deadletter", "replay", "--projection", "orders", "--by", "alice", "--channel", "postgres")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Equal(t, "replayed 2 dead letter(s); triggered orders on the postgres channel\n", res.stdout)
 
@@ -166,7 +186,7 @@ func TestReplayPostgresChannel(t *testing.T) {
 		require.Equal(t, deadletter.StatusReplayed, rec.Status)
 		require.Equal(t, "alice", rec.ReplayedBy)
 	}
-	rec, err := f.store.Get(ctx, 3)
+	rec, err = f.store.Get(ctx, 3)
 	require.NoError(t, err)
 	require.Equal(t, deadletter.StatusFailed, rec.Status, "another projection's record is left alone")
 
@@ -214,14 +234,17 @@ func TestReplayAMQPChannel(t *testing.T) {
 
 	f.env[envAMQPURL] = amqpEnv.URL
 	f.env[envAMQPPrefix] = amqpEnv.Prefix
-	res := runCLI(t, f.env, "deadletter", "replay", "--all")
-	require.Equal(t, 0, res.code, res.stderr)
-	require.Equal(t, "replayed 3 dead letter(s); triggered invoices, orders on the amqp channel\n", res.stdout)
-
+	// The projections' workers have declared their queues.
 	ch, err := chamqp.New(ctx, chamqp.Config{URL: amqpEnv.URL, Prefix: amqpEnv.Prefix, ConnectionName: amqpEnv.ConnectionName,
 		Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ch.Close() })
+	require.NoError(t, ch.Declare(ctx, "orders", "invoices"))
+
+	res := runCLI(t, f.env, "deadletter", "replay", "--all")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, "replayed 3 dead letter(s); triggered invoices, orders on the amqp channel\n", res.stdout)
+
 	sub, topic, err := ch.Subscriber("orders")
 	require.NoError(t, err)
 	subCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -238,6 +261,88 @@ func TestReplayAMQPChannel(t *testing.T) {
 	case <-subCtx.Done():
 		t.Fatal("no trigger arrived on the AMQP channel")
 	}
+}
+
+// TestNoOrphanQueues: requests to a projection no worker consumes — under a forgotten
+// prefix, or the relay's name — fail, naming the channel and its prefix, and leave no queue on
+// the broker that would collect every trigger forever; a refused replay marks nothing.
+func TestNoOrphanQueues(t *testing.T) {
+	t.Parallel()
+	f := newStatusFixture(t)
+	amqpEnv := amqptest.New(t)
+	ctx := context.Background()
+	f.env[envAMQPURL] = amqpEnv.URL
+	f.env[envAMQPPrefix] = amqpEnv.Prefix
+	queue := func(prefix, name string) string { return prefix + channel.TriggerTopic + "_" + name }
+
+	// No worker has declared anything yet.
+	res := runCLI(t, f.env, "deadletter", "replay", "--projection", "failing")
+	require.Equal(t, 1, res.code, res.stdout)
+	require.Contains(t, res.stderr, fmt.Sprintf("no worker of projection failing consumes from the amqp channel with prefix %q: "+
+		"RabbitMQ has no queue %s", amqpEnv.Prefix, queue(amqpEnv.Prefix, "failing")))
+	require.Contains(t, res.stderr, "--amqp-prefix")
+	require.Contains(t, res.stderr, "Nothing was replayed")
+	recs, err := f.store.List(ctx, deadletter.Filter{Projection: "failing", Status: []deadletter.Status{deadletter.StatusFailed}})
+	require.NoError(t, err)
+	require.Len(t, recs, 1, "the record is still failed")
+	require.Zero(t, recs[0].Replays)
+
+	for _, args := range [][]string{
+		{"rebuild", "lagging", "--no-wait"},
+		{"skip", "failing", "--event", f.events[2].ID.String(), "--reason", "bad"},
+	} {
+		res := runCLI(t, f.env, args...)
+		require.Equal(t, 1, res.code, args)
+		require.Contains(t, res.stderr, "consumes from the amqp channel with prefix "+strconv.Quote(amqpEnv.Prefix), args)
+	}
+
+	// The workers run under the prefix; the operator forgot it.
+	ch, err := chamqp.New(ctx, chamqp.Config{URL: amqpEnv.URL, Prefix: amqpEnv.Prefix, ConnectionName: amqpEnv.ConnectionName,
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	require.NoError(t, ch.Declare(ctx, "failing", "lagging", "caught_up"))
+	wrong := amqpEnv.Prefix + "other."
+	res = runCLI(t, f.env, "rebuild", "lagging", "--no-wait", "--amqp-prefix", wrong)
+	require.Equal(t, 1, res.code)
+	require.Contains(t, res.stderr, fmt.Sprintf("prefix %q: RabbitMQ has no queue %s", wrong, queue(wrong, "lagging")))
+
+	// The relay is no projection: refused before anything is sent.
+	for _, args := range [][]string{
+		{"rebuild", trigger.RelayNameDefault},
+		{"skip", trigger.RelayNameDefault, "--event", f.events[0].ID.String(), "--reason", "x"},
+		{"skip", trigger.RelayNameDefault, "--event", f.events[0].ID.String(), "--reason", "x", "--direct"},
+	} {
+		res := runCLI(t, f.env, args...)
+		require.Equal(t, 2, res.code, args)
+		require.Contains(t, res.stderr, "nudge-relay is the trigger relay, not a projection", args)
+	}
+
+	for _, q := range []string{queue(amqpEnv.Prefix, trigger.RelayNameDefault), queue(wrong, "lagging")} {
+		require.False(t, queueExists(t, amqpEnv, q), "no orphan queue %s", q)
+	}
+	res = runCLI(t, f.env, "rebuild", "lagging", "--no-wait")
+	require.Equal(t, 0, res.code, res.stderr)
+	res = runCLI(t, f.env, "deadletter", "replay", "--projection", "failing")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, "replayed 1 dead letter(s); triggered failing on the amqp channel\n", res.stdout)
+}
+
+// queueExists looks queue up on the test's broker, without creating it.
+func queueExists(t *testing.T, env *amqptest.Env, queue string) bool {
+	t.Helper()
+	conn, err := amqp091.Dial(env.URL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	raw, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = raw.QueueDeclarePassive(queue, true, false, false, false, nil)
+	var amqpErr *amqp091.Error
+	if errors.As(err, &amqpErr) && amqpErr.Code == amqp091.NotFound {
+		return false
+	}
+	require.NoError(t, err)
+	return true
 }
 
 func TestResolveAndPurge(t *testing.T) {
@@ -324,12 +429,27 @@ func TestSkip(t *testing.T) {
 	require.Equal(t, 2, res.code)
 	require.Contains(t, res.stderr, "--reason")
 
-	// The failing event: skipped through Runner.Skip.
+	// The failing event: skipped through Runner.Skip; its dead letter is resolved, the
+	// projection's others are not.
+	dead, err := f.store.Add(ctx, deadletter.Entry{Projection: "orders", MessageUUID: "m-skip", Error: "cannot", At: time.Now(),
+		FailingEvent: &deadletter.FailingEvent{ID: evs[2].ID, Type: evs[2].Type, Position: evs[2].Position}})
+	require.NoError(t, err)
 	res = runCLI(t, f.env, "skip", "--direct", "orders", "--event", evs[2].ID.String(), "--reason", "bad data", "--by", "dave")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, "skipped event "+evs[2].ID.String()+" (type OrderBad")
 	require.Contains(t, res.stdout, "state running, position "+evs[2].Position.String())
+	require.Contains(t, res.stdout, fmt.Sprintf("resolved dead letter %d (it failed on the skipped event), so no worker replays it", dead.ID))
 	require.Contains(t, res.stderr, "on-skip hook")
+	rec, err := f.store.Get(ctx, dead.ID)
+	require.NoError(t, err)
+	require.Equal(t, deadletter.StatusResolved, rec.Status)
+	require.Equal(t, "dave", rec.ResolvedBy)
+	require.Equal(t, "event skipped: bad data", rec.ResolveNote)
+	for _, id := range []int64{1, 2} {
+		rec, err := f.store.Get(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, deadletter.StatusFailed, rec.Status, "a dead letter on another event stays")
+	}
 
 	st, err = runner.Status(ctx, "orders")
 	require.NoError(t, err)
@@ -364,7 +484,7 @@ func TestBadInput(t *testing.T) {
 
 	res = runCLI(t, nil, "deadletter", "list", "--bogus")
 	require.Equal(t, 2, res.code)
-	require.Contains(t, res.stderr, "flag provided but not defined: -bogus")
+	require.Contains(t, res.stderr, "unknown flag --bogus")
 
 	res = runCLI(t, nil, "--channel", "kafka", "deadletter", "list")
 	require.Equal(t, 2, res.code)
@@ -413,11 +533,11 @@ func TestHelp(t *testing.T) {
 	require.Equal(t, 0, res.code)
 	require.Contains(t, res.stdout, "Usage: nudge skip PROJECTION")
 	require.Contains(t, res.stdout, "the on-skip hook does NOT run")
-	require.Contains(t, res.stdout, "-reason")
+	require.Contains(t, res.stdout, "  --reason TEXT")
 
 	res = runCLI(t, map[string]string{envDatabaseURL: "postgres://u:hidden@h/db"}, "help", "deadletter", "list")
 	require.Equal(t, 0, res.code)
-	require.Contains(t, res.stdout, "-status")
+	require.Contains(t, res.stdout, "  --status status")
 	require.NotContains(t, res.stdout, "hidden", "usage never shows a URL from the environment")
 
 	res = runCLI(t, nil)
@@ -468,12 +588,105 @@ func TestSkipThroughWorker(t *testing.T) {
 		return st.FailingEvent != nil && st.FailingEvent.ID == bad.ID
 	}, 20*time.Second, 10*time.Millisecond, "the worker runs the projection into its failing event")
 
+	dead, err := f.store.Add(ctx, deadletter.Entry{Projection: "orders", MessageUUID: "m-skip", Error: "cannot", At: time.Now(),
+		FailingEvent: &deadletter.FailingEvent{ID: bad.ID, Type: bad.Type, Position: bad.Position}})
+	require.NoError(t, err)
+	_, err = f.store.MarkReplayed(ctx, []int64{dead.ID}, "ops", time.Time{})
+	require.NoError(t, err)
+
 	res := runCLI(t, f.env, "--channel", "postgres", "skip", "orders", "--event", bad.ID.String(), "--reason", "bad data", "--by", "dave")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, "by its worker (on-skip hook included)")
+	require.Contains(t, res.stdout, fmt.Sprintf("resolved dead letter %d", dead.ID))
+	rec, err := f.store.Get(ctx, dead.ID)
+	require.NoError(t, err)
+	require.Equal(t, deadletter.StatusResolved, rec.Status, "a replayed dead letter on the event is resolved too")
 	require.Equal(t, bad.ID, hooked.Load(), "the projection's own on-skip hook ran")
 	st, err := runner.Status(ctx, "orders")
 	require.NoError(t, err)
 	require.Equal(t, "dave", st.LastSkip.By)
 	require.NotEqual(t, projection.StateFailing, st.State)
+}
+
+// goWords are names of Go config fields and arguments that CLI messages must not show: the
+// user gave flags.
+var goWords = regexp.MustCompile(`Config\.|Options\.?|Filter\.|Replay's by|Resolve's by|\bForce\b|\bSchema\b|Prefix\b|StartupTimeout`)
+
+// TestErrorsSpeakOfFlags: mistakes on the command line, including those a library refuses,
+// are reported with the flag to change.
+func TestErrorsSpeakOfFlags(t *testing.T) {
+	t.Parallel()
+	f := newStatusFixture(t)
+	amqpURL := amqptest.URL()
+	long := strings.Repeat("x", trigger.MaxSize)
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--schema", "Bad_schema", "status"}, 2, `--schema "Bad_schema" is not a schema name nudge uses`},
+		{[]string{"deadletter", "list", "--schema", "Bad_schema"}, 2, `--schema "Bad_schema"`},
+		{[]string{"migrate", "--schema", "1x"}, 2, `--schema "1x"`},
+		{[]string{"horizon", "--schema", "x y"}, 2, `--schema "x y"`},
+		{[]string{"deadletter", "replay", "--all", "--amqp", amqpURL, "--amqp-prefix", "a b"}, 2,
+			`--amqp-prefix "a b" may only hold letters, digits`},
+		{[]string{"deadletter", "replay", "--all", "--amqp", amqpURL, "--amqp-prefix", "amq.x"}, 2,
+			`--amqp-prefix "amq.x" starts with "amq.", which RabbitMQ reserves`},
+		{[]string{"deadletter", "replay", "--all", "--amqp", "http://guest:secret@localhost/"}, 2,
+			"--amqp http://guest:xxxxx@localhost/ is not an AMQP URL"},
+		{[]string{"deadletter", "replay", "--all", "--amqp", "amqp://guest:secret@host:port/"}, 2, "--amqp is not a valid URL"},
+		{[]string{"skip", "failing", "--event", f.events[2].ID.String(), "--reason", long}, 2,
+			"--reason and --by are too long for a request to the worker"},
+		{[]string{"skip", "failing", "--event", f.events[4].ID.String(), "--reason", "x", "--direct"}, 1,
+			"pass --force to skip another event"},
+		{[]string{"deadletter", "replay", "--all", "--channel", "postgres", "--by", "  "}, 1, "the postgres channel has no tables"},
+		{[]string{"deadletter", "resolve", "1", "--by", " "}, 0, "resolved dead letter 1"},
+	} {
+		res := runCLI(t, f.env, tc.args...)
+		out := res.stderr + res.stdout
+		require.Equal(t, tc.code, res.code, "%v: %s", tc.args, out)
+		require.Contains(t, out, tc.want, tc.args)
+		require.NotRegexp(t, goWords, out, tc.args)
+	}
+}
+
+// TestMigrateDoesWhatItSays: the help of migrate names every table and view it creates, and
+// the README does not promise more.
+func TestMigrateDoesWhatItSays(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	res := runCLI(t, map[string]string{envDatabaseURL: db.URL}, "migrate")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, "migrated: event store\nmigrated: projections\nmigrated: dead letters\n", res.stdout)
+
+	rows, err := db.Pool.Query(context.Background(),
+		`SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() ORDER BY 1`)
+	require.NoError(t, err)
+	created, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"nudge_dead_letters", "nudge_events", "nudge_projection_conditions", "nudge_projection_skips",
+		"nudge_projections", "nudge_schema_migrations", "nudge_streams"}, created)
+
+	help := runCLI(t, nil, "help", "migrate")
+	require.Equal(t, 0, help.code)
+	for _, name := range created {
+		require.Contains(t, help.stdout, name, "migrate's help names what it creates")
+	}
+	require.Contains(t, help.stdout, "not the\nPostgreSQL channel's tables")
+
+	var line string
+	for _, l := range strings.Split(readFile(t, "../../README.md"), "\n") {
+		if strings.HasPrefix(l, "nudge migrate ") {
+			line = l
+		}
+	}
+	require.NotEmpty(t, line, "the README shows nudge migrate")
+	require.NotRegexp(t, `PG queue\s*$|PG queue,`, line, "migrate does not create the PostgreSQL channel's tables")
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return string(b)
 }

@@ -10,11 +10,21 @@ import (
 	pjpg "github.com/nudgeworks/nudge/projection/postgres"
 )
 
+const migrateDoc = `Creates or upgrades, in --schema (else the search_path's schema), the tables of nudge's
+PostgreSQL packages:
+
+  event store    nudge_events, nudge_streams
+  projections    nudge_projections, nudge_projection_skips, the view nudge_projection_conditions
+  dead letters   nudge_dead_letters
+
+and records each step in nudge_schema_migrations. Safe to run again, and from several processes
+at once. It creates no read model (each projection's init hook does, in its worker), and not the
+PostgreSQL channel's tables (nudge_channel_*): the workers on that channel create them when they
+declare their projections, and a deployment on RabbitMQ needs none.
+`
+
 func (c *cli) migrate(ctx context.Context, args []string) error {
-	cmd := command{name: "migrate", synopsis: "",
-		doc: "Creates or upgrades nudge's tables in --schema: the event store's, the projections'\n" +
-			"status table and the dead-letter table. Safe to run again and from several processes.\n" +
-			"(The PostgreSQL channel creates its own tables when workers declare their projections.)\n"}
+	cmd := command{name: "migrate", synopsis: "", doc: migrateDoc}
 	fs := newFlagSet(cmd.name)
 	pos, err := c.parse(fs, cmd, args)
 	if err != nil {

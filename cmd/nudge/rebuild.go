@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	chpg "github.com/nudgeworks/nudge/channel/postgres"
 	"github.com/nudgeworks/nudge/deadletter"
 	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
 	"github.com/nudgeworks/nudge/projection"
@@ -54,18 +53,21 @@ func (c *cli) rebuild(ctx context.Context, name string, args []string) error {
 	cmd := command{name: name, synopsis: "PROJECTION [--no-wait] [--by NAME] [--timeout 1h]", doc: rebuildDoc}
 	fs := newFlagSet(cmd.name)
 	noWait := fs.Bool("no-wait", false, "return once the request is sent, without following the rebuild")
-	by := fs.String("by", "", "who asks, for the worker's log (default $USER)")
+	by := fs.String("by", "", "who asks, a `NAME` for the worker's log (default $USER)")
 	timeout := fs.Duration("timeout", rebuildTimeoutDefault, "how long to follow the rebuild before giving up waiting (0: no limit)")
 	pos, err := c.parse(fs, cmd, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
-		return usageErrorf("%s takes one projection name, got %d arguments; run 'nudge %s -h'", name, len(pos), name)
+		return usageErrorf("%s takes one projection name, got %d arguments; run 'nudge %s --help'", name, len(pos), name)
 	}
 	target := pos[0]
 	if err := projection.ValidateName(target); err != nil {
 		return usageErrorf("%s: %v", name, err)
+	}
+	if err := refuseRelay(name, target); err != nil {
+		return err
 	}
 	if *timeout < 0 {
 		return usageErrorf("--timeout %s is negative; 0 waits without limit", *timeout)
@@ -129,18 +131,7 @@ func (c *cli) sendRebuild(ctx context.Context, pool *pgxpool.Pool, t trigger.Tri
 		return err
 	}
 	defer closePub()
-	if err := pub.Publish(ctx, t); err != nil {
-		if errors.Is(err, chpg.ErrNotMigrated) {
-			return fmt.Errorf("the postgres channel has no tables in this database (no worker has run on it here), so nothing would take "+
-				"the request: start the worker of projection %s, or use --channel amqp if it runs on RabbitMQ", t.Projection)
-		}
-		if errors.Is(err, chpg.ErrNotDeclared) {
-			return fmt.Errorf("no worker of projection %s has declared its subscription on the postgres channel of this database, "+
-				"so nothing would take the request: start its worker, or use --channel amqp if it runs on RabbitMQ", t.Projection)
-		}
-		return fmt.Errorf("send the rebuild request to projection %s's worker on the %s channel: %w", t.Projection, c.g.channel, err)
-	}
-	return nil
+	return c.send(ctx, pub, t)
 }
 
 // rebuildWait follows a rebuild request until it is done.

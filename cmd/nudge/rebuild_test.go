@@ -328,7 +328,7 @@ func TestRebuildBadInput(t *testing.T) {
 		{[]string{"rebuild"}, "rebuild takes one projection name, got 0 arguments"},
 		{[]string{"reset", "a", "b"}, "reset takes one projection name, got 2 arguments"},
 		{[]string{"rebuild", "a", "--timeout", "-1s"}, "--timeout -1s is negative"},
-		{[]string{"rebuild", "a", "--timeout", "later"}, `invalid value "later" for flag -timeout`},
+		{[]string{"rebuild", "a", "--timeout", "later"}, `invalid value "later" for flag --timeout`},
 		{[]string{"rebuild", "a", "--by", strings.Repeat("x", 201)}, "--by is longer than 200 characters"},
 		{[]string{"rebuild", "Tickets"}, `invalid name "Tickets"`},
 		{[]string{"rebuild", "a", "--channel", "kafka"}, "use amqp or postgres"},

@@ -12,6 +12,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/nudgeworks/nudge/deadletter"
+	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/projection"
@@ -21,7 +23,8 @@ import (
 
 const skipDoc = `Moves PROJECTION's position past exactly one event, without handling it, and records the
 skip (who, when, why) in its status. The event must be the one the projection is failing on
-(unless --force) and the next one it would handle.
+(unless --force) and the next one it would handle. The projection's dead letters on that event
+are then resolved (note "event skipped: REASON"), so no worker replays them at its next start.
 
 By default the request travels as a trigger (through --channel, like replay) to the worker of
 the projection, which skips with the projection's definition, so its on-skip hook
@@ -41,8 +44,8 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 	cmd := command{name: "skip", synopsis: "PROJECTION --event EVENT_UUID --reason TEXT [--by NAME] [--force] [--direct] [--wait 30s]", doc: skipDoc}
 	fs := newFlagSet(cmd.name)
 	event := fs.String("event", "", "`UUID` of the event to skip (required)")
-	reason := fs.String("reason", "", "why the event is skipped, recorded with the skip (required)")
-	by := fs.String("by", "", "who skips (default $USER)")
+	reason := fs.String("reason", "", "why the event is skipped, a `TEXT` recorded with the skip (required)")
+	by := fs.String("by", "", "who skips, a `NAME` recorded with the skip (default $USER)")
 	force := fs.Bool("force", false, "skip the event even though the projection is not failing on it")
 	direct := fs.Bool("direct", false, "skip here, without the projection's worker (its on-skip hook does not run)")
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the worker to do the skip")
@@ -51,11 +54,14 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return usageErrorf("skip takes one projection name, got %d arguments; run 'nudge skip -h'", len(pos))
+		return usageErrorf("skip takes one projection name, got %d arguments; run 'nudge skip --help'", len(pos))
 	}
 	name := pos[0]
 	if err := projection.ValidateName(name); err != nil {
 		return usageErrorf("skip: %v", err)
+	}
+	if err := refuseRelay("skip", name); err != nil {
+		return err
 	}
 	if *event == "" {
 		return usageErrorf("skip needs --event EVENT_UUID: the id of the event to skip (the projection's failing event, see its status)")
@@ -66,6 +72,14 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 	}
 	if strings.TrimSpace(*reason) == "" {
 		return usageErrorf("skip needs --reason TEXT: it is recorded with the skip")
+	}
+	req := trigger.SkipRequest{EventID: eventID, Reason: *reason, By: c.actor(*by), Force: *force}
+	if !*direct {
+		// The request travels as a trigger, which has a size limit.
+		if _, err := (trigger.Trigger{Projection: name, Reason: trigger.ReasonSkip, At: time.Now().UTC(), Skip: &req}).Encode(); err != nil {
+			return usageErrorf("--reason and --by are too long for a request to the worker (a trigger holds at most %d bytes): shorten them, "+
+				"or skip with --direct", trigger.MaxSize)
+		}
 	}
 
 	pool, err := c.connect(ctx)
@@ -92,7 +106,10 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 		return fmt.Errorf("read the status of projection %s: %w", name, err)
 	}
 	if !*direct {
-		return c.skipThroughWorker(ctx, pool, runner, st, name, trigger.SkipRequest{EventID: eventID, Reason: *reason, By: c.actor(*by), Force: *force}, *wait)
+		if err := c.skipThroughWorker(ctx, pool, runner, st, name, req, *wait); err != nil {
+			return err
+		}
+		return c.resolveSkipped(ctx, pool, name, req)
 	}
 	if fe := st.FailingEvent; fe != nil && fe.ID == eventID {
 		// The failing event is the first event of the projection's own types after its
@@ -102,10 +119,11 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	skipped, err := runner.Skip(ctx, name, eventID, projection.SkipOptions{Reason: *reason, By: c.actor(*by), Force: *force})
+	skipped, err := runner.Skip(ctx, name, eventID, projection.SkipOptions{Reason: req.Reason, By: req.By, Force: req.Force})
 	if err != nil {
 		if errors.Is(err, projection.ErrSkipRefused) {
-			return fmt.Errorf("skip refused: %w", err)
+			// The runner speaks of SkipOptions.Force; here it is a flag.
+			return fmt.Errorf("skip refused: %s", strings.ReplaceAll(err.Error(), "pass Force ", "pass --force "))
 		}
 		return fmt.Errorf("skip: %w", err)
 	}
@@ -117,7 +135,41 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 		skipped.ID, skipped.Type, skipped.StreamID, skipped.Position, name)
 	fmt.Fprintf(c.stdout, "projection %s: state %s, position %s\n", name, after.State, after.Position)
 	fmt.Fprintln(c.stderr, skipHookNote)
-	return nil
+	return c.resolveSkipped(ctx, pool, name, req)
+}
+
+// resolveSkipped resolves the projection's open dead letters on the skipped event: a worker
+// replays failed dead letters when it starts, and the event is behind the projection now.
+func (c *cli) resolveSkipped(ctx context.Context, pool *pgxpool.Pool, name string, req trigger.SkipRequest) error {
+	dead, err := dlpg.New(pool, dlpg.Config{Schema: c.g.schema})
+	if err != nil {
+		return usageErrorf("--schema: %v", err)
+	}
+	f := deadletter.Filter{Projection: name, Status: []deadletter.Status{deadletter.StatusFailed, deadletter.StatusReplayed},
+		Limit: deadletter.ListLimitMax}
+	for {
+		recs, err := dead.List(ctx, f)
+		if isUndefinedTable(err) {
+			return nil // no dead-letter store here
+		}
+		if err != nil {
+			return fmt.Errorf("skipped, but could not look for the event's dead letters: %w; "+
+				"resolve them with 'nudge deadletter resolve ID' ('nudge deadletter list --projection %s' lists them)", err, name)
+		}
+		for _, r := range recs {
+			if r.FailingEvent == nil || r.FailingEvent.ID != req.EventID {
+				continue
+			}
+			if err := dead.Resolve(ctx, r.ID, req.By, "event skipped: "+req.Reason, time.Time{}); err != nil {
+				return fmt.Errorf("skipped, but could not resolve dead letter %d: %w; resolve it with 'nudge deadletter resolve %d'", r.ID, err, r.ID)
+			}
+			fmt.Fprintf(c.stdout, "resolved dead letter %d (it failed on the skipped event), so no worker replays it\n", r.ID)
+		}
+		if len(recs) < f.Limit {
+			return nil
+		}
+		f.AfterID = recs[len(recs)-1].ID
+	}
 }
 
 // skipRunner returns a runner with a stand-in projection called name that reads the given
@@ -168,8 +220,8 @@ func (c *cli) skipThroughWorker(ctx context.Context, pool *pgxpool.Pool, runner 
 		return err
 	}
 	defer closeFn()
-	if err := pub.Publish(ctx, trigger.Trigger{Projection: name, Reason: trigger.ReasonSkip, At: time.Now().UTC(), Skip: &req}); err != nil {
-		return fmt.Errorf("send the skip request to projection %s's worker: %w", name, err)
+	if err := c.send(ctx, pub, trigger.Trigger{Projection: name, Reason: trigger.ReasonSkip, At: time.Now().UTC(), Skip: &req}); err != nil {
+		return err
 	}
 	fmt.Fprintf(c.stdout, "asked the worker of projection %s to skip event %s; waiting up to %s\n", name, req.EventID, wait)
 	deadline := time.Now().Add(wait)
@@ -191,7 +243,8 @@ func (c *cli) skipThroughWorker(ctx context.Context, pool *pgxpool.Pool, runner 
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return fmt.Errorf("interrupted: stopped waiting, not the request: it stays with the channel until a worker of projection %s "+
+				"takes it; see 'nudge status %s'", name, name)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

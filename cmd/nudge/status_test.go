@@ -300,8 +300,8 @@ func TestStatusBadInput(t *testing.T) {
 	}{
 		{[]string{"status", "--interval", "1s"}, "--interval needs --watch"},
 		{[]string{"status", "--watch", "--interval", "0s"}, "--interval 0s is too short; use at least 100ms"},
-		{[]string{"status", "--watch", "--interval", "soon"}, `invalid value "soon" for flag -interval`},
-		{[]string{"status", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"status", "--watch", "--interval", "soon"}, `invalid value "soon" for flag --interval`},
+		{[]string{"status", "--bogus"}, "unknown flag --bogus"},
 		{[]string{"status", "no way"}, `invalid name "no way"`},
 	} {
 		res := runCLI(t, db, c.args...)
