@@ -225,9 +225,16 @@ func (c *cli) skipThroughWorker(ctx context.Context, pool *pgxpool.Pool, runner 
 	}
 	fmt.Fprintf(c.stdout, "asked the worker of projection %s to skip event %s; waiting up to %s\n", name, req.EventID, wait)
 	deadline := time.Now().Add(wait)
+	interrupted := func() error {
+		return fmt.Errorf("interrupted: stopped waiting, not the request: it stays with the channel until a worker of projection %s "+
+			"takes it; see 'nudge status %s'", name, name)
+	}
 	for {
 		after, err := runner.Status(ctx, name)
 		if err != nil {
+			if ctx.Err() != nil {
+				return interrupted() // the signal ended the read
+			}
 			return fmt.Errorf("read the status of projection %s: %w", name, err)
 		}
 		if k := after.LastSkip; k != nil && k.Event.ID == req.EventID {
@@ -243,8 +250,7 @@ func (c *cli) skipThroughWorker(ctx context.Context, pool *pgxpool.Pool, runner 
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("interrupted: stopped waiting, not the request: it stays with the channel until a worker of projection %s "+
-				"takes it; see 'nudge status %s'", name, name)
+			return interrupted()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
