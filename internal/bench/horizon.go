@@ -12,6 +12,7 @@ import (
 
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/pgcluster"
 )
 
 // targetHorizonReads is how much of its throughput a reader may lose to many open connections,
@@ -48,7 +49,19 @@ type lockSample struct {
 // rate is the median events/s.
 func (r horizonResult) rate() float64 { return median(r.rates) }
 
-func runHorizon(ctx context.Context, h *harness, sec *Section) error {
+func runHorizon(ctx context.Context, shared *harness, sec *Section) error {
+	// A private cluster: room for the connections asked for (the shared server's
+	// max_connections is often 100), and no other work's transactions in the lock table.
+	h, cleanup, err := shared.privateCluster(ctx, shared.sizes.horizonConnections+horizonReserve+20)
+	if err != nil {
+		shared.log.WarnContext(ctx, "horizon: no private cluster; measuring on the shared server", slog.Any("error", err))
+		sec.Note("no private PostgreSQL cluster could be started (%v): measured on the shared server, beside its other work", err)
+		h, cleanup = shared, func() {}
+	} else {
+		sec.Note("measured on a private PostgreSQL cluster of its own (same server programs, max_connections %d, fsync off)",
+			shared.sizes.horizonConnections+horizonReserve+20)
+	}
+	defer cleanup()
 	sz := h.sizes
 	sec.Params["events"], sec.Params["streams"], sec.Params["page"] = sz.horizonEvents, sz.rebuildStreams, horizonPage
 	sec.Params["rounds"], sec.Params["horizon_calls"], sec.Params["writer_hold_ms"] = sz.horizonRounds, sz.horizonCalls, Ms(crowdHold)
@@ -102,6 +115,24 @@ func runHorizon(ctx context.Context, h *harness, sec *Section) error {
 	sec.Note("read: store.Read from position zero to the end, limit %d, on one connection, median of %d rounds after a warm-up pass; "+
 		"each round measures without, then opens the connections, measures with them and closes them", horizonPage, sz.horizonRounds)
 	return nil
+}
+
+// privateCluster starts a private PostgreSQL cluster with maxConns connections and returns a
+// harness whose databases live there, and the function that removes it.
+func (h *harness) privateCluster(ctx context.Context, maxConns int) (*harness, func(), error) {
+	c, err := pgcluster.NewWith(ctx, h.libLog, pgcluster.Options{MaxConnections: maxConns})
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := h.opts
+	opts.postgresURL = c.URL("postgres", "")
+	admin, err := pgxpool.New(ctx, opts.postgresURL)
+	if err != nil {
+		c.Remove(context.WithoutCancel(ctx))
+		return nil, nil, err
+	}
+	p := &harness{opts: opts, sizes: h.sizes, admin: admin, runID: h.runID, log: h.log, libLog: h.libLog}
+	return p, func() { admin.Close(); c.Remove(context.WithoutCancel(ctx)) }, nil
 }
 
 // horizonBench measures a reader on one connection.

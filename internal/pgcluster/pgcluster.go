@@ -4,6 +4,7 @@
 package pgcluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,12 +28,13 @@ const clusterDirPrefix = "nudge-chaos-pg-"
 // with trust authentication on 127.0.0.1 and a free port. Only this suite connects to it, so
 // restarting it disturbs nobody.
 type Cluster struct {
-	bin    string // directory of initdb, pg_ctl, postgres
-	dir    string // temporary directory: data/, the socket, server.log
-	port   int
-	runAs  string // OS user the server runs as; "" when not root
-	log    *slog.Logger
-	logged string // server log path
+	bin      string // directory of initdb, pg_ctl, postgres
+	dir      string // temporary directory: data/, the socket, server.log
+	maxConns int
+	port     int
+	runAs    string // OS user the server runs as; "" when not root
+	log      *slog.Logger
+	logged   string // server log path
 }
 
 // findPGBin returns the directory of PostgreSQL's server programs.
@@ -64,8 +66,22 @@ func freePort() (int, error) {
 	return port, ln.Close()
 }
 
+// Options tune a private cluster.
+type Options struct {
+	// MaxConnections is the server's max_connections. Defaults to MaxConnectionsDefault.
+	MaxConnections int
+}
+
+// MaxConnectionsDefault is the max_connections of a private cluster.
+const MaxConnectionsDefault = 200
+
 // New creates (initdb) and starts a private cluster. Remove it when done.
 func New(ctx context.Context, log *slog.Logger) (*Cluster, error) {
+	return NewWith(ctx, log, Options{})
+}
+
+// NewWith is New with options.
+func NewWith(ctx context.Context, log *slog.Logger, opts Options) (*Cluster, error) {
 	bin, err := findPGBin()
 	if err != nil {
 		return nil, err
@@ -75,7 +91,8 @@ func New(ctx context.Context, log *slog.Logger) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{bin: bin, dir: dir, log: log, logged: filepath.Join(dir, "server.log")}
+	c := &Cluster{bin: bin, dir: dir, log: log, logged: filepath.Join(dir, "server.log"),
+		maxConns: cmp.Or(opts.MaxConnections, MaxConnectionsDefault)}
 	if os.Geteuid() == 0 {
 		// PostgreSQL refuses to run as root: hand the directory to the postgres user.
 		c.runAs = "postgres"
@@ -149,7 +166,7 @@ func (c *Cluster) run(ctx context.Context, program string, args ...string) (stri
 // injected are process stops, never a lost page cache, and the machine is shared.
 func (c *Cluster) Start(ctx context.Context) error {
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off "+
-		"-c max_connections=200 -c shared_buffers=64MB", c.port, c.dir)
+		"-c max_connections=%d -c shared_buffers=64MB", c.port, c.dir, c.maxConns)
 	_, err := c.run(ctx, "pg_ctl", "-D", c.Data(), "-o", opts, "-l", c.logged, "-w", "-t", "60", "start")
 	return err
 }
