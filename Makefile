@@ -8,15 +8,17 @@ BENCH_TIME             ?= 2s
 # TEST_TIMEOUT bounds each package's test binary; it fits a busy shared machine, where a
 # package that takes one minute alone can take ten (go test's own default is 10m).
 TEST_TIMEOUT           ?= 20m
+# CPUHOG_SECONDS bounds the load of make test-loaded.
+CPUHOG_SECONDS         ?= 2700
 
 # OUTAGE_TESTS run a second time without -race (see test).
 OUTAGE_TESTS           := TestPublishersAcrossOutages|TestBrokerOutageWhileRunning
 
 .DEFAULT_GOAL := help
-.PHONY: help up tools down test lint chaos bench bench-go demo
+.PHONY: help up tools down test test-loaded lint chaos bench bench-go demo
 
 help: ## Show the targets and what they do.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 up: ## Find or start PostgreSQL and RabbitMQ (docker compose, else the local services).
 	@scripts/services.sh
@@ -45,6 +47,9 @@ test: up tools ## Run every test, with the race detector, against real PostgreSQ
 			"RabbitMQ outages without -race: $$(if [ $$outages -eq 0 ]; then echo ok; else echo FAIL; fi)" >&2; \
 		exit 1; \
 	fi
+
+test-loaded: ## Run make test while every core is kept busy (scripts/cpuhog.sh), as on a shared machine.
+	@scripts/cpuhog.sh -t $(CPUHOG_SECONDS) -- $(MAKE) --no-print-directory test
 
 lint: $(GOLANGCI_LINT) ## Check formatting, go vet and golangci-lint.
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
