@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/testlog"
 	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/projection/postgres"
@@ -324,7 +325,7 @@ func statusOf(t *testing.T, e env, spec workerSpec) func() projection.Status {
 			return errors.New("the status reader handles nothing")
 		}))
 	require.NoError(t, err)
-	r, err := projection.NewRunner(e.backend, projection.RunnerConfig{}, p)
+	r, err := projection.NewRunner(e.backend, projection.RunnerConfig{Logger: testlog.New(t)}, p)
 	require.NoError(t, err)
 	require.NoError(t, r.Init(context.Background()))
 	return func() projection.Status {

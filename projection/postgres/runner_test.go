@@ -19,6 +19,8 @@ import (
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/eventstore/storetest"
 	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/internal/testlog"
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/projection/projectiontest"
@@ -31,7 +33,7 @@ type registered struct {
 
 func runner(t testing.TB, b projection.Backend, projections ...*projection.Projection) *projection.Runner {
 	t.Helper()
-	r, err := projection.NewRunner(b, projection.RunnerConfig{}, projections...)
+	r, err := projection.NewRunner(b, projection.RunnerConfig{Logger: testlog.New(t)}, projections...)
 	require.NoError(t, err)
 	require.NoError(t, r.Init(context.Background()))
 	return r
@@ -384,9 +386,9 @@ func TestPoller(t *testing.T) {
 	go func() { done <- poller.Run(ctx) }()
 
 	projectiontest.AppendN(t, e.store, 0, 300, "A")
-	require.Eventually(t, func() bool { return rec.Distinct() == 300 }, 20*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return rec.Distinct() == 300 }, testwait.For(time.Minute), 5*time.Millisecond)
 	projectiontest.AppendN(t, e.store, 300, 10, "A")
-	require.Eventually(t, func() bool { return rec.Distinct() == 310 }, 20*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return rec.Distinct() == 310 }, testwait.For(time.Minute), 5*time.Millisecond)
 
 	// Idle polls: the wait grows to the cap.
 	mark := func() int { mu.Lock(); defer mu.Unlock(); return len(polls) }()
@@ -394,7 +396,7 @@ func TestPoller(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(polls) >= mark+6
-	}, 20*time.Second, 5*time.Millisecond)
+	}, testwait.For(time.Minute), 5*time.Millisecond)
 	cancel()
 	require.NoError(t, <-done, "Run returns when its context ends")
 
@@ -446,7 +448,7 @@ func TestPollerStretchesTheWaitWhenBusy(t *testing.T) {
 		select {
 		case p := <-waits:
 			return p
-		case <-time.After(20 * time.Second):
+		case <-time.After(testwait.For(time.Minute)):
 			t.Fatal("no catch-up handled the appended events")
 			return projection.PollParams{}
 		}
@@ -486,8 +488,7 @@ func TestSmallPoolDoesNotDeadlock(t *testing.T) {
 		ps = append(ps, p)
 	}
 	r := runner(t, backend, ps...)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testwait.Context(t, 2*time.Minute)
 	var wg sync.WaitGroup
 	for _, p := range ps {
 		wg.Add(1)
