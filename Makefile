@@ -8,8 +8,10 @@ BENCH_TIME             ?= 2s
 # TEST_TIMEOUT bounds each package's test binary; it fits a busy shared machine, where a
 # package that takes one minute alone can take ten (go test's own default is 10m).
 TEST_TIMEOUT           ?= 20m
-# CPUHOG_SECONDS bounds the load of make test-loaded.
+# CPUHOG_SECONDS bounds the load of make test-loaded; CPUHOG_WORKERS busy loops (default: one
+# per core).
 CPUHOG_SECONDS         ?= 2700
+CPUHOG_WORKERS         ?=
 
 # OUTAGE_TESTS run a second time without -race (see test).
 OUTAGE_TESTS           := TestPublishersAcrossOutages|TestBrokerOutageWhileRunning
@@ -49,7 +51,7 @@ test: up tools ## Run every test, with the race detector, against real PostgreSQ
 	fi
 
 test-loaded: ## Run make test while every core is kept busy (scripts/cpuhog.sh), as on a shared machine.
-	@scripts/cpuhog.sh -t $(CPUHOG_SECONDS) -- $(MAKE) --no-print-directory test
+	@scripts/cpuhog.sh -t $(CPUHOG_SECONDS) $(if $(CPUHOG_WORKERS),-n $(CPUHOG_WORKERS)) -- $(MAKE) --no-print-directory test
 
 lint: $(GOLANGCI_LINT) ## Check formatting, go vet and golangci-lint.
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
