@@ -5,12 +5,22 @@ GOLANGCI_LINT_VERSION  := v2.15.0
 BIN                    := $(CURDIR)/bin
 GOLANGCI_LINT          := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 BENCH_TIME             ?= 2s
+# TEST_TIMEOUT bounds each package's test binary; it fits a busy shared machine, where a
+# package that takes one minute alone can take ten (go test's own default is 10m).
+TEST_TIMEOUT           ?= 20m
+# CPUHOG_SECONDS bounds the load of make test-loaded; CPUHOG_WORKERS busy loops (default: one
+# per core).
+CPUHOG_SECONDS         ?= 2700
+CPUHOG_WORKERS         ?=
+
+# OUTAGE_TESTS run a second time without -race (see test).
+OUTAGE_TESTS           := TestPublishersAcrossOutages|TestBrokerOutageWhileRunning
 
 .DEFAULT_GOAL := help
-.PHONY: help up tools down test lint chaos bench bench-go demo
+.PHONY: help up tools down test test-loaded lint chaos bench bench-go demo
 
 help: ## Show the targets and what they do.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 up: ## Find or start PostgreSQL and RabbitMQ (docker compose, else the local services).
 	@scripts/services.sh
@@ -26,10 +36,22 @@ down: ## Stop the docker compose services (local services are left running).
 	fi
 
 test: up tools ## Run every test, with the race detector, against real PostgreSQL and RabbitMQ.
-	$(GO) test -race -count=1 ./...
 	@# watermill-amqp v2.1.3 races on its connection flag when publishes overlap a connection
-	@# loss; the tests of RabbitMQ outages therefore run once more without -race.
-	$(GO) test -count=1 -run 'TestPublishersAcrossOutages|TestBrokerOutageWhileRunning' ./channel/amqp/ ./worker/
+	@# loss; the tests of RabbitMQ outages therefore run once more without -race. The second
+	@# pass runs even when the first fails; make test fails if either did.
+	@race=0; outages=0; \
+	echo "$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./..."; \
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./... || race=$$?; \
+	echo "$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run '$(OUTAGE_TESTS)' ./channel/amqp/ ./worker/"; \
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run '$(OUTAGE_TESTS)' ./channel/amqp/ ./worker/ || outages=$$?; \
+	if [ $$race -ne 0 ] || [ $$outages -ne 0 ]; then \
+		echo "test: FAILED: every test with -race: $$(if [ $$race -eq 0 ]; then echo ok; else echo FAIL; fi);" \
+			"RabbitMQ outages without -race: $$(if [ $$outages -eq 0 ]; then echo ok; else echo FAIL; fi)" >&2; \
+		exit 1; \
+	fi
+
+test-loaded: ## Run make test while every core is kept busy (scripts/cpuhog.sh), as on a shared machine.
+	@scripts/cpuhog.sh -t $(CPUHOG_SECONDS) $(if $(CPUHOG_WORKERS),-n $(CPUHOG_WORKERS)) -- $(MAKE) --no-print-directory test
 
 lint: $(GOLANGCI_LINT) ## Check formatting, go vet and golangci-lint.
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \

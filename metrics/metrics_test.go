@@ -3,8 +3,6 @@ package metrics_test
 import (
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/nudgeworks/nudge/internal/testlog"
 	"github.com/nudgeworks/nudge/metrics"
 	"github.com/nudgeworks/nudge/projection"
 )
@@ -26,19 +25,11 @@ func TestMain(m *testing.M) {
 	)
 }
 
-func testLogger() *slog.Logger {
-	level := slog.LevelError
-	if os.Getenv("NUDGE_TEST_VERBOSE") != "" {
-		level = slog.LevelDebug
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-}
-
 // newMetrics returns Metrics on a new pedantic registry that query at every scrape.
 func newMetrics(t testing.TB) (*metrics.Metrics, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
-	m, err := metrics.New(metrics.Config{Registerer: reg, CacheTTL: -1, Logger: testLogger()})
+	m, err := metrics.New(metrics.Config{Registerer: reg, CacheTTL: -1, Logger: testlog.New(t)})
 	require.NoError(t, err)
 	return m, reg
 }

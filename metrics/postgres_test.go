@@ -15,6 +15,8 @@ import (
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/eventstore/storetest"
 	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/internal/testlog"
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/metrics"
 	"github.com/nudgeworks/nudge/projection"
 	pgproj "github.com/nudgeworks/nudge/projection/postgres"
@@ -53,7 +55,7 @@ func TestMetricsOnPostgreSQL(t *testing.T) {
 		projection.On("Poison", func(context.Context, pgx.Tx, projection.Event[ticket]) error { return errors.New("poisoned") }))
 	require.NoError(t, err)
 	m, g := newMetrics(t)
-	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: testLogger(), OnBatch: m.ObserveBatch}, tickets)
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: testlog.New(t), OnBatch: m.ObserveBatch}, tickets)
 	require.NoError(t, err)
 	require.NoError(t, runner.Init(ctx))
 	require.NoError(t, m.WatchRunner(runner))
@@ -71,7 +73,7 @@ func TestMetricsOnPostgreSQL(t *testing.T) {
 	held := func() float64 { return mustValue(t, g, "nudge_projection_held_by_horizon", "projection", "tickets") }
 	wait := func(what string, cond func() bool) {
 		t.Helper()
-		require.Eventually(t, cond, 20*time.Second, 10*time.Millisecond, what)
+		require.Eventually(t, cond, testwait.For(2*time.Minute), 10*time.Millisecond, what)
 	}
 
 	var last eventstore.AppendResult

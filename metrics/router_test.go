@@ -11,6 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nudgeworks/nudge/internal/testlog"
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/metrics"
 	"github.com/nudgeworks/nudge/trigger"
 	"github.com/nudgeworks/nudge/worker"
@@ -22,7 +24,7 @@ import (
 func TestRouterMetrics(t *testing.T) {
 	t.Parallel()
 	e := newMemoryEnv(t)
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NewSlogLogger(testLogger()))
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: testwait.For(time.Minute)}, watermill.NewSlogLogger(testlog.New(t)))
 	require.NoError(t, err)
 	require.NoError(t, e.m.AddRouterMetrics(router))
 	require.ErrorIs(t, e.m.AddRouterMetrics(router), metrics.ErrAlreadyRegistered, "twice on one router would count twice")

@@ -15,6 +15,8 @@ import (
 	dlmemory "github.com/nudgeworks/nudge/deadletter/memory"
 	"github.com/nudgeworks/nudge/eventstore"
 	esmemory "github.com/nudgeworks/nudge/eventstore/memory"
+	"github.com/nudgeworks/nudge/internal/testlog"
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/metrics"
 	"github.com/nudgeworks/nudge/projection"
 	pjmemory "github.com/nudgeworks/nudge/projection/memory"
@@ -53,14 +55,14 @@ func newMemoryEnv(t testing.TB, configure ...func(*worker.Config, *metrics.Metri
 	require.NoError(t, err)
 
 	m, reg := newMetrics(t)
-	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: testLogger(), OnBatch: m.ObserveBatch}, good, broken)
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: testlog.New(t), OnBatch: m.ObserveBatch}, good, broken)
 	require.NoError(t, err)
 	require.NoError(t, runner.Init(context.Background()))
 	ch := gochannel.New(gochannel.Config{})
 	t.Cleanup(func() { _ = ch.Close() })
 	dead := dlmemory.New(dlmemory.Config{})
 	cfg := worker.Config{
-		Runner: runner, Channel: ch, DeadLetters: dead, Logger: testLogger(),
+		Runner: runner, Channel: ch, DeadLetters: dead, Logger: testlog.New(t),
 		SafetyNetInterval: -1, // the start-up catch-up only: every other catch-up comes from a trigger of the test's
 		Retry:             retry.Policy{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond},
 	}
@@ -99,14 +101,14 @@ func (e *memoryEnv) run(t testing.TB) {
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	select {
 	case <-e.worker.Running():
-	case <-time.After(10 * time.Second):
+	case <-time.After(testwait.For(time.Minute)):
 		t.Fatal("the worker did not start")
 	}
 }
 
 func (e *memoryEnv) eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	require.Eventually(t, cond, 10*time.Second, 5*time.Millisecond, what)
+	require.Eventually(t, cond, testwait.For(time.Minute), 5*time.Millisecond, what)
 }
 
 // TestMetricsOfARealRun runs the loop in memory and checks each metric against what happened:

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	memstore "github.com/nudgeworks/nudge/eventstore/memory"
+	"github.com/nudgeworks/nudge/internal/testlog"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/projection/memory"
 	"github.com/nudgeworks/nudge/projection/projectiontest"
@@ -31,7 +32,7 @@ func TestMaxBatchDurationEndsBatchesEarly(t *testing.T) {
 	p, err := projection.New("slow", projection.Config{BatchSize: 100, MaxBatchDuration: 3500 * time.Millisecond},
 		projection.OnIdempotent("A", rec.Handle))
 	require.NoError(t, err)
-	r, err := projection.NewRunner(backend, projection.RunnerConfig{NowFunc: now}, p)
+	r, err := projection.NewRunner(backend, projection.RunnerConfig{NowFunc: now, Logger: testlog.New(t)}, p)
 	require.NoError(t, err)
 	require.NoError(t, r.Init(context.Background()))
 
@@ -57,7 +58,7 @@ func TestOnBatchReportsCommittedAndFailedBatches(t *testing.T) {
 		projection.OnIdempotent("A", func(context.Context, projection.Event[map[string]any]) error { return nil }),
 		projection.OnIdempotent("Bad", func(context.Context, projection.Event[map[string]any]) error { return errors.New("boom") }))
 	require.NoError(t, err)
-	r, err := projection.NewRunner(backend, projection.RunnerConfig{OnBatch: func(b projection.BatchReport) { reports = append(reports, b) }}, p)
+	r, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: testlog.New(t), OnBatch: func(b projection.BatchReport) { reports = append(reports, b) }}, p)
 	require.NoError(t, err)
 	require.NoError(t, r.Init(context.Background()))
 

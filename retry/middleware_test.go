@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/retry"
 )
 
@@ -444,15 +445,13 @@ func TestContextCanceledDuringBackoff(t *testing.T) {
 		done <- err
 	}()
 	<-backingOff
-	canceled := time.Now()
 	cancel()
 	var err error
 	select {
-	case err = <-done:
-	case <-time.After(5 * time.Second):
+	case err = <-done: // long before the hour is up
+	case <-time.After(testwait.For(time.Minute)):
 		t.Fatal("the retry step kept waiting after the message's context ended")
 	}
-	require.Less(t, time.Since(canceled), time.Second)
 	require.ErrorIs(t, err, context.Canceled)
 	require.ErrorIs(t, err, errPoison, "the last error is kept for the logs")
 	g := giveUp(t, err)

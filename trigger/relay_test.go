@@ -12,6 +12,8 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 	memstore "github.com/nudgeworks/nudge/eventstore/memory"
 	"github.com/nudgeworks/nudge/eventstore/storetest"
+	"github.com/nudgeworks/nudge/internal/testlog"
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection/memory"
 	"github.com/nudgeworks/nudge/trigger"
 )
@@ -57,7 +59,7 @@ func TestRelayCoalescesAndNeverLosesATrigger(t *testing.T) {
 	backend, err := memory.New(store, memory.Config{})
 	require.NoError(t, err)
 	pub := &recordingPublisher{down: true}
-	relay, err := trigger.NewRelay(backend, pub, trigger.RelayConfig{MinInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond})
+	relay, err := trigger.NewRelay(backend, pub, trigger.RelayConfig{MinInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond, Logger: testlog.New(t)})
 	require.NoError(t, err)
 
 	ctx := context.Background()
@@ -78,7 +80,7 @@ func TestRelayCoalescesAndNeverLosesATrigger(t *testing.T) {
 	require.Eventually(t, func() bool {
 		st, err := relay.Status(ctx)
 		return err == nil && st.FailingEvent != nil
-	}, 5*time.Second, time.Millisecond, "the failed publish is recorded")
+	}, testwait.For(time.Minute), time.Millisecond, "the failed publish is recorded")
 	st, err := relay.Status(ctx)
 	require.NoError(t, err)
 	require.True(t, st.Position.IsZero(), "no position is committed while the trigger is not out")
@@ -88,7 +90,7 @@ func TestRelayCoalescesAndNeverLosesATrigger(t *testing.T) {
 	require.Eventually(t, func() bool {
 		got, _ := pub.last()
 		return got.Position == last.Last()
-	}, 5*time.Second, time.Millisecond)
+	}, testwait.For(time.Minute), time.Millisecond)
 	got, count := pub.last()
 	require.Equal(t, 1, count, "50 appends, one trigger")
 	require.Equal(t, []string{"Closed", "Registered"}, got.Types)
@@ -98,11 +100,11 @@ func TestRelayCoalescesAndNeverLosesATrigger(t *testing.T) {
 	more, err := store.Append(ctx, "other", eventstore.Any, storetest.Event("Registered", 99))
 	require.NoError(t, err)
 	relay.Wake()
-	require.Eventually(t, func() bool { got, _ := pub.last(); return got.Position == more.Last() }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { got, _ := pub.last(); return got.Position == more.Last() }, testwait.For(time.Minute), time.Millisecond)
 	got, _ = pub.last()
 	require.Equal(t, "other", got.StreamID)
 	require.Eventually(t, func() bool {
 		st, err := relay.Status(ctx)
 		return err == nil && st.CaughtUp() && st.FailingEvent == nil
-	}, 5*time.Second, time.Millisecond)
+	}, testwait.For(time.Minute), time.Millisecond)
 }

@@ -100,5 +100,5 @@ func TestTriggerSurvivesCrashAfterCommit(t *testing.T) {
 	require.Eventually(t, func() bool {
 		st, err := relay.Status(ctx)
 		return err == nil && st.CaughtUp() && st.Position == committed[4].Position
-	}, 10*time.Second, 10*time.Millisecond)
+	}, eventually, 10*time.Millisecond)
 }

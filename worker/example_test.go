@@ -65,11 +65,9 @@ func ExampleWorker_AddHandlers() {
 		data, _ := eventstore.NewEventData("TicketWasRegistered", TicketWasRegistered{ID: id})
 		_, _ = store.Append(ctx, "ticket-"+id, eventstore.NoStream, data)
 	}
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if st, _ := runner.Status(ctx, "ticket_list"); st.EventsProcessed == 3 && st.CaughtUp() {
-			break
-		}
-	}
+	waitCtx, stopWaiting := context.WithTimeout(ctx, time.Minute)
+	_ = runner.WaitCaughtUp(waitCtx, "ticket_list")
+	stopWaiting()
 	mu.Lock()
 	fmt.Println("ticket_list:", tickets)
 	mu.Unlock()

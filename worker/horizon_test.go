@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
 // scriptedHolders returns the holder set by set, counting look-ups.
@@ -45,7 +46,7 @@ func (s *scriptedHolders) seen(t *testing.T, n int) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return s.lookups >= n
-	}, time.Minute, time.Millisecond)
+	}, testwait.For(time.Minute), time.Millisecond)
 }
 
 // syncBuffer is a bytes.Buffer safe for the logger's goroutine and the test's.

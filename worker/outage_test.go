@@ -27,7 +27,7 @@ func TestBrokerOutageWhileRunning(t *testing.T) {
 	for n := range 10 {
 		s.append(t, "before", storeEvent(n))
 	}
-	require.Eventually(t, func() bool { rows, _ := s.count(t, "alpha"); return rows == 10 }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { rows, _ := s.count(t, "alpha"); return rows == 10 }, eventually, 10*time.Millisecond)
 
 	for outage := range 3 {
 		s.amqp.CloseConnections(t)
@@ -35,7 +35,7 @@ func TestBrokerOutageWhileRunning(t *testing.T) {
 			s.append(t, "during", storeEvent(100*(outage+1)+n))
 		}
 	}
-	require.Eventually(t, func() bool { rows, _ := s.count(t, "alpha"); return rows == 40 }, 60*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { rows, _ := s.count(t, "alpha"); return rows == 40 }, eventually, 20*time.Millisecond,
 		"after the outages every event reached the read model through triggers alone")
 	_, wrong := s.count(t, "alpha")
 	require.Zero(t, wrong)

@@ -107,7 +107,7 @@ func TestRebuildRequest(t *testing.T) {
 		for n := 1; n <= 5; n++ {
 			s.append(t, "s", storeEvent(n))
 		}
-		require.Eventually(t, func() bool { rows, _ := s.count(t, "rebuilt"); return rows == 5 }, 20*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { rows, _ := s.count(t, "rebuilt"); return rows == 5 }, eventually, 5*time.Millisecond)
 		runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, p)
 		require.NoError(t, err)
 		ctx := context.Background()
@@ -127,7 +127,7 @@ func TestRebuildRequest(t *testing.T) {
 		require.Eventually(t, func() bool {
 			st = status()
 			return st.RebuildStartedAt.After(req.At) && st.State == projection.StateRunning && st.CaughtUp()
-		}, 20*time.Second, 5*time.Millisecond)
+		}, eventually, 5*time.Millisecond)
 		require.Equal(t, int64(1), resets.Load(), "the projection's own reset hook ran once")
 		rows, wrong := s.count(t, "rebuilt")
 		require.Equal(t, 5, rows)
@@ -139,7 +139,7 @@ func TestRebuildRequest(t *testing.T) {
 		// The same request again, as a broker redelivers it: no second reset.
 		received := w.Stats("rebuilt").Received
 		require.NoError(t, ch.Publish(ctx, req))
-		require.Eventually(t, func() bool { return logs.count(logRebuildDone) == 1 }, 20*time.Second, 5*time.Millisecond,
+		require.Eventually(t, func() bool { return logs.count(logRebuildDone) == 1 }, eventually, 5*time.Millisecond,
 			"the redelivered request is handled")
 		require.Greater(t, w.Stats("rebuilt").Received, received)
 		require.Equal(t, int64(1), resets.Load(), "a redelivered request does not reset again")
@@ -155,7 +155,7 @@ func TestRebuildRequest(t *testing.T) {
 		require.Eventually(t, func() bool {
 			st = status()
 			return st.RebuildStartedAt.After(later.At) && st.State == projection.StateRunning && st.CaughtUp()
-		}, 20*time.Second, 5*time.Millisecond)
+		}, eventually, 5*time.Millisecond)
 		require.Equal(t, int64(2), resets.Load())
 		require.Equal(t, 2, logs.count(logRebuildReset))
 	})
@@ -177,10 +177,11 @@ func TestRebuildRequestResetFails(t *testing.T) {
 	require.NoError(t, err)
 
 	var resets atomic.Int64
-	w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, Retry: retry.Policy{InitialInterval: time.Minute, MaxInterval: time.Minute, MaxElapsedTime: -1}},
+	// A retry would come after an hour: a dead letter within the test's wait came at once.
+	w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, Retry: retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxElapsedTime: -1}},
 		s.rebuildable(t, "stuck", &resets, errors.New("the search index is read-only")))
 	s.append(t, "s", storeEvent(1))
-	require.Eventually(t, func() bool { return s.has(t, "stuck", 1) }, 20*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return s.has(t, "stuck", 1) }, eventually, 5*time.Millisecond)
 
 	require.NoError(t, ch.Publish(ctx, trigger.Trigger{Projection: "stuck", Reason: trigger.ReasonRebuild, At: s.dbNow(t)}))
 	select {
@@ -190,11 +191,11 @@ func TestRebuildRequestResetFails(t *testing.T) {
 		tr, err := trigger.FromMessage(msg)
 		require.NoError(t, err)
 		require.Equal(t, trigger.ReasonRebuild, tr.Reason, "the request itself is kept")
-	case <-time.After(20 * time.Second):
-		t.Fatal("the request was not dead-lettered at once (retries would take minutes)")
+	case <-time.After(eventually):
+		t.Fatal("the request was not dead-lettered at once (a retry would take an hour)")
 	}
 	// The counter moves right after the dead letter is published.
-	require.Eventually(t, func() bool { return w.Stats("stuck").DeadLettered == 1 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return w.Stats("stuck").DeadLettered == 1 }, eventually, 5*time.Millisecond)
 	require.True(t, s.has(t, "stuck", 1), "the read model is untouched")
 	runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger},
 		s.rebuildable(t, "stuck", &resets, nil))

@@ -37,9 +37,9 @@ func TestRouterFunc(t *testing.T) {
 		return nil
 	}}, s.model(t, "routed", nil))
 	s.append(t, "s", storeEvent(1))
-	require.Eventually(t, func() bool { return s.has(t, "routed", 1) }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return s.has(t, "routed", 1) }, eventually, 10*time.Millisecond)
 	// The start-up catch-up may project the event before its trigger arrives: wait for it.
-	require.Eventually(t, func() bool { return seen.Load() > 0 }, 30*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return seen.Load() > 0 }, eventually, 10*time.Millisecond,
 		"the router-level middleware saw the trigger")
 
 	boom := errors.New("no metrics registry")
@@ -48,7 +48,7 @@ func TestRouterFunc(t *testing.T) {
 	w, err := worker.New(worker.Config{Runner: runner, Channel: gochannel.New(gochannel.Config{}), Logger: s.logger,
 		RouterFunc: func(*message.Router) error { return boom }})
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), eventually)
 	defer cancel()
 	require.ErrorIs(t, w.Run(ctx), boom)
 }
@@ -63,7 +63,7 @@ func TestRouterLogsNameTheProjection(t *testing.T) {
 	ch := gochannel.New(gochannel.Config{})
 	s.start(t, ch, worker.Config{SafetyNetInterval: -1}, s.model(t, "logged", nil))
 	s.append(t, "s", storeEvent(1))
-	require.Eventually(t, func() bool { return s.has(t, "logged", 1) }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return s.has(t, "logged", 1) }, eventually, 10*time.Millisecond)
 
 	var handlerLines int
 	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {

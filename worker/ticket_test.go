@@ -128,7 +128,7 @@ func ticketScenario(t *testing.T, channelName, heal string) {
 	for i := 1; i <= 5; i++ {
 		s.register(t, fmt.Sprint(i), "bug")
 	}
-	require.Eventually(t, func() bool { return s.scalar(t, `SELECT count(*) FROM ticket_list`) == 5 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return s.scalar(t, `SELECT count(*) FROM ticket_list`) == 5 }, eventually, 10*time.Millisecond)
 
 	longType := strings.Repeat("x", 30)
 	s.register(t, "6", longType)
@@ -141,7 +141,7 @@ func ticketScenario(t *testing.T, channelName, heal string) {
 		}
 		rec = recs[0]
 		return true
-	}, 30*time.Second, 10*time.Millisecond, "ticket_list's poison trigger is dead-lettered")
+	}, eventually, 10*time.Millisecond, "ticket_list's poison trigger is dead-lettered")
 	require.Contains(t, rec.Error, "value too long")
 	require.NotNil(t, rec.FailingEvent)
 	require.Equal(t, "TicketWasRegistered", rec.FailingEvent.Type)
@@ -161,7 +161,7 @@ func ticketScenario(t *testing.T, channelName, heal string) {
 	require.Eventually(t, func() bool {
 		return s.scalar(t, `SELECT coalesce(sum(n) FILTER (WHERE kind = 'registered'), 0) FROM ticket_stats`) == 10 &&
 			s.scalar(t, `SELECT coalesce(sum(n) FILTER (WHERE kind = 'closed'), 0) FROM ticket_stats`) == 3
-	}, 30*time.Second, 10*time.Millisecond, "ticket_stats projects every event meanwhile")
+	}, eventually, 10*time.Millisecond, "ticket_stats projects every event meanwhile")
 	require.Equal(t, 5, s.scalar(t, `SELECT count(*) FROM ticket_list`), "ticket_list waits before the poison event")
 
 	// The fix, then the healing.
@@ -184,7 +184,7 @@ func ticketScenario(t *testing.T, channelName, heal string) {
 	require.Eventually(t, func() bool {
 		return s.scalar(t, `SELECT count(*) FROM ticket_list`) == 10 &&
 			s.scalar(t, `SELECT count(*) FROM ticket_list WHERE status = 'closed'`) == 3
-	}, 30*time.Second, 10*time.Millisecond, "ticket_list catches up with every event")
+	}, eventually, 10*time.Millisecond, "ticket_list catches up with every event")
 	require.Zero(t, s.scalar(t, `SELECT count(*) FROM ticket_list WHERE applied <> CASE WHEN status = 'closed' THEN 2 ELSE 1 END`),
 		"each event applied exactly once")
 	require.Equal(t, longType, func() string {
@@ -200,7 +200,7 @@ func ticketScenario(t *testing.T, channelName, heal string) {
 		st, err = runner.Status(ctx, "ticket_list")
 		require.NoError(t, err)
 		return st.State == projection.StateRunning && st.CaughtUp()
-	}, 30*time.Second, 10*time.Millisecond)
+	}, eventually, 10*time.Millisecond)
 	require.Nil(t, st.FailingEvent)
 	// (At a restart, queued triggers may heal the projection before the replay at start has
 	// marked the record.)
@@ -208,7 +208,7 @@ func ticketScenario(t *testing.T, channelName, heal string) {
 		rec, err = dead.Get(ctx, rec.ID)
 		require.NoError(t, err)
 		return rec.Status == deadletter.StatusReplayed
-	}, 30*time.Second, 10*time.Millisecond, "the dead letter is marked replayed")
+	}, eventually, 10*time.Millisecond, "the dead letter is marked replayed")
 	if heal == "restart" {
 		require.Equal(t, "worker start", rec.ReplayedBy)
 	}
@@ -248,7 +248,7 @@ func TestDeadLetterWriteFails(t *testing.T) {
 	}, s.model(t, "alpha", func(int) error { return errors.New("broken") }))
 
 	s.append(t, "s", storeEvent(1))
-	require.Eventually(t, func() bool { return store.tries.Load() >= 3 }, 30*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return store.tries.Load() >= 3 }, eventually, 5*time.Millisecond,
 		"the trigger came back after each failed dead-letter write")
 	recs, err := pg.List(ctx, deadletter.Filter{})
 	require.NoError(t, err)
@@ -259,7 +259,7 @@ func TestDeadLetterWriteFails(t *testing.T) {
 		recs, err = pg.List(ctx, deadletter.Filter{Projection: "alpha"})
 		require.NoError(t, err)
 		return len(recs) == 1
-	}, 30*time.Second, 5*time.Millisecond, "dead-lettered once the store is back")
+	}, eventually, 5*time.Millisecond, "dead-lettered once the store is back")
 	require.Equal(t, 1, recs[0].Count)
 	require.Contains(t, recs[0].Error, "broken")
 }

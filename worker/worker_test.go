@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,6 +24,8 @@ import (
 	"github.com/nudgeworks/nudge/eventstore/storetest"
 	"github.com/nudgeworks/nudge/internal/amqptest"
 	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/internal/testlog"
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection"
 	pgproj "github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/projection/projectiontest"
@@ -39,6 +40,11 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
 	)
 }
+
+// eventually is how long a test waits for what it expects before it fails: an upper bound for
+// a failure on a busy machine, never the expected time. The horizon is cluster-wide, so a
+// transaction held open by any test on the server delays every projection.
+var eventually = testwait.For(2 * time.Minute)
 
 // channelCase is a backend the worker tests run on, and how appends publish its triggers.
 type channelCase struct {
@@ -115,7 +121,7 @@ func newSetup(t testing.TB) *setup {
 	ctx := context.Background()
 	require.NoError(t, store.Migrate(ctx))
 	require.NoError(t, backend.Migrate(ctx))
-	return &setup{db: db, store: store, backend: backend, logger: testLogger()}
+	return &setup{db: db, store: store, backend: backend, logger: testlog.New(t)}
 }
 
 // model is a projection that records every event in a table of its own, once.
@@ -204,8 +210,8 @@ func (s *setup) startStoppable(t testing.TB, ch channel.Channel, cfg worker.Conf
 	t.Cleanup(stop)
 	select {
 	case <-w.Running():
-	case <-time.After(30 * time.Second):
-		t.Fatal("the worker did not start within 30 s")
+	case <-time.After(eventually):
+		t.Fatalf("the worker did not start within %s", eventually)
 	}
 	return w, stop
 }
@@ -231,7 +237,7 @@ func TestEndToEnd(t *testing.T) {
 		}
 		wg.Wait()
 		for _, p := range []string{"alpha", "beta"} {
-			require.Eventually(t, func() bool { rows, _ := s.count(t, p); return rows == 200 }, 30*time.Second, 10*time.Millisecond, p)
+			require.Eventually(t, func() bool { rows, _ := s.count(t, p); return rows == 200 }, eventually, 10*time.Millisecond, p)
 			_, wrong := s.count(t, p)
 			require.Zero(t, wrong, "%s applied an event twice", p)
 			st := w.Stats(p)
@@ -250,28 +256,26 @@ func storeEvent(n int) eventstore.EventData {
 	return data
 }
 
-// TestIsolation: projection A fails on every event and retries with a 5 s backoff; B keeps
-// projecting every event, each within 2 s of its append.
+// TestIsolation: projection A fails on every event and its retry waits an hour; meanwhile B
+// projects every event appended after A failed. Had A's failures held B back (a shared
+// subscription, handler or lock), B would wait for that hour and the test would fail at its
+// deadline.
 func TestIsolation(t *testing.T) {
 	t.Parallel()
 	eachChannel(t, func(t *testing.T, s *setup, ch channel.Channel) {
 		broken := errors.New("A is broken")
 		var attempts atomic.Int64
-		w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, Retry: retry.Policy{MaxAttempts: 4, InitialInterval: 5 * time.Second, MaxInterval: 10 * time.Second, MaxElapsedTime: time.Minute}},
+		w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, Retry: retry.Policy{MaxAttempts: 4, InitialInterval: time.Hour, MaxInterval: time.Hour, MaxElapsedTime: -1}},
 			s.model(t, "failing-a", func(int) error { attempts.Add(1); return broken }), s.model(t, "healthy-b", nil))
 
 		s.append(t, "s", storeEvent(0))
-		require.Eventually(t, func() bool { return attempts.Load() >= 2 }, 20*time.Second, 10*time.Millisecond, "A is failing and retrying")
+		require.Eventually(t, func() bool { return attempts.Load() > 0 }, eventually, 10*time.Millisecond, "A fails, then waits to retry")
 
-		var worst time.Duration
 		for n := 1; n <= 10; n++ {
-			start := time.Now()
 			s.append(t, "s", storeEvent(n))
-			require.Eventually(t, func() bool { return s.has(t, "healthy-b", n) }, 10*time.Second, 2*time.Millisecond)
-			worst = max(worst, time.Since(start))
 		}
-		t.Logf("while A was failing, B's slowest event took %s from append to read model", worst)
-		require.Less(t, worst, 2*time.Second, "A's failures must not hold B back")
+		require.Eventually(t, func() bool { rows, _ := s.count(t, "healthy-b"); return rows == 11 }, eventually, 5*time.Millisecond,
+			"B projects every event while A waits an hour to retry")
 		rows, _ := s.count(t, "failing-a")
 		require.Zero(t, rows)
 		require.Positive(t, w.Stats("failing-a").Failures)
@@ -304,14 +308,14 @@ func TestLostTriggers(t *testing.T) {
 			ch := &droppingChannel{Channel: s.newChannel(t, cc)}
 			// StallAfter 1 ms: any event the safety net finds waiting is a stall.
 			w := s.start(t, ch, worker.Config{SafetyNetInterval: 200 * time.Millisecond, StallAfter: time.Millisecond}, s.model(t, "alpha", nil))
-			require.Eventually(t, func() bool { rows, _ := s.count(t, "alpha"); return rows == 20 }, 20*time.Second, 10*time.Millisecond,
+			require.Eventually(t, func() bool { rows, _ := s.count(t, "alpha"); return rows == 20 }, eventually, 10*time.Millisecond,
 				"the start-up catch-up handles what was appended before the worker ran")
 
 			for n := 20; n < 40; n++ {
 				_, err := s.store.Append(context.Background(), "after", eventstore.Any, storeEvent(n))
 				require.NoError(t, err)
 			}
-			require.Eventually(t, func() bool { rows, _ := s.count(t, "alpha"); return rows == 40 }, 20*time.Second, 10*time.Millisecond,
+			require.Eventually(t, func() bool { rows, _ := s.count(t, "alpha"); return rows == 40 }, eventually, 10*time.Millisecond,
 				"the safety net handles appends whose triggers were lost")
 			if s.appender == nil {
 				require.Positive(t, ch.dropped.Load(), "the relay's triggers were dropped")
@@ -324,7 +328,7 @@ func TestLostTriggers(t *testing.T) {
 				require.Less(t, n, 200, "no stall was counted")
 				_, err := s.store.Append(context.Background(), "after", eventstore.Any, storeEvent(n))
 				require.NoError(t, err)
-				require.Eventually(t, func() bool { rows, _ := s.count(t, "alpha"); return rows == n+1 }, 20*time.Second, 5*time.Millisecond)
+				require.Eventually(t, func() bool { rows, _ := s.count(t, "alpha"); return rows == n+1 }, eventually, 5*time.Millisecond)
 			}
 
 		})
@@ -343,7 +347,8 @@ func TestMalformedTriggersAreDeadLettered(t *testing.T) {
 		defer cancel()
 		deadLetters, err := dlSub.Subscribe(ctx, ch.DeadLetterTopic())
 		require.NoError(t, err)
-		w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, Retry: retry.Policy{InitialInterval: time.Minute, MaxInterval: time.Minute, MaxElapsedTime: -1}},
+		// A retry would come after an hour: a dead letter within the test's wait came at once.
+		w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, Retry: retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxElapsedTime: -1}},
 			s.model(t, "alpha", nil))
 
 		_, topic, err := ch.Subscriber("alpha")
@@ -359,16 +364,16 @@ func TestMalformedTriggersAreDeadLettered(t *testing.T) {
 			case msg := <-deadLetters:
 				reasons[msg.UUID] = msg.Metadata.Get(retry.MetadataReason)
 				msg.Ack()
-			case <-time.After(20 * time.Second):
+			case <-time.After(eventually):
 				t.Fatalf("dead letters so far: %v", reasons)
 			}
 		}
 		require.Contains(t, reasons["garbage-1"], "not a JSON trigger object")
 		require.Contains(t, reasons["future-1"], "version 99")
-		require.Equal(t, int64(2), w.Stats("alpha").Invalid, "dead-lettered at once: retries would take minutes")
+		require.Equal(t, int64(2), w.Stats("alpha").Invalid, "dead-lettered at once, without a retry")
 
 		s.append(t, "s", storeEvent(1))
-		require.Eventually(t, func() bool { return s.has(t, "alpha", 1) }, 20*time.Second, 10*time.Millisecond, "the consumer keeps consuming")
+		require.Eventually(t, func() bool { return s.has(t, "alpha", 1) }, eventually, 10*time.Millisecond, "the consumer keeps consuming")
 	})
 }
 
@@ -398,7 +403,7 @@ func TestGracefulShutdown(t *testing.T) {
 		runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, slow)
 		require.NoError(t, err)
 		require.NoError(t, runner.Init(context.Background()))
-		w, err := worker.New(worker.Config{Runner: runner, Channel: ch, Logger: s.logger, SafetyNetInterval: -1, CloseTimeout: 10 * time.Second})
+		w, err := worker.New(worker.Config{Runner: runner, Channel: ch, Logger: s.logger, SafetyNetInterval: -1, CloseTimeout: eventually})
 		require.NoError(t, err)
 
 		res, err := s.store.Append(context.Background(), "s", eventstore.Any, storeEvent(1))
@@ -411,17 +416,17 @@ func TestGracefulShutdown(t *testing.T) {
 		go func() { done <- w.Run(ctx) }()
 		select {
 		case <-inHandler:
-		case <-time.After(20 * time.Second):
+		case <-time.After(eventually):
 			t.Fatal("the start-up catch-up never reached the handler")
 		}
 		// A trigger arrives too: its handler waits for the projection's lock.
 		require.NoError(t, ch.Publish(context.Background(), trigger.Trigger{Reason: trigger.ReasonTick, At: time.Now()}))
-		require.Eventually(t, func() bool { return w.Stats("slow").Received == 1 }, 20*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return w.Stats("slow").Received == 1 }, eventually, 5*time.Millisecond)
 		cancel()
 		select {
 		case err := <-done:
 			require.NoError(t, err)
-		case <-time.After(15 * time.Second):
+		case <-time.After(eventually):
 			t.Fatal("Run did not return after its context ended")
 		}
 
@@ -439,13 +444,6 @@ func TestGracefulShutdown(t *testing.T) {
 	})
 }
 
-func testLogger() *slog.Logger {
-	if os.Getenv("NUDGE_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.DiscardHandler)
-}
-
 // TestRedundantTriggersCostNoRead: a trigger for a position the projection has passed, or for
 // event types it does not handle, is acked without a catch-up.
 func TestRedundantTriggersCostNoRead(t *testing.T) {
@@ -458,7 +456,7 @@ func TestRedundantTriggersCostNoRead(t *testing.T) {
 	require.NoError(t, err)
 	storetest.Settle(t, s.store, res.Last())
 	require.NoError(t, ch.Publish(context.Background(), trigger.ForAppend(res, time.Now())))
-	require.Eventually(t, func() bool { return s.has(t, "alpha", 1) }, 20*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return s.has(t, "alpha", 1) }, eventually, 5*time.Millisecond)
 	before := w.Stats("alpha")
 
 	stale := trigger.ForAppend(res, time.Now())
@@ -467,7 +465,7 @@ func TestRedundantTriggersCostNoRead(t *testing.T) {
 		require.NoError(t, ch.Publish(context.Background(), stale))
 		require.NoError(t, ch.Publish(context.Background(), otherTypes))
 	}
-	require.Eventually(t, func() bool { return w.Stats("alpha").Received == before.Received+10 }, 20*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return w.Stats("alpha").Received == before.Received+10 }, eventually, 5*time.Millisecond)
 	after := w.Stats("alpha")
 	require.Equal(t, before.Redundant+10, after.Redundant, "before %+v after %+v", before, after)
 	require.Equal(t, before.CatchUps, after.CatchUps, "no catch-up, so no read, for redundant triggers")
@@ -499,7 +497,7 @@ func TestSkipRequest(t *testing.T) {
 			st, err = runner.Status(context.Background(), "picky")
 			require.NoError(t, err)
 			return st.FailingEvent != nil
-		}, 20*time.Second, 5*time.Millisecond)
+		}, eventually, 5*time.Millisecond)
 		poison := st.FailingEvent.ID
 
 		require.NoError(t, ch.Publish(context.Background(), trigger.Trigger{Projection: "picky", Reason: trigger.ReasonSkip, At: time.Now(),
@@ -508,7 +506,7 @@ func TestSkipRequest(t *testing.T) {
 			st, err = runner.Status(context.Background(), "picky")
 			require.NoError(t, err)
 			return st.LastSkip != nil && st.CaughtUp()
-		}, 20*time.Second, 5*time.Millisecond)
+		}, eventually, 5*time.Millisecond)
 		require.Equal(t, poison, hooked.Load(), "the projection's on-skip hook ran")
 		require.Equal(t, "ann", st.LastSkip.By)
 		require.Equal(t, projection.StateRunning, st.State)
@@ -532,9 +530,9 @@ func TestStuckCatchUpIsReported(t *testing.T) {
 		_, err := s.store.Append(context.Background(), "s", eventstore.Any, storeEvent(n))
 		require.NoError(t, err)
 	}
-	require.Eventually(t, func() bool { return w.Stats("stuck").Stalls > 0 }, time.Minute, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return w.Stats("stuck").Stalls > 0 }, eventually, 5*time.Millisecond,
 		"the hanging catch-up is reported")
 	require.Equal(t, int64(1), w.Stats("stuck").Stalls, "once per stall")
 	once.Do(func() { close(release) })
-	require.Eventually(t, func() bool { rows, _ := s.count(t, "stuck"); return rows == 3 }, time.Minute, 5*time.Millisecond)
+	require.Eventually(t, func() bool { rows, _ := s.count(t, "stuck"); return rows == 3 }, eventually, 5*time.Millisecond)
 }

@@ -13,9 +13,14 @@ import (
 
 	"github.com/nudgeworks/nudge/channel"
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/trigger"
 )
+
+// wait is how long the suite waits for a message before it fails: an upper bound for a
+// failure on a busy machine, not the time delivery takes.
+var wait = testwait.For(time.Minute)
 
 // NewChannelFunc returns a new channel for one subtest, isolated from other subtests (its own
 // database, vhost or topic prefix). The suite closes it.
@@ -62,16 +67,23 @@ func Consume(t testing.TB, ch channel.Channel, projectionName string) <-chan *me
 // Next waits for the next message, acks it and decodes its trigger.
 func Next(t testing.TB, msgs <-chan *message.Message) trigger.Trigger {
 	t.Helper()
+	msg, tr := Receive(t, msgs)
+	msg.Ack()
+	return tr
+}
+
+// Receive waits for the next message and decodes its trigger, without acking it.
+func Receive(t testing.TB, msgs <-chan *message.Message) (*message.Message, trigger.Trigger) {
+	t.Helper()
 	select {
 	case msg := <-msgs:
 		require.NotNil(t, msg)
 		tr, err := trigger.FromMessage(msg)
 		require.NoError(t, err)
-		msg.Ack()
-		return tr
-	case <-time.After(15 * time.Second):
-		t.Fatal("no trigger arrived within 15 s")
-		return trigger.Trigger{}
+		return msg, tr
+	case <-time.After(wait):
+		t.Fatalf("no trigger arrived within %s", wait)
+		return nil, trigger.Trigger{}
 	}
 }
 
@@ -153,7 +165,7 @@ func testNack(t *testing.T, ch channel.Channel) {
 	select {
 	case msg := <-msgs:
 		msg.Nack()
-	case <-time.After(15 * time.Second):
+	case <-time.After(wait):
 		t.Fatal("no trigger arrived")
 	}
 	require.Equal(t, int64(4), Next(t, msgs).Position.GlobalPosition, "a nacked trigger comes back")
@@ -186,7 +198,7 @@ func testDeadLetters(t *testing.T, ch channel.Channel) {
 		require.Equal(t, []byte("\x00 not a trigger"), []byte(msg.Payload))
 		require.Equal(t, "trigger: invalid trigger", msg.Metadata.Get("reason_poisoned"))
 		msg.Ack()
-	case <-time.After(15 * time.Second):
+	case <-time.After(wait):
 		t.Fatal("the dead letter did not arrive")
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 	eventpg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -29,6 +30,10 @@ func newChannel(t testing.TB, db postgres.DB, cfg postgres.Config) *postgres.Cha
 	t.Cleanup(func() { require.NoError(t, ch.Close()) })
 	return ch
 }
+
+// eventually is how long a test waits for what it expects before it fails: an upper bound for
+// a failure on a busy machine, never the expected time.
+var eventually = testwait.For(time.Minute)
 
 func TestSuite(t *testing.T) {
 	t.Parallel()
@@ -98,7 +103,7 @@ func TestPublishTx(t *testing.T) {
 	marker := channeltest.Trigger(99)
 	require.NoError(t, ch.Publish(ctx, marker))
 	require.Equal(t, marker.Position, channeltest.Next(t, msgs).Position)
-	require.Eventually(t, func() bool { return queued(t, db.Pool, "tickets") == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return queued(t, db.Pool, "tickets") == 0 }, eventually, 10*time.Millisecond)
 
 	require.ErrorContains(t, ch.PublishTx(ctx, nil, marker), "needs a transaction")
 }
@@ -150,48 +155,58 @@ func TestTwoConsumersOfOneProjection(t *testing.T) {
 	var held *message.Message
 	select {
 	case held = <-a:
-	case <-time.After(15 * time.Second):
+	case <-time.After(eventually):
 		t.Fatal("the first consumer got no trigger")
 	}
 	// While the first consumer holds the trigger, the second one receives it too.
 	b := channeltest.Consume(t, second, "alpha")
 	require.Equal(t, int64(7), channeltest.Next(t, b).Position.GlobalPosition)
 	held.Ack()
-	require.Eventually(t, func() bool { return queued(t, db.Pool, "alpha") == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return queued(t, db.Pool, "alpha") == 0 }, eventually, 10*time.Millisecond)
 }
 
 // TestAckDeadlineRedeliversTheRestOfTheBatch: a handler that holds a trigger past AckDeadline
 // gets it again, and so do the triggers queued behind it in the same batch. watermill-sql
 // v4.0.0 alone would delete the whole batch (acked or not) when it acks the first message; the
 // channel's offsets adapter deletes only the acked rows.
+//
+// The test acks the other triggers at once, but on a busy machine even such an ack can miss
+// AckDeadline, and then that trigger comes again too: repeats are allowed, loss is not.
 func TestAckDeadlineRedeliversTheRestOfTheBatch(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	ch := newChannel(t, db.Pool, postgres.Config{AckDeadline: 300 * time.Millisecond, PollInterval: 10 * time.Millisecond})
+	ch := newChannel(t, db.Pool, postgres.Config{AckDeadline: time.Second, PollInterval: 10 * time.Millisecond})
 	require.NoError(t, ch.Declare(ctx, "alpha"))
 	for i := range 3 {
 		require.NoError(t, ch.Publish(ctx, channeltest.Trigger(int64(i+1))))
 	}
 	msgs := channeltest.Consume(t, ch, "alpha")
-	require.Equal(t, int64(1), channeltest.Next(t, msgs).Position.GlobalPosition)
-
-	select {
-	case msg := <-msgs: // held, never acked: its context ends at the deadline
-		tr, err := trigger.FromMessage(msg)
-		require.NoError(t, err)
-		require.Equal(t, int64(2), tr.Position.GlobalPosition)
-		select {
-		case <-msg.Context().Done():
-		case <-time.After(15 * time.Second):
-			t.Fatal("the held message's context did not end at AckDeadline")
+	var held *message.Message // trigger 2, never acked: its context ends at the deadline
+	for held == nil {
+		msg, tr := channeltest.Receive(t, msgs)
+		switch tr.Position.GlobalPosition {
+		case 1:
+			msg.Ack()
+		case 2:
+			held = msg
+		default:
+			t.Fatalf("trigger %d came before trigger 2", tr.Position.GlobalPosition)
 		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("no second trigger")
 	}
-	require.Equal(t, int64(2), channeltest.Next(t, msgs).Position.GlobalPosition, "the abandoned trigger comes back")
-	require.Equal(t, int64(3), channeltest.Next(t, msgs).Position.GlobalPosition, "the rest of the batch was not deleted")
-	require.Eventually(t, func() bool { return queued(t, db.Pool, "alpha") == 0 }, 10*time.Second, 10*time.Millisecond)
+	select {
+	case <-held.Context().Done():
+	case <-time.After(eventually):
+		t.Fatal("the held message's context did not end at AckDeadline")
+	}
+	seen := map[int64]bool{}
+	for !seen[2] || !seen[3] {
+		n := channeltest.Next(t, msgs).Position.GlobalPosition
+		require.True(t, n != 3 || seen[2], "the abandoned trigger comes back, before the rest of its batch")
+		seen[n] = true
+	}
+	require.Eventually(t, func() bool { return queued(t, db.Pool, "alpha") == 0 }, eventually, 10*time.Millisecond,
+		"the rest of the batch was delivered and acked, not deleted")
 }
 
 // TestRawPublisher: Publisher publishes raw messages to a projection's own topic (a replay),
@@ -222,7 +237,7 @@ func TestRawPublisher(t *testing.T) {
 		require.Equal(t, replay.UUID, msg.UUID)
 		require.Equal(t, "boom", msg.Metadata.Get("reason_poisoned"))
 		msg.Ack()
-	case <-time.After(15 * time.Second):
+	case <-time.After(eventually):
 		t.Fatal("the replayed trigger did not arrive")
 	}
 	require.Equal(t, 0, queued(t, db.Pool, "alpha"), "a projection's topic reaches that projection only")

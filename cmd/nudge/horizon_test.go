@@ -24,7 +24,7 @@ func TestTerminalSafe(t *testing.T) {
 // escape sequences of its application name made harmless — in text and JSON.
 func TestHorizonCommand(t *testing.T) {
 	c := pgcluster.ForTest(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), waitCLI)
 	defer cancel()
 	env := map[string]string{"NUDGE_DATABASE_URL": c.URL("postgres", "")}
 	admin, err := pgx.Connect(ctx, c.URL("postgres", ""))
@@ -60,7 +60,7 @@ func TestHorizonCommand(t *testing.T) {
 		var state string
 		err := admin.QueryRow(ctx, `SELECT state FROM pg_stat_activity WHERE pid = $1`, report.PgConn().PID()).Scan(&state)
 		return err == nil && state == "idle in transaction"
-	}, time.Minute, time.Millisecond)
+	}, waitCLI, time.Millisecond)
 	res = runCLI(t, env, "horizon")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Regexp(t, `(?m)^pid\s+`+strconv.Itoa(int(report.PgConn().PID()))+`$`, res.stdout)

@@ -30,6 +30,7 @@ import (
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/internal/amqptest"
 	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection"
 	pjpg "github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/retry"
@@ -43,10 +44,14 @@ type result struct {
 	stdout, stderr string
 }
 
+// waitCLI bounds every wait of these tests (a command's run, a condition): an upper bound for
+// a failure on a busy machine, never the expected time.
+var waitCLI = testwait.For(2 * time.Minute)
+
 // runCLI runs the CLI with env as its whole environment.
 func runCLI(t *testing.T, env map[string]string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), waitCLI)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	code := run(ctx, args, &stdout, &stderr, func(k string) string { return env[k] })
@@ -196,7 +201,7 @@ func TestReplayPostgresChannel(t *testing.T) {
 
 	sub, topic, err := ch.Subscriber("orders")
 	require.NoError(t, err)
-	subCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	subCtx, cancel := context.WithTimeout(ctx, waitCLI)
 	defer cancel()
 	msgs, err := sub.Subscribe(subCtx, topic)
 	require.NoError(t, err)
@@ -247,7 +252,7 @@ func TestReplayAMQPChannel(t *testing.T) {
 
 	sub, topic, err := ch.Subscriber("orders")
 	require.NoError(t, err)
-	subCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	subCtx, cancel := context.WithTimeout(ctx, waitCLI)
 	defer cancel()
 	msgs, err := sub.Subscribe(subCtx, topic)
 	require.NoError(t, err)
@@ -409,7 +414,7 @@ func TestSkip(t *testing.T) {
 	require.Eventually(t, func() bool {
 		_, err := runner.CatchUp(ctx, "orders")
 		return errors.Is(err, projection.ErrHandler)
-	}, 10*time.Second, 20*time.Millisecond, "the events become readable and the projection fails")
+	}, waitCLI, 20*time.Millisecond, "the events become readable and the projection fails")
 	st, err := runner.Status(ctx, "orders")
 	require.NoError(t, err)
 	require.Equal(t, projection.StateFailing, st.State)
@@ -586,7 +591,7 @@ func TestSkipThroughWorker(t *testing.T) {
 		st, err := runner.Status(ctx, "orders")
 		require.NoError(t, err)
 		return st.FailingEvent != nil && st.FailingEvent.ID == bad.ID
-	}, 20*time.Second, 10*time.Millisecond, "the worker runs the projection into its failing event")
+	}, waitCLI, 10*time.Millisecond, "the worker runs the projection into its failing event")
 
 	dead, err := f.store.Add(ctx, deadletter.Entry{Projection: "orders", MessageUUID: "m-skip", Error: "cannot", At: time.Now(),
 		FailingEvent: &deadletter.FailingEvent{ID: bad.ID, Type: bad.Type, Position: bad.Position}})

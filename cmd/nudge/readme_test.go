@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -93,14 +94,22 @@ func TestREADMECommands(t *testing.T) {
 		}
 		name := strings.Join(args, " ")
 		seen = append(seen, args[0])
-		timeout := 60 * time.Second
+		var code int
+		var stdout, stderr fmt.Stringer
 		if strings.Contains(name, "--watch") {
-			timeout = 1500 * time.Millisecond // it runs until Ctrl-C
+			// It runs until Ctrl-C: that comes once it has printed its first status.
+			ctx, cancel := context.WithCancel(context.Background())
+			out, errOut, wait := startCLI(t, ctx, s.env, args...)
+			require.Eventually(t, func() bool { return out.String() != "" }, waitCLI, 10*time.Millisecond,
+				"%s printed nothing; stderr: %s", name, errOut)
+			cancel()
+			code, stdout, stderr = wait(waitCLI), out, errOut
+		} else {
+			ctx, cancel := context.WithTimeout(context.Background(), waitCLI)
+			var out, errOut bytes.Buffer
+			code, stdout, stderr = run(ctx, args, &out, &errOut, func(k string) string { return s.env[k] }), &out, &errOut
+			cancel()
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		var stdout, stderr bytes.Buffer
-		code := run(ctx, args, &stdout, &stderr, func(k string) string { return s.env[k] })
-		cancel()
 		if args[0] == "skip" {
 			require.Equal(t, 1, code, "%s\nstdout: %s\nstderr: %s", name, stdout.String(), stderr.String())
 			require.Contains(t, stdout.String()+stderr.String(), "not failing", name)

@@ -150,11 +150,11 @@ func newRebuildSetup(t *testing.T, kind string, tk *tickets) *rebuildSetup {
 	})
 	select {
 	case <-w.Running():
-	case <-time.After(30 * time.Second):
+	case <-time.After(waitCLI):
 		t.Fatal("the worker did not start")
 	}
 	s := &rebuildSetup{fixture: f, tk: tk, runner: runner}
-	require.Eventually(t, func() bool { return s.status(t).EventsProcessed == ticketCount }, 20*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return s.status(t).EventsProcessed == ticketCount }, waitCLI, 10*time.Millisecond,
 		"the worker's start-up catch-up")
 	return s
 }
@@ -223,7 +223,7 @@ func TestRebuildNoWait(t *testing.T) {
 	require.Eventually(t, func() bool {
 		st = s.status(t)
 		return st.State == projection.StateRebuilding
-	}, 20*time.Second, 10*time.Millisecond)
+	}, waitCLI, 10*time.Millisecond)
 	require.Equal(t, int64(1), s.tk.resets.Load())
 	require.Zero(t, st.EventsProcessed)
 
@@ -242,7 +242,7 @@ func TestRebuildNoWait(t *testing.T) {
 	require.Eventually(t, func() bool {
 		st := s.status(t)
 		return st.State == projection.StateRunning && st.CaughtUp()
-	}, 20*time.Second, 10*time.Millisecond)
+	}, waitCLI, 10*time.Millisecond)
 	rows, wrong := s.rows(t)
 	require.Equal(t, ticketCount, rows)
 	require.Zero(t, wrong)
@@ -308,9 +308,9 @@ func TestRebuildWithoutWorker(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stdout, stderr, wait := startCLI(t, ctx, f.env, "rebuild", "lagging")
-	require.Eventually(t, func() bool { return strings.Contains(stdout.String(), "asked the worker") }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return strings.Contains(stdout.String(), "asked the worker") }, waitCLI, 10*time.Millisecond)
 	cancel()
-	require.Equal(t, 1, wait(5*time.Second))
+	require.Equal(t, 1, wait(waitCLI))
 	require.Contains(t, stderr.String(), "interrupted: stopped waiting, not the rebuild; the request stays with the channel until a worker takes it")
 
 	res = runCLI(t, f.env, "rebuild", "nosuch")

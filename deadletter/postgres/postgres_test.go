@@ -14,6 +14,7 @@ import (
 	"github.com/nudgeworks/nudge/deadletter/deadlettertest"
 	"github.com/nudgeworks/nudge/deadletter/postgres"
 	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
 // newStore returns a migrated store on a database of the test's own.
@@ -175,7 +176,7 @@ func TestAddWaitsForAnOpenAddTxAndFolds(t *testing.T) {
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting))
 		return waiting
-	}, 10*time.Second, 5*time.Millisecond, "the second Add waits for the open transaction")
+	}, testwait.For(time.Minute), 5*time.Millisecond, "the second Add waits for the open transaction")
 	require.NoError(t, tx.Commit(ctx))
 
 	res := <-done

@@ -14,6 +14,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/eventstore/storetest"
+	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
 // TestStreamOrderGuard builds the interleaving that would invert a stream's order: transaction A
@@ -328,7 +329,7 @@ func TestCancelledMidAppend(t *testing.T) {
 		var waiters int
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiters))
 		return waiters == 1
-	}, 10*time.Second, 5*time.Millisecond)
+	}, testwait.For(time.Minute), 5*time.Millisecond)
 	cancel()
 	err = <-done
 	require.ErrorIs(t, err, context.Canceled)

@@ -12,6 +12,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/gdbstop"
 	"github.com/nudgeworks/nudge/internal/pgcluster"
+	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
 // legacyReadable is the horizon as it was before it read the lock table once: two references
@@ -49,8 +50,7 @@ const legacyReadable = `(SELECT least(coalesce((SELECT min(x) FROM pg_snapshot_x
 // waits for N.
 func TestHorizonCommitWindow(t *testing.T) {
 	c := pgcluster.ForTest(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testwait.Context(t, 5*time.Minute)
 
 	t.Run("two lock-table scans skip (control)", func(t *testing.T) {
 		res := commitWindow(ctx, t, c, "control", true)

@@ -12,6 +12,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/eventstore/storetest"
 	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
 // openWriter begins a transaction on db that writes a row of its own (so it holds a transaction
@@ -137,7 +138,7 @@ func TestExemptWaiterDoesNotHideTheHolder(t *testing.T) {
 		err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND locktype = 'transactionid' AND NOT granted)`,
 			waiterPID).Scan(&waiting)
 		return err == nil && waiting
-	}, 10*time.Second, 5*time.Millisecond, "the exempt transaction waits for the holder's row lock")
+	}, testwait.For(time.Minute), 5*time.Millisecond, "the exempt transaction waits for the holder's row lock")
 
 	after, err := s.Append(ctx, "after", eventstore.Any, storetest.Event("A", 2))
 	require.NoError(t, err)
@@ -149,7 +150,7 @@ func TestExemptWaiterDoesNotHideTheHolder(t *testing.T) {
 	select {
 	case err := <-waited:
 		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
+	case <-time.After(testwait.For(time.Minute)):
 		t.Fatal("the waiter did not get the row lock after the holder committed")
 	}
 	storetest.Settle(t, s, after.Last())

@@ -12,6 +12,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/eventstore/storetest"
 	"github.com/nudgeworks/nudge/internal/pgcluster"
+	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
 // TestHorizonHolderNamesTheSession: on a private cluster (no other transaction runs there),
@@ -20,8 +21,7 @@ import (
 // the report clears as soon as it ends, with nothing skipped.
 func TestHorizonHolderNamesTheSession(t *testing.T) {
 	c := pgcluster.ForTest(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	ctx := testwait.Context(t, 2*time.Minute)
 	connect := func(db, user, app string) *pgx.Conn {
 		cfg, err := pgx.ParseConfig(c.URL(db, ""))
 		require.NoError(t, err)
@@ -60,7 +60,7 @@ func TestHorizonHolderNamesTheSession(t *testing.T) {
 		require.Eventually(t, func() bool {
 			h, err = s.HorizonHolder(ctx)
 			return err == nil && h != nil && h.WaitEvent != ""
-		}, time.Minute, time.Millisecond)
+		}, testwait.For(time.Minute), time.Millisecond)
 		require.Equal(t, xid, h.TransactionID)
 		require.Empty(t, h.Hidden)
 		require.Equal(t, int(report.PgConn().PID()), h.PID)

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
 // NewStoreFunc returns a new, empty store for one subtest.
@@ -64,7 +65,7 @@ func Settle(t testing.TB, s eventstore.Store, p eventstore.Position) {
 		head, err = s.Head(context.Background())
 		require.NoError(t, err)
 		return !head.Less(p)
-	}, 20*time.Second, 2*time.Millisecond, "the store's head stayed at %s, before %s", head, p)
+	}, testwait.For(2*time.Minute), 2*time.Millisecond, "the store's head stayed at %s, before %s", head, p)
 }
 
 // ReadAll reads the whole store from the start in pages of limit.

@@ -2,18 +2,18 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
 // TestQuickstart runs the demo and checks the story it tells ends where it should.
 func TestQuickstart(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testwait.Context(t, 2*time.Minute)
 	var out bytes.Buffer
 	require.NoError(t, run(ctx, &out), out.String())
 	got := out.String()

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,6 +21,8 @@ import (
 
 	"github.com/nudgeworks/nudge/internal/amqptest"
 	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/internal/testlog"
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/retry"
 )
 
@@ -57,10 +58,12 @@ func fullRun() bool {
 	return true
 }
 
+// waitFor bounds every wait on a condition: an upper bound for a failure on a busy machine,
+// never the expected time.
+var waitFor = testwait.For(2 * time.Minute)
+
 const (
-	// waitFor bounds every wait on a condition.
-	waitFor = 30 * time.Second
-	tick    = 20 * time.Millisecond
+	tick = 20 * time.Millisecond
 	// testPoolConns keeps each instance's pools small: many tests share one server.
 	testPoolConns = 6
 )
@@ -118,7 +121,7 @@ func (e *testEnv) config(mode Mode) Config {
 		SafetyNet:    -1,
 		PollInterval: 10 * time.Millisecond,
 		Retry:        retry.Policy{MaxAttempts: 3, InitialInterval: 20 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
-		Logger:       testLogger(),
+		Logger:       testlog.New(e.t),
 	}
 	if e.amqp != nil {
 		cfg.AMQPURL, cfg.AMQPPrefix = e.amqp.URL, e.amqp.Prefix
@@ -132,13 +135,6 @@ func withParam(rawURL, key, value string) string {
 		sep = "&"
 	}
 	return rawURL + sep + key + "=" + value
-}
-
-func testLogger() *slog.Logger {
-	if os.Getenv("NUDGE_TEST_LOG") != "" {
-		return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.DiscardHandler)
 }
 
 // instance is one process of the service, run in the test's process: its background parts
@@ -173,7 +169,7 @@ func (e *testEnv) start(cfg Config) *instance {
 			case err := <-done:
 				require.NoError(t, err)
 			case <-time.After(waitFor):
-				t.Error("the instance did not stop within 30 s")
+				t.Errorf("the instance did not stop within %s", waitFor)
 			}
 			svc.close()
 		})
@@ -185,7 +181,7 @@ func (e *testEnv) start(cfg Config) *instance {
 		case err := <-done:
 			t.Fatalf("the worker stopped at start: %v", err)
 		case <-time.After(waitFor):
-			t.Fatal("the worker did not start within 30 s")
+			t.Fatalf("the worker did not start within %s", waitFor)
 		}
 	}
 	return inst

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
 // TestServe runs the service as main does, on a listener of its own, and shuts it down the
@@ -27,7 +29,7 @@ func TestServe(t *testing.T) {
 		go func() { served <- serve(ctx, e.config(ModeAll), ln) }()
 
 		base := "http://" + ln.Addr().String()
-		client := &http.Client{Timeout: 5 * time.Second}
+		client := &http.Client{Timeout: testwait.For(30 * time.Second)}
 		defer client.CloseIdleConnections()
 		require.Eventually(t, func() bool {
 			select {
@@ -58,7 +60,7 @@ func TestServe(t *testing.T) {
 		case err := <-served:
 			require.NoError(t, err)
 		case <-time.After(waitFor):
-			t.Fatal("serve did not return within 30 s of the signal")
+			t.Fatalf("serve did not return within %s of the signal", waitFor)
 		}
 		client.CloseIdleConnections()
 		res, err = client.Get(base + "/healthz")

@@ -31,6 +31,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/nudgeworks/nudge/internal/redact"
+	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
 // URLDefault is the broker used when NUDGE_TEST_AMQP_URL is not set.
@@ -48,8 +49,9 @@ const namePrefix = "nudge_test."
 // staleAfter is the age after which leftovers of a killed run are deleted.
 const staleAfter = 2 * time.Hour
 
-// dialTimeout bounds every connection this package opens itself.
-const dialTimeout = 5 * time.Second
+// dialTimeout bounds every connection this package opens itself (scaled by testwait: a busy
+// broker answers slowly).
+var dialTimeout = testwait.For(30 * time.Second)
 
 // URL returns the test broker's URL.
 func URL() string {
@@ -255,7 +257,8 @@ func rabbitmqctl(args ...string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// rabbitmqctl starts an Erlang VM: seconds on a busy machine.
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(2*time.Minute))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, command[0], append(command[1:], args...)...)
 	var stderr strings.Builder

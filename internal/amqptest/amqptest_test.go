@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/internal/amqptest"
+	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
 func dial(t *testing.T, rawURL, name string) *amqp091.Connection {
@@ -99,10 +100,10 @@ func TestCloseConnectionsClosesOnlyThisTestsConnections(t *testing.T) {
 	case err := <-closed:
 		require.NotNil(t, err, "closed by the broker, not by the client")
 		require.Equal(t, amqp091.ConnectionForced, err.Code)
-	case <-time.After(10 * time.Second):
+	case <-time.After(testwait.For(time.Minute)):
 		t.Fatal("the connection was not closed")
 	}
-	require.Eventually(t, mine2.IsClosed, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, mine2.IsClosed, testwait.For(time.Minute), 10*time.Millisecond)
 	require.False(t, theirs.IsClosed(), "another test's connection stays open")
 	ch, err := theirs.Channel()
 	require.NoError(t, err)
@@ -131,7 +132,7 @@ func TestProxy(t *testing.T) {
 	select {
 	case err := <-closed:
 		require.NotNil(t, err, "a cut connection fails with an error")
-	case <-time.After(10 * time.Second):
+	case <-time.After(testwait.For(time.Minute)):
 		t.Fatal("the cut connection was not noticed")
 	}
 	_, err = amqp091.Dial(p.URL())

@@ -20,6 +20,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
 // Process is a process attached under gdb. Its methods are not safe for concurrent use.
@@ -50,7 +52,7 @@ func ForTest(t testing.TB, pid int) *Process {
 		}
 		t.Skip("gdbstop: " + err.Error())
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(2*time.Minute))
 	defer cancel()
 	p, err := Attach(ctx, pid)
 	if err != nil {

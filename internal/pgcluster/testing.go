@@ -6,6 +6,9 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/nudgeworks/nudge/internal/testlog"
+	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
 // ForTest starts a private cluster for t and removes it when t ends. Where no cluster can be
@@ -13,9 +16,9 @@ import (
 // with the reason, unless CI=true, where it fails: CI machines must be able to run it.
 func ForTest(t testing.TB) *Cluster {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(5*time.Minute))
 	defer cancel()
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(slog.NewTextHandler(testlog.NewWriter(t), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	c, err := New(ctx, log)
 	if err != nil {
 		msg := "pgcluster: cannot start a private PostgreSQL cluster: " + err.Error()
@@ -26,12 +29,4 @@ func ForTest(t testing.TB) *Cluster {
 	}
 	t.Cleanup(func() { c.Remove(context.Background()) })
 	return c
-}
-
-// testWriter sends log lines to t.Log, so a passing test prints none.
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(p))
-	return len(p), nil
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/nudgeworks/nudge/internal/redact"
+	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
 // URLDefault is the server used when NUDGE_TEST_POSTGRES_URL is not set.
@@ -30,6 +31,10 @@ const URLDefault = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
 // dbPrefix starts the name of every database this package creates.
 const dbPrefix = "nudge_test_"
+
+// serverTimeout bounds (scaled by testwait) each of the server's answers to this package: a
+// busy server takes seconds to create or drop a database.
+const serverTimeout = 2 * time.Minute
 
 // staleAfter is the age after which a leftover test database (of a killed run) is dropped.
 const staleAfter = 2 * time.Hour
@@ -64,7 +69,7 @@ func New(t testing.TB) *DB {
 	t.Helper()
 	pool := adminPool(t)
 	name := fmt.Sprintf("%s%d_%s", dbPrefix, time.Now().Unix(), randomHex(4))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(serverTimeout))
 	defer cancel()
 	if _, err := pool.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		t.Fatalf("pgtest: create database %s: %v", name, err)
@@ -72,7 +77,7 @@ func New(t testing.TB) *DB {
 	db := &DB{Name: name, URL: withDatabase(t, URL(), name)}
 	// Registered first, so it runs after every pool of the test has been closed.
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), testwait.For(serverTimeout))
 		defer cancel()
 		if _, err := pool.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
 			t.Errorf("pgtest: drop database %s: %v", name, err)
@@ -90,7 +95,7 @@ func (db *DB) NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 		t.Fatalf("pgtest: parse %s: %v", redact.URL(db.URL), err)
 	}
 	cfg.MaxConns = maxConns
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(serverTimeout))
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -103,7 +108,7 @@ func (db *DB) NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 func adminPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	adminOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), testwait.For(serverTimeout))
 		defer cancel()
 		admin, adminErr = pgxpool.New(ctx, URL())
 		if adminErr == nil {
@@ -173,7 +178,8 @@ const horizonTurnKey = 1852339316
 func HoldHorizonTurn(t testing.TB) {
 	t.Helper()
 	adminPool(t) // skips or fails like New when the server is unreachable
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// Tests of every package (and of every checkout on a shared server) queue for the turn.
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(10*time.Minute))
 	defer cancel()
 	conn, err := pgx.Connect(ctx, URL())
 	if err != nil {

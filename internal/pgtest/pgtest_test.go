@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
 func TestNewGivesAnIsolatedDatabase(t *testing.T) {
@@ -58,7 +59,7 @@ func TestHoldHorizonTurnWaitsForTheHolder(t *testing.T) {
 		err := holder.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 1852339316 AND NOT granted`).Scan(&n)
 		return err == nil && n > 0
 	}
-	require.Eventually(t, waiting, 30*time.Second, 5*time.Millisecond, "the waiter waits for the turn")
+	require.Eventually(t, waiting, testwait.For(time.Minute), 5*time.Millisecond, "the waiter waits for the turn")
 	select {
 	case <-got:
 		t.Fatal("the waiter got the turn while another session held it")
@@ -75,7 +76,8 @@ func TestHoldHorizonTurnWaitsForTheHolder(t *testing.T) {
 	var held bool
 	require.Eventually(t, func() bool {
 		return holder.QueryRow(ctx, `SELECT pg_try_advisory_lock(1852339316)`).Scan(&held) == nil && held
-	}, 30*time.Second, 5*time.Millisecond, "the turn is free again once the waiter's test ended")
+	}, testwait.For(10*time.Minute), 5*time.Millisecond, // tests of other checkouts may queue for it too
+		"the turn is free again once the waiter's test ended")
 }
 
 // TestUnreachableServer runs this test binary again against a port nothing listens on: without

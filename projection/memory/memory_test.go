@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	memstore "github.com/nudgeworks/nudge/eventstore/memory"
+	"github.com/nudgeworks/nudge/internal/testlog"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/projection/memory"
 	"github.com/nudgeworks/nudge/projection/projectiontest"
@@ -35,7 +36,7 @@ func TestRefusesTransactionalHandlers(t *testing.T) {
 	p, err := projection.New("sql-model", projection.Config{}, projection.On("A",
 		func(context.Context, pgx.Tx, projection.Event[projectiontest.Payload]) error { return nil }))
 	require.NoError(t, err)
-	r, err := projection.NewRunner(b, projection.RunnerConfig{}, p)
+	r, err := projection.NewRunner(b, projection.RunnerConfig{Logger: testlog.New(t)}, p)
 	require.NoError(t, err)
 	err = r.Init(context.Background())
 	require.ErrorIs(t, err, projection.ErrNeedsTransaction)

@@ -14,6 +14,7 @@ import (
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/eventstore/storetest"
 	"github.com/nudgeworks/nudge/internal/pgcluster"
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/projection/projectiontest"
@@ -25,8 +26,7 @@ import (
 // WaitCaughtUp returns only once the condition is caught up.
 func TestOneCondition(t *testing.T) {
 	c := pgcluster.ForTest(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	ctx := testwait.Context(t, 2*time.Minute)
 	pool, err := pgxpool.New(ctx, c.URL("postgres", ""))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/url"
 	"os"
 	"os/exec"
@@ -25,10 +24,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/testlog"
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/projection/projectiontest"
 )
+
+// workerTimeout bounds a worker process's run, and a test of several (scaled by testwait): a
+// catch-up of 50,000 events takes 15 s alone and minutes on a busy machine.
+const workerTimeout = 10 * time.Minute
 
 // The environment of a worker process: this test binary run again with
 // -test.run=^TestWorkerProcess$.
@@ -67,8 +72,9 @@ var counterSpec = workerSpec{name: "counter", table: "applied", batchSize: 200}
 
 // TestWorkerProcess is the worker when the test binary is run again as a child process by the
 // tests below; in a normal test run it returns at once. It prints "ready" when it has run Init
-// and is about to catch up, catches the projection up with a runner of its own, prints
-// "invocations=<n>" (how often its handler ran) and exits 0.
+// and is about to catch up, catches the projection up with a runner of its own, printing
+// "committed=<events>" after each batch it committed, then prints "invocations=<n>" (how often
+// its handler ran) and exits 0.
 func TestWorkerProcess(t *testing.T) {
 	dbURL := os.Getenv(workerURLEnv)
 	if dbURL == "" {
@@ -86,7 +92,7 @@ func TestWorkerProcess(t *testing.T) {
 		}
 		spec.batchSize = n
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(workerTimeout))
 	defer cancel()
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
@@ -111,10 +117,18 @@ func TestWorkerProcess(t *testing.T) {
 		return err
 	}
 	var invocations atomic.Int64
-	if err := catchUp(ctx, backend, spec, &invocations, start); err != nil {
+	if err := catchUp(ctx, backend, spec, &invocations, start, printCommitted); err != nil {
 		workerFail(t, fmt.Errorf("after %d invocations: %w", invocations.Load(), err))
 	}
 	fmt.Printf("invocations=%d\n", invocations.Load())
+}
+
+// printCommitted is the workers' RunnerConfig.OnBatch: it prints "committed=<events>" for every
+// batch that committed, once the commit has returned.
+func printCommitted(b projection.BatchReport) {
+	if b.Err == nil && b.Events > 0 {
+		fmt.Printf("committed=%d\n", b.Events)
+	}
 }
 
 func workerFail(t *testing.T, err error) {
@@ -125,8 +139,9 @@ func workerFail(t *testing.T, err error) {
 // catchUp is one worker, in a child process or in a goroutine of the test: a runner of its own
 // on backend catches the projection up until its status shows nothing left. The handler counts
 // its invocations in invocations. start, if not nil, runs after Init and before the first
-// catch-up.
-func catchUp(ctx context.Context, backend projection.Backend, spec workerSpec, invocations *atomic.Int64, start func(context.Context) error) error {
+// catch-up; onBatch, if not nil, is the runner's OnBatch.
+func catchUp(ctx context.Context, backend projection.Backend, spec workerSpec, invocations *atomic.Int64,
+	start func(context.Context) error, onBatch func(projection.BatchReport)) error {
 	insert := fmt.Sprintf(`INSERT INTO %[1]s (n, times) VALUES ($1, 1) ON CONFLICT (n) DO UPDATE SET times = %[1]s.times + 1`,
 		pgx.Identifier{spec.table}.Sanitize())
 	p, err := projection.New(spec.name, projection.Config{BatchSize: spec.batchSize},
@@ -138,7 +153,7 @@ func catchUp(ctx context.Context, backend projection.Backend, spec workerSpec, i
 	if err != nil {
 		return err
 	}
-	r, err := projection.NewRunner(backend, projection.RunnerConfig{}, p)
+	r, err := projection.NewRunner(backend, projection.RunnerConfig{OnBatch: onBatch}, p)
 	if err != nil {
 		return err
 	}
@@ -171,6 +186,8 @@ type child struct {
 	stderr bytes.Buffer
 	ready  chan struct{} // closed when the worker printed "ready"
 	done   chan struct{} // closed when the process has been waited for
+	// committed receives the events of each batch the worker reported committed.
+	committed chan int64
 
 	// Set before done is closed.
 	lines   []string // stdout
@@ -181,7 +198,8 @@ type child struct {
 // ends.
 func startChild(t *testing.T, ctx context.Context, dbURL string, spec workerSpec, barrier bool) *child {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestWorkerProcess$", "-test.count=1", "-test.timeout=2m")
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestWorkerProcess$", "-test.count=1",
+		"-test.timeout="+testwait.For(workerTimeout+time.Minute).String())
 	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0") // the race detector would idle 1 s at every exit
 	if barrier {
 		cmd.Env = append(cmd.Env, workerBarrierEnv+"=1")
@@ -192,7 +210,7 @@ func startChild(t *testing.T, ctx context.Context, dbURL string, spec workerSpec
 	q.Set("application_name", workerAppName)
 	u.RawQuery = q.Encode()
 	cmd.Env = append(cmd.Env, spec.env(u.String())...)
-	c := &child{cmd: cmd, ready: make(chan struct{}), done: make(chan struct{})}
+	c := &child{cmd: cmd, ready: make(chan struct{}), done: make(chan struct{}), committed: make(chan int64, 1<<16)}
 	cmd.Stderr = &c.stderr
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -208,6 +226,13 @@ func startChild(t *testing.T, ctx context.Context, dbURL string, spec workerSpec
 			c.lines = append(c.lines, line)
 			if line == "ready" {
 				once.Do(func() { close(c.ready) })
+			}
+			if n, ok := strings.CutPrefix(line, "committed="); ok {
+				events, _ := strconv.ParseInt(n, 10, 64)
+				select {
+				case c.committed <- events:
+				default: // nobody counts this worker's batches
+				}
 			}
 		}
 		c.waitErr = cmd.Wait() // after every read of stdout, as exec requires
@@ -289,7 +314,7 @@ func waitSessionsGone(t *testing.T, e env) {
 			`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`,
 			workerAppName).Scan(&n))
 		return n == 0
-	}, 20*time.Second, 2*time.Millisecond, "%d sessions of dead workers still open", n)
+	}, testwait.For(time.Minute), 2*time.Millisecond, "%d sessions of dead workers still open", n)
 }
 
 // statusOf returns a runner in the test process for reading spec's projection status. Init
@@ -301,7 +326,7 @@ func statusOf(t *testing.T, e env, spec workerSpec) func() projection.Status {
 			return errors.New("the status reader handles nothing")
 		}))
 	require.NoError(t, err)
-	r, err := projection.NewRunner(e.backend, projection.RunnerConfig{}, p)
+	r, err := projection.NewRunner(e.backend, projection.RunnerConfig{Logger: testlog.New(t)}, p)
 	require.NoError(t, err)
 	require.NoError(t, r.Init(context.Background()))
 	return func() projection.Status {
@@ -312,67 +337,40 @@ func statusOf(t *testing.T, e env, spec workerSpec) func() projection.Status {
 	}
 }
 
-// TestExactlyOnceUnderSIGKILL kills worker processes with SIGKILL at random moments of their
+// TestExactlyOnceUnderSIGKILL kills worker processes with SIGKILL in the middle of their
 // catch-up, at least 10 times, then lets one finish: every event is applied exactly once,
 // because the read model's writes and the position commit in one transaction.
+//
+// A kill waits for what the worker reports, never for a span of time, so it lands mid catch-up
+// however busy the machine is: right after the worker reported its k-th committed batch (k
+// from 1 to 4, in turn), while it works on the next one, or, every fifth run, as soon as it is
+// ready, before its first commit. Every batch a killed worker reported stays committed.
 func TestExactlyOnceUnderSIGKILL(t *testing.T) {
 	t.Parallel()
 	const (
-		events    = 50_000
-		chunk     = 10_000 // appended when the projection catches up before enough kills
+		events    = 10_000
+		chunk     = 5_000 // appended when the projection catches up before enough kills
 		wantKills = 10
 	)
 	e := newEnv(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 110*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, workerTimeout)
 	spec := counterSpec
 	spec.batchSize = 100
-	calibration := workerSpec{name: "calibration", table: "calibration_applied", batchSize: spec.batchSize}
 	createCountTable(t, e, spec.table)
-	createCountTable(t, e, calibration.table)
 	appended := events
 	projectiontest.AppendN(t, e.store, 0, events, "A")
 
-	// Calibrate: a clean catch-up of the same events by a projection of its own, timed from
-	// when the worker is ready (connected, Init done) to its exit.
-	cal := startChild(t, ctx, e.db.URL, calibration, false)
-	select {
-	case <-cal.ready:
-	case <-cal.done:
-	}
-	began := time.Now()
-	require.Equal(t, int64(events), cal.finish(t, ctx))
-	full := time.Since(began)
-	rows, notOnce, _ := counts(t, e, calibration.table)
-	require.Equal(t, int64(events), rows)
-	require.Zero(t, notOnce)
-	// Kill at random 30 to 400 ms after a worker is ready, or sooner if a clean catch-up is
-	// fast: a kill should land on average at most a twentieth of the way through the work.
-	lo := 30 * time.Millisecond
-	hi := min(400*time.Millisecond, max(lo+10*time.Millisecond, full/10))
-	t.Logf("clean catch-up of %d events in batches of %d: %s; killing %s to %s after a worker is ready",
-		events, spec.batchSize, full.Round(time.Millisecond), lo, hi.Round(time.Millisecond))
-
 	status := statusOf(t, e, spec)
 	var (
-		kills, killsAfterProgress, finishedRuns, chunks int
-		perKill                                         []int64 // events committed by each killed run
+		runs, kills, killsAfterProgress, finishedRuns, chunks int
+		perKill                                               []int64 // events committed by each killed run
 	)
 	for kills < wantKills {
 		require.NoError(t, ctx.Err(), "only %d kills mid catch-up so far", kills)
 		before := status()
 		c := startChild(t, ctx, e.db.URL, spec, false)
-		select {
-		case <-c.ready:
-			timer := time.NewTimer(lo + rand.N(hi-lo))
-			select {
-			case <-c.done:
-			case <-timer.C:
-				c.kill(t)
-			}
-			timer.Stop()
-		case <-c.done: // failed before it was ready
-		}
+		reported := c.killAfter(t, runs%5) // 0: as soon as the worker is ready
+		runs++
 		if !c.killed() {
 			require.NoError(t, c.waitErr, c.output())
 			finishedRuns++
@@ -384,9 +382,11 @@ func TestExactlyOnceUnderSIGKILL(t *testing.T) {
 		require.Equal(t, rows, sum)
 		require.Equal(t, after.EventsProcessed, rows, "the applied rows match the committed position's count")
 		require.Equal(t, projection.StateRunning, after.State, after.LastError)
+		progress := after.EventsProcessed - before.EventsProcessed
+		require.GreaterOrEqual(t, progress, reported, "every batch the worker reported before its kill stays committed")
 		if c.killed() && after.LagEvents > 0 {
 			kills++
-			if progress := after.EventsProcessed - before.EventsProcessed; progress > 0 {
+			if progress > 0 {
 				killsAfterProgress++
 				perKill = append(perKill, progress)
 			}
@@ -399,11 +399,11 @@ func TestExactlyOnceUnderSIGKILL(t *testing.T) {
 			chunks++
 		}
 	}
-	require.Positive(t, killsAfterProgress, "no kill landed after a worker had committed a batch; the kill window is too early")
+	require.Positive(t, killsAfterProgress, "no kill landed after a worker had committed a batch")
 
 	last := startChild(t, ctx, e.db.URL, spec, false)
 	last.finish(t, ctx)
-	rows, notOnce, _ = counts(t, e, spec.table)
+	rows, notOnce, _ := counts(t, e, spec.table)
 	require.Equal(t, int64(appended), rows, "every event applied")
 	require.Zero(t, notOnce, "no event applied twice")
 	st := status()
@@ -419,6 +419,41 @@ func TestExactlyOnceUnderSIGKILL(t *testing.T) {
 		appended, chunks, chunk, kills, killsAfterProgress, perKill, finishedRuns, rollbacks)
 }
 
+// killAfter kills the worker with SIGKILL once it has reported batches committed batches (0:
+// once it is ready), unless it ends first, and waits for it. It returns the events of the
+// batches the worker reported committed before the kill.
+func (c *child) killAfter(t *testing.T, batches int) (reported int64) {
+	t.Helper()
+	select {
+	case <-c.ready:
+	case <-c.done: // failed before it was ready
+		return 0
+	}
+	for range batches {
+		select {
+		case n := <-c.committed:
+			reported += n
+		case <-c.done: // finished (or failed) first
+			return reported + c.drainCommitted()
+		}
+	}
+	c.kill(t)
+	return reported + c.drainCommitted()
+}
+
+// drainCommitted returns the events of the batches reported and not yet received. Call it
+// after done is closed.
+func (c *child) drainCommitted() (n int64) {
+	for {
+		select {
+		case events := <-c.committed:
+			n += events
+		default:
+			return n
+		}
+	}
+}
+
 // TestConcurrentWorkersSplitTheWork starts two worker processes and four runners in the test
 // process at once on one projection: the backend's lock serialises their batches, so every
 // event is applied once and handled once in all.
@@ -432,7 +467,7 @@ func TestConcurrentWorkersSplitTheWork(t *testing.T) {
 	e := newEnv(t)
 	var wg sync.WaitGroup
 	defer wg.Wait() // after cancel, if the test fails early
-	ctx, cancel := context.WithTimeout(context.Background(), 110*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(workerTimeout))
 	defer cancel()
 	spec := counterSpec
 	createCountTable(t, e, spec.table)
@@ -463,7 +498,7 @@ func TestConcurrentWorkersSplitTheWork(t *testing.T) {
 				case <-ctx.Done():
 					return ctx.Err()
 				}
-			})
+			}, nil)
 		}()
 	}
 	ready.Wait()

@@ -19,6 +19,8 @@ import (
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/eventstore/storetest"
 	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/internal/testlog"
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/projection/projectiontest"
@@ -31,7 +33,7 @@ type registered struct {
 
 func runner(t testing.TB, b projection.Backend, projections ...*projection.Projection) *projection.Runner {
 	t.Helper()
-	r, err := projection.NewRunner(b, projection.RunnerConfig{}, projections...)
+	r, err := projection.NewRunner(b, projection.RunnerConfig{Logger: testlog.New(t)}, projections...)
 	require.NoError(t, err)
 	require.NoError(t, r.Init(context.Background()))
 	return r
@@ -278,14 +280,21 @@ func TestStatusShowsHorizonWait(t *testing.T) {
 	defer func() { _ = open.Rollback(ctx) }()
 	_, err = open.Exec(ctx, `CREATE TEMP TABLE holding (x int); INSERT INTO holding VALUES (1)`)
 	require.NoError(t, err, "an unrelated writing transaction")
+	var xid uint64
+	require.NoError(t, open.QueryRow(ctx, `SELECT pg_current_xact_id()`).Scan(&xid))
 	late, err := e.store.Append(ctx, "late", eventstore.Any, storetest.Event("A", 5))
 	require.NoError(t, err)
 
-	st, err := r.Status(ctx, "waiting")
-	require.NoError(t, err)
+	// Other tests' transactions on the server may be older and hold the horizon first for a
+	// while; this one stays open until the status names it.
+	var st projection.Status
+	require.Eventually(t, func() bool {
+		st, err = r.Status(ctx, "waiting")
+		require.NoError(t, err)
+		return st.Holder != nil && st.Holder.TransactionID == xid
+	}, testwait.For(2*time.Minute), 5*time.Millisecond, "the status names the transaction it waits on")
 	require.True(t, st.HeldByHorizon, "committed events wait behind the open transaction")
 	require.Zero(t, st.LagEvents, "nothing is readable yet")
-	require.NotNil(t, st.Holder, "the status names the transaction it waits on")
 	require.Positive(t, st.Holder.Age)
 	res, err := r.CatchUp(ctx, "waiting")
 	require.NoError(t, err)
@@ -384,9 +393,9 @@ func TestPoller(t *testing.T) {
 	go func() { done <- poller.Run(ctx) }()
 
 	projectiontest.AppendN(t, e.store, 0, 300, "A")
-	require.Eventually(t, func() bool { return rec.Distinct() == 300 }, 20*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return rec.Distinct() == 300 }, testwait.For(time.Minute), 5*time.Millisecond)
 	projectiontest.AppendN(t, e.store, 300, 10, "A")
-	require.Eventually(t, func() bool { return rec.Distinct() == 310 }, 20*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return rec.Distinct() == 310 }, testwait.For(time.Minute), 5*time.Millisecond)
 
 	// Idle polls: the wait grows to the cap.
 	mark := func() int { mu.Lock(); defer mu.Unlock(); return len(polls) }()
@@ -394,7 +403,7 @@ func TestPoller(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(polls) >= mark+6
-	}, 20*time.Second, 5*time.Millisecond)
+	}, testwait.For(time.Minute), 5*time.Millisecond)
 	cancel()
 	require.NoError(t, <-done, "Run returns when its context ends")
 
@@ -446,7 +455,7 @@ func TestPollerStretchesTheWaitWhenBusy(t *testing.T) {
 		select {
 		case p := <-waits:
 			return p
-		case <-time.After(20 * time.Second):
+		case <-time.After(testwait.For(time.Minute)):
 			t.Fatal("no catch-up handled the appended events")
 			return projection.PollParams{}
 		}
@@ -486,8 +495,7 @@ func TestSmallPoolDoesNotDeadlock(t *testing.T) {
 		ps = append(ps, p)
 	}
 	r := runner(t, backend, ps...)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testwait.Context(t, 2*time.Minute)
 	var wg sync.WaitGroup
 	for _, p := range ps {
 		wg.Add(1)

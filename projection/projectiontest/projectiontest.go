@@ -18,6 +18,8 @@ import (
 
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/eventstore/storetest"
+	"github.com/nudgeworks/nudge/internal/testlog"
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection"
 )
 
@@ -134,7 +136,7 @@ func (r *Recorder) Times(n int) int {
 
 func newRunner(t testing.TB, env Env, projections ...*projection.Projection) *projection.Runner {
 	t.Helper()
-	r, err := projection.NewRunner(env.Backend, projection.RunnerConfig{}, projections...)
+	r, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, projections...)
 	require.NoError(t, err)
 	require.NoError(t, r.Init(context.Background()))
 	return r
@@ -407,7 +409,7 @@ func testConcurrentRunners(t *testing.T, env Env) {
 		}()
 	}
 	AppendN(t, env.Store, 0, 2000, "A")
-	require.Eventually(t, func() bool { return rec.Distinct() == 2000 }, 30*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return rec.Distinct() == 2000 }, testwait.For(2*time.Minute), 5*time.Millisecond)
 	done.Store(true)
 	wg.Wait()
 	require.Equal(t, 2000, rec.Calls(), "each event handled once: the runners did not duplicate work")
@@ -456,7 +458,7 @@ func testLag(t *testing.T, env Env) {
 		st, err = r.Status(ctx, "lagging")
 		require.NoError(t, err)
 		return st.LagTime > 0
-	}, 5*time.Second, time.Millisecond)
+	}, testwait.For(time.Minute), time.Millisecond)
 	require.Equal(t, int64(21), st.LagEvents)
 	require.Equal(t, positions[41], st.Head)
 	require.Equal(t, projection.StateRunning, st.State)
@@ -493,7 +495,7 @@ func testHooks(t *testing.T, env Env) {
 	failing := mustProjection(t, "bad-init", projection.Config{
 		InitFunc: func(context.Context, projection.HookParams) error { return errors.New("no permission to create table") },
 	}, projection.OnIdempotent("A", NewRecorder().Handle))
-	fr, err := projection.NewRunner(env.Backend, projection.RunnerConfig{}, failing)
+	fr, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, failing)
 	require.NoError(t, err)
 	require.ErrorContains(t, fr.Init(ctx), "no permission to create table")
 }
@@ -501,7 +503,7 @@ func testHooks(t *testing.T, env Env) {
 func testUnknown(t *testing.T, env Env) {
 	ctx := context.Background()
 	p := mustProjection(t, "known", projection.Config{}, projection.OnIdempotent("A", NewRecorder().Handle))
-	r, err := projection.NewRunner(env.Backend, projection.RunnerConfig{}, p)
+	r, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, p)
 	require.NoError(t, err)
 	_, err = r.CatchUp(ctx, "known")
 	require.ErrorIs(t, err, projection.ErrNotRegistered, "Init was not run")
