@@ -10,8 +10,13 @@ import (
 var (
 	// ErrInvalidInput reports a call the store refused before writing anything: an empty stream
 	// id, no events, an event without a type, a payload that is not JSON, a bad limit, …
-	// The concrete error is a *ValidationError naming the field.
+	// The concrete error is a *ValidationError naming the field, or a *TooLargeError.
 	ErrInvalidInput = errors.New("eventstore: invalid input")
+
+	// ErrTooLarge reports an append beyond the store's Limits (an event's payload and metadata,
+	// the append's in all, or its number of events), refused before anything was sent to the
+	// database. The concrete error is a *TooLargeError; it also matches ErrInvalidInput.
+	ErrTooLarge = errors.New("eventstore: append too large")
 
 	// ErrWrongExpectedVersion reports that a stream was not at the version the append expected.
 	// Nothing was written. The concrete error is a *WrongExpectedVersionError.

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/storecheck"
 )
 
 // Defaults for Config.
@@ -144,7 +145,7 @@ func New(name string, cfg Config, handlers ...Handler) (*Projection, error) {
 			p.anyHandler = &handlers[i]
 			continue
 		}
-		if _, err := eventstore.ValidateReadOptions(eventstore.ReadOptions{Types: []string{h.eventType}}); err != nil {
+		if err := storecheck.EventType(h.eventType); err != nil {
 			return nil, invalidConfig(name, "handler %d: event type: %v", i, err)
 		}
 		if h.handle == nil {

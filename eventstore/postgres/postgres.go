@@ -45,6 +45,7 @@ import (
 
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/pgmigrate"
+	"github.com/nudgeworks/nudge/internal/storecheck"
 )
 
 // DB is what the store needs of PostgreSQL; *pgxpool.Pool satisfies it.
@@ -73,6 +74,11 @@ type Config struct {
 	// AppendAttempts is how often Append tries an append that conflicts with a concurrent one.
 	// Defaults to AppendAttemptsDefault.
 	AppendAttempts int
+	// Limits bound each append (bytes per event, bytes and events per append); zero fields take
+	// their defaults (eventstore.MaxEventBytesDefault, 1 MiB; MaxAppendBytesDefault, 16 MiB;
+	// MaxAppendEventsDefault, 10,000). An append beyond them fails with eventstore.ErrTooLarge
+	// before any SQL is sent.
+	Limits eventstore.Limits
 }
 
 // Store is the PostgreSQL event store. It is safe for concurrent use.
@@ -80,6 +86,7 @@ type Store struct {
 	db       DB
 	schema   string
 	attempts int
+	limits   eventstore.Limits
 	sql      statements
 }
 
@@ -101,8 +108,15 @@ func New(db DB, cfg Config) (*Store, error) {
 	if cfg.AppendAttempts == 0 {
 		cfg.AppendAttempts = AppendAttemptsDefault
 	}
-	return &Store{db: db, schema: cfg.Schema, attempts: cfg.AppendAttempts, sql: newStatements(cfg.Schema)}, nil
+	cfg.Limits = cfg.Limits.WithDefaults()
+	if err := cfg.Limits.Validate(); err != nil {
+		return nil, fmt.Errorf("postgres: Config: %w", err)
+	}
+	return &Store{db: db, schema: cfg.Schema, attempts: cfg.AppendAttempts, limits: cfg.Limits, sql: newStatements(cfg.Schema)}, nil
 }
+
+// Limits returns the limits the store applies to appends, defaults filled in.
+func (s *Store) Limits() eventstore.Limits { return s.limits }
 
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
@@ -135,7 +149,7 @@ func (s *Store) MigrateTx(ctx context.Context, tx pgx.Tx) error {
 // the same stream's consecutive events (a retry after a lost reply, say), it writes nothing and
 // returns the stored events with AppendResult.Idempotent set, whatever the expected version.
 func (s *Store) Append(ctx context.Context, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error) {
-	if err := eventstore.ValidateAppend(streamID, expected, events); err != nil {
+	if err := storecheck.Append(streamID, expected, events, s.limits); err != nil {
 		return eventstore.AppendResult{}, err
 	}
 	var res eventstore.AppendResult
@@ -184,7 +198,7 @@ func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 	if tx == nil {
 		return eventstore.AppendResult{}, &eventstore.ValidationError{Field: "tx", Index: -1, Reason: "nil transaction; use Append to append in a transaction of the store's own"}
 	}
-	if err := eventstore.ValidateAppend(streamID, expected, events); err != nil {
+	if err := storecheck.Append(streamID, expected, events, s.limits); err != nil {
 		return eventstore.AppendResult{}, err
 	}
 	res, err := s.appendTx(ctx, tx, streamID, expected, events)
@@ -238,7 +252,7 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 	}
 
 	if len(found) > 0 {
-		if err := eventstore.CheckRepeat(streamID, events, found); err != nil {
+		if err := storecheck.Repeat(streamID, events, found); err != nil {
 			return eventstore.AppendResult{}, err
 		}
 		return eventstore.AppendResult{Events: found, StreamVersion: found[len(found)-1].StreamVersion, Idempotent: true}, nil
@@ -370,7 +384,7 @@ func (s *Store) ReadTx(ctx context.Context, tx pgx.Tx, after eventstore.Position
 }
 
 func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, opts eventstore.ReadOptions) ([]eventstore.Event, error) {
-	limit, err := eventstore.ValidateReadOptions(opts)
+	limit, err := storecheck.ReadOptions(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -398,10 +412,10 @@ func omit(opts eventstore.ReadOptions) int {
 // ReadStream implements eventstore.Store. Stream reads do not wait for the horizon: versions of
 // one stream commit in order, so every committed version is returned.
 func (s *Store) ReadStream(ctx context.Context, streamID string, afterVersion int64, limit int) ([]eventstore.Event, error) {
-	if err := eventstore.ValidateStreamID(streamID); err != nil {
+	if err := storecheck.StreamID(streamID); err != nil {
 		return nil, err
 	}
-	limit, err := eventstore.ValidateLimit(limit)
+	limit, err := storecheck.Limit(limit)
 	if err != nil {
 		return nil, err
 	}
