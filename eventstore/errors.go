@@ -18,6 +18,11 @@ var (
 	// database. The concrete error is a *TooLargeError; it also matches ErrInvalidInput.
 	ErrTooLarge = errors.New("eventstore: append too large")
 
+	// ErrNotMigrated reports a store whose tables do not exist in the database (or schema) it
+	// was given: run the store's Migrate at start-up (safe from several processes at once), or
+	// `nudge migrate`, before appending or reading.
+	ErrNotMigrated = errors.New("eventstore: the event store's tables do not exist; run Migrate on the store (eventstore/postgres Store.Migrate) or `nudge migrate` first")
+
 	// ErrWrongExpectedVersion reports that a stream was not at the version the append expected.
 	// Nothing was written. The concrete error is a *WrongExpectedVersionError.
 	ErrWrongExpectedVersion = errors.New("eventstore: wrong expected version")

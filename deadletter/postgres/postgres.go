@@ -271,11 +271,11 @@ func (s *Store) purge(ctx context.Context, q querier, opts deadletter.PurgeOptio
 	return int(tag.RowsAffected()), nil
 }
 
-// translate turns the driver errors a user can cause into errors that say what to do.
+// translate turns the driver errors a user can cause into errors that say what to do: a
+// missing table (Migrate never ran on this database or schema) into deadletter.ErrNotMigrated.
 func (s *Store) translate(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		return fmt.Errorf("%w (table %s is missing: run Store.Migrate at start-up)", err, s.sql.table)
+	if pgmigrate.Missing(err, s.schema, "nudge_dead_letters") && !errors.Is(err, deadletter.ErrNotMigrated) {
+		return fmt.Errorf("%w (table %s): %w", deadletter.ErrNotMigrated, s.sql.table, err)
 	}
 	return err
 }

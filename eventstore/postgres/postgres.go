@@ -124,10 +124,13 @@ var migrationFiles embed.FS
 // migrationComponent names the store's migrations in nudge_schema_migrations.
 const migrationComponent = "eventstore"
 
+// tables are the tables Migrate creates.
+var tables = []string{"nudge_events", "nudge_streams"}
+
 // Migrate creates or upgrades the store's tables. It is safe to run at every start and from
 // several processes at once.
 func (s *Store) Migrate(ctx context.Context) error {
-	return translate(pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error { return s.MigrateTx(ctx, tx) }))
+	return s.translate(pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error { return s.MigrateTx(ctx, tx) }))
 }
 
 // MigrateTx is Migrate inside the caller's transaction.
@@ -137,7 +140,7 @@ func (s *Store) MigrateTx(ctx context.Context, tx pgx.Tx) error {
 		return err
 	}
 	if _, err := pgmigrate.Run(ctx, tx, migrationComponent, s.schema, migs); err != nil {
-		return fmt.Errorf("postgres: migrate event store: %w", translate(err))
+		return fmt.Errorf("postgres: migrate event store: %w", s.translate(err))
 	}
 	return nil
 }
@@ -171,7 +174,7 @@ func (s *Store) Append(ctx context.Context, streamID string, expected eventstore
 // must be safe to run more than once.
 func (s *Store) RunInTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	for attempt := 1; ; attempt++ {
-		err := translate(pgx.BeginFunc(ctx, s.db, fn))
+		err := s.translate(pgx.BeginFunc(ctx, s.db, fn))
 		if err == nil {
 			return nil
 		}
@@ -202,7 +205,7 @@ func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 		return eventstore.AppendResult{}, err
 	}
 	res, err := s.appendTx(ctx, tx, streamID, expected, events)
-	return res, translate(err)
+	return res, s.translate(err)
 }
 
 func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expected eventstore.ExpectedVersion, events []eventstore.EventData) (eventstore.AppendResult, error) {
@@ -395,10 +398,10 @@ func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, 
 		rows, err = q.Query(ctx, s.sql.readTypes[omit(opts)], after.TransactionID, after.GlobalPosition, limit, opts.Types)
 	}
 	if err != nil {
-		return nil, translate(err)
+		return nil, s.translate(err)
 	}
 	events, err := collectEvents(rows, limit)
-	return events, translate(err)
+	return events, s.translate(err)
 }
 
 // omit indexes the read statements.
@@ -421,10 +424,10 @@ func (s *Store) ReadStream(ctx context.Context, streamID string, afterVersion in
 	}
 	rows, err := s.db.Query(ctx, s.sql.readStream, streamID, max(afterVersion, 0), limit)
 	if err != nil {
-		return nil, translate(err)
+		return nil, s.translate(err)
 	}
 	events, err := collectEvents(rows, min(limit, 64))
-	return events, translate(err)
+	return events, s.translate(err)
 }
 
 // Head implements eventstore.Store.
@@ -434,7 +437,7 @@ func (s *Store) Head(ctx context.Context) (eventstore.Position, error) {
 	if errors.Is(err, pgx.ErrNoRows) {
 		return eventstore.Position{}, nil
 	}
-	return p, translate(err)
+	return p, s.translate(err)
 }
 
 // collectEvents scans event rows; capacity is the expected number of rows.
@@ -468,14 +471,19 @@ func conflictOn(err error, streamID string) error {
 	return err
 }
 
-// translate maps driver errors to the store's: a closed pool becomes eventstore.ErrClosed.
-// Context errors keep matching context.Canceled and context.DeadlineExceeded.
-func translate(err error) error {
+// translate maps driver errors to the store's: a closed pool becomes eventstore.ErrClosed, a
+// missing table of the store (undefined_table, 42P01: Migrate never ran on this database or
+// schema) eventstore.ErrNotMigrated. Context errors keep matching context.Canceled and
+// context.DeadlineExceeded.
+func (s *Store) translate(err error) error {
 	if err == nil {
 		return nil
 	}
 	if errors.Is(err, puddle.ErrClosedPool) && !errors.Is(err, eventstore.ErrClosed) {
 		return fmt.Errorf("%w: %w", eventstore.ErrClosed, err)
+	}
+	if pgmigrate.Missing(err, s.schema, tables...) && !errors.Is(err, eventstore.ErrNotMigrated) {
+		return fmt.Errorf("%w: %w", eventstore.ErrNotMigrated, err)
 	}
 	return err
 }
