@@ -241,7 +241,7 @@ func greet(ctx context.Context, store *espostgres.Store, runner *projection.Runn
 		}
 		select {
 		case <-waitCtx.Done():
-			return fmt.Errorf("the relay did not catch up (last status: %+v, %v): %w", st, err, waitCtx.Err())
+			return fmt.Errorf("the relay did not catch up (its condition: %s): %w", st.Condition(), errors.Join(waitCtx.Err(), err))
 		case <-time.After(pause):
 		}
 	}
