@@ -159,8 +159,10 @@ type PurgeOptions struct {
 type Store interface {
 	// Add writes an entry, folding it into the record that is open for the same projection and
 	// failing event (or message UUID); see the package documentation. It returns the record as
-	// stored after the write. Entries are checked and cleaned as NormalizeEntry does; a refused
-	// entry (an error matching ErrInvalidInput) writes nothing.
+	// stored after the write. The entry is checked (a valid projection name, a failing event
+	// with an id, attempts not negative) and cleaned as Record describes: Attempts defaults to 1
+	// and At to now, text is made valid UTF-8 without NUL bytes, Error is cut to ErrorMaxBytes.
+	// A refused entry (an error matching ErrInvalidInput) writes nothing.
 	Add(ctx context.Context, e Entry) (Record, error)
 	// Get returns the record with the given ID, or an error matching ErrNotFound.
 	Get(ctx context.Context, id int64) (Record, error)

@@ -20,6 +20,11 @@ var (
 
 	// ErrUnknownStatus reports a status name that is not one of Statuses().
 	ErrUnknownStatus = errors.New("deadletter: unknown status")
+
+	// ErrNotMigrated reports a store whose table does not exist in the database (or schema) it
+	// was given: run its Migrate at start-up (deadletter/postgres Store.Migrate, safe from
+	// several processes at once), or `nudge migrate`.
+	ErrNotMigrated = errors.New("deadletter: the dead-letter table does not exist; run Migrate on the store (deadletter/postgres Store.Migrate) or `nudge migrate` first")
 )
 
 // NotFoundError names the record id that was not found. It matches ErrNotFound.

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nudgeworks/nudge/deadletter/internal/clean"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/trigger"
 )
@@ -64,14 +65,14 @@ func Replay(ctx context.Context, store Store, pub trigger.Publisher, f ReplayFil
 	if err := validateReplayFilter(&f); err != nil {
 		return ReplayResult{}, err
 	}
-	by, err := NormalizeActor("Replay's by", by)
+	by, err := clean.Actor("Replay's by", by)
 	if err != nil {
-		return ReplayResult{}, err
+		return ReplayResult{}, fmt.Errorf("%w: %w", ErrInvalidInput, err)
 	}
 	if now.IsZero() {
 		now = time.Now()
 	}
-	now = Timestamp(now)
+	now = clean.Time(now)
 
 	var (
 		res     ReplayResult

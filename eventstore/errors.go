@@ -10,8 +10,18 @@ import (
 var (
 	// ErrInvalidInput reports a call the store refused before writing anything: an empty stream
 	// id, no events, an event without a type, a payload that is not JSON, a bad limit, …
-	// The concrete error is a *ValidationError naming the field.
+	// The concrete error is a *ValidationError naming the field, or a *TooLargeError.
 	ErrInvalidInput = errors.New("eventstore: invalid input")
+
+	// ErrTooLarge reports an append beyond the store's Limits (an event's payload and metadata,
+	// the append's in all, or its number of events), refused before anything was sent to the
+	// database. The concrete error is a *TooLargeError; it also matches ErrInvalidInput.
+	ErrTooLarge = errors.New("eventstore: append too large")
+
+	// ErrNotMigrated reports a store whose tables do not exist in the database (or schema) it
+	// was given: run the store's Migrate at start-up (safe from several processes at once), or
+	// `nudge migrate`, before appending or reading.
+	ErrNotMigrated = errors.New("eventstore: the event store's tables do not exist; run Migrate on the store (eventstore/postgres Store.Migrate) or `nudge migrate` first")
 
 	// ErrWrongExpectedVersion reports that a stream was not at the version the append expected.
 	// Nothing was written. The concrete error is a *WrongExpectedVersionError.

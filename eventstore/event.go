@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/nudgeworks/nudge/internal/namecheck"
 )
 
 // Event is one recorded event as read back from a store.
@@ -37,14 +39,19 @@ type EventData struct {
 	// Type names the kind of event. Required; at most MaxTypeLength bytes.
 	Type string
 	// Payload is the event's body and must be valid JSON (an object, array, string, … or null).
-	// Required.
+	// Required. With Metadata at most the store's Limits.MaxEventBytes (1 MiB by default).
 	Payload json.RawMessage
 	// Metadata is optional JSON. Nil stores no metadata.
 	Metadata json.RawMessage
 }
 
-// NewEventData returns EventData of the given type with v encoded as its JSON payload.
+// NewEventData returns EventData of the given type with v encoded as its JSON payload. An event
+// type that Append would refuse (empty, longer than MaxTypeLength, not UTF-8) fails here
+// already, with a *ValidationError.
 func NewEventData(eventType string, v any) (EventData, error) {
+	if reason := namecheck.Problem(eventType, MaxTypeLength); reason != "" {
+		return EventData{}, &ValidationError{Field: "Type", Index: -1, Reason: reason}
+	}
 	payload, err := json.Marshal(v)
 	if err != nil {
 		return EventData{}, &ValidationError{Field: "Payload", Index: -1, Reason: fmt.Sprintf("cannot encode %T as JSON: %v", v, err)}

@@ -36,6 +36,12 @@ var (
 	// (after migrating the backend) before catching up.
 	ErrNotRegistered = errors.New("projection: not registered; run Runner.Init first")
 
+	// ErrNotMigrated reports a backend whose tables do not exist in the database (or schema) it
+	// was given: run its Migrate at start-up (projection/postgres Backend.Migrate, safe from
+	// several processes at once), or `nudge migrate`. Runner.Init and worker.Run return it at
+	// start rather than fail at every catch-up.
+	ErrNotMigrated = errors.New("projection: the projection status tables do not exist; run Migrate on the backend (projection/postgres Backend.Migrate) or `nudge migrate` first")
+
 	// ErrSkipRefused reports a skip the runner would not do: the event is not the one the
 	// projection fails on (without Force), or not the next event it would handle.
 	ErrSkipRefused = errors.New("projection: skip refused")

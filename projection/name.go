@@ -3,6 +3,8 @@ package projection
 import (
 	"fmt"
 	"regexp"
+
+	"github.com/nudgeworks/nudge/internal/reserved"
 )
 
 // MaxNameLength is the longest projection name accepted, in bytes. Names become parts of queue
@@ -24,4 +26,14 @@ func ValidateName(name string) error {
 		return &NameError{Name: name, Reason: "use lowercase letters, digits, '_', '-' and '.', starting with a letter or digit"}
 	}
 	return nil
+}
+
+// ReservedPrefix starts the names of nudge's own projections, such as the trigger relay's
+// (trigger.RelayNameDefault, "nudge-relay"): New refuses such a name, so no projection of yours
+// can take a relay's position and status row. ValidateName accepts it, so such projections
+// can still be looked up by name (their status, say).
+const ReservedPrefix = "nudge-"
+
+func init() {
+	reserved.NewProjection = newProjection
 }

@@ -2,12 +2,15 @@ package projection
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/storecheck"
 )
 
 // Defaults for Config.
@@ -110,7 +113,17 @@ type Projection struct {
 
 // New defines a projection named name that handles events with handlers, one handler per event
 // type. Events of other types are never read: the type filter runs in the event store's query.
+// A name starting with ReservedPrefix is nudge's own (the trigger relay's) and refused with a
+// *NameError.
 func New(name string, cfg Config, handlers ...Handler) (*Projection, error) {
+	if strings.HasPrefix(name, ReservedPrefix) {
+		return nil, &NameError{Name: name, Reason: fmt.Sprintf("names starting with %q are kept for nudge's own projections, such as the trigger relay's (nudge-relay); choose another name", ReservedPrefix)}
+	}
+	return newProjection(name, cfg, handlers...)
+}
+
+// newProjection is New without the check for reserved names.
+func newProjection(name string, cfg Config, handlers ...Handler) (*Projection, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -144,7 +157,7 @@ func New(name string, cfg Config, handlers ...Handler) (*Projection, error) {
 			p.anyHandler = &handlers[i]
 			continue
 		}
-		if _, err := eventstore.ValidateReadOptions(eventstore.ReadOptions{Types: []string{h.eventType}}); err != nil {
+		if err := storecheck.EventType(h.eventType); err != nil {
 			return nil, invalidConfig(name, "handler %d: event type: %v", i, err)
 		}
 		if h.handle == nil {

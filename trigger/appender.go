@@ -9,6 +9,7 @@ import (
 
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/storecheck"
 )
 
 // TxPublisher publishes a trigger inside a PostgreSQL transaction, so the trigger commits or
@@ -50,7 +51,7 @@ func (a *Appender) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, exp
 // Append is AppendTx in a transaction of its own, retried on eventstore.ErrConflict like the
 // store's Append.
 func (a *Appender) Append(ctx context.Context, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error) {
-	if err := eventstore.ValidateAppend(streamID, expected, events); err != nil {
+	if err := storecheck.Append(streamID, expected, events, a.store.Limits()); err != nil {
 		return eventstore.AppendResult{}, err
 	}
 	var res eventstore.AppendResult

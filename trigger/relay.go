@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/reserved"
 	"github.com/nudgeworks/nudge/projection"
 )
 
@@ -36,7 +38,8 @@ const (
 // RelayConfig configures a Relay. Every field is optional.
 type RelayConfig struct {
 	// Name is the relay's projection name. Defaults to RelayNameDefault. Run one relay name per
-	// channel.
+	// channel. It must start with projection.ReservedPrefix ("nudge-"), which projection.New
+	// refuses, so no projection can take the relay's position and status row.
 	Name string
 	// BatchSize is the most events covered by one trigger. Defaults to RelayBatchSizeDefault.
 	BatchSize int
@@ -87,6 +90,10 @@ func NewRelay(backend projection.Backend, pub Publisher, cfg RelayConfig) (*Rela
 	if cfg.Name == "" {
 		cfg.Name = RelayNameDefault
 	}
+	if !strings.HasPrefix(cfg.Name, projection.ReservedPrefix) {
+		return nil, fmt.Errorf("%w: RelayConfig.Name %q must start with %q, which no projection can take, so no projection can share the relay's position; use %q, or %q plus a name per channel",
+			projection.ErrInvalidConfig, cfg.Name, projection.ReservedPrefix, RelayNameDefault, projection.ReservedPrefix)
+	}
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = RelayBatchSizeDefault
 	}
@@ -102,7 +109,8 @@ func NewRelay(backend projection.Backend, pub Publisher, cfg RelayConfig) (*Rela
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	p, err := projection.New(cfg.Name, projection.Config{
+	newProjection := reserved.NewProjection.(func(string, projection.Config, ...projection.Handler) (*projection.Projection, error))
+	p, err := newProjection(cfg.Name, projection.Config{
 		BatchSize:    cfg.BatchSize,
 		OmitPayloads: true, // a trigger needs positions, types and streams only
 		FlushFunc: func(ctx context.Context, fp projection.FlushParams) error {

@@ -521,18 +521,37 @@ func (w *Worker) SafetyNet(ctx context.Context) {
 	wg.Wait()
 }
 
+// start does what Run must do before its handlers run, so a database that is not migrated
+// fails Run at once instead of every catch-up and dead letter after it.
+func (w *Worker) start(ctx context.Context) error {
+	if err := w.cfg.Runner.Init(ctx); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	if w.cfg.DeadLetters != nil {
+		if _, err := w.cfg.DeadLetters.List(ctx, deadletter.Filter{Limit: 1}); err != nil {
+			return fmt.Errorf("worker: read the dead letters: %w", err)
+		}
+	}
+	return w.Declare(ctx)
+}
+
 // Running is closed once Run's handlers are subscribed: from then on no trigger is missed,
 // even on channels that keep nothing for absent consumers.
 func (w *Worker) Running() <-chan struct{} { return w.running }
 
-// Run declares the subscriptions, runs the handlers on a router of its own and the safety net,
-// until ctx ends; then it stops the router (handlers in flight finish or roll back, within
-// CloseTimeout) and returns nil. A Worker runs once: a second Run returns ErrRunTwice.
+// Run registers the projections (Runner.Init), declares the subscriptions, runs the handlers
+// on a router of its own and the safety net, until ctx ends; then it stops the router
+// (handlers in flight finish or roll back, within CloseTimeout) and returns nil. A Worker runs
+// once: a second Run returns ErrRunTwice.
+//
+// What fails at start is returned at once, before any handler runs: a database where Migrate
+// never ran (errors matching projection.ErrNotMigrated, eventstore.ErrNotMigrated or
+// deadletter.ErrNotMigrated say so), an init hook's error, a channel that cannot declare.
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.ran.CompareAndSwap(false, true) {
 		return ErrRunTwice
 	}
-	if err := w.Declare(ctx); err != nil {
+	if err := w.start(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nudgeworks/nudge/deadletter"
+	"github.com/nudgeworks/nudge/deadletter/internal/clean"
+	"github.com/nudgeworks/nudge/deadletter/internal/dlstore"
 )
 
 // Config configures a Store.
@@ -53,11 +55,11 @@ func (s *Store) Add(ctx context.Context, e deadletter.Entry) (deadletter.Record,
 		return deadletter.Record{}, err
 	}
 	now := s.clock()
-	e, err := deadletter.NormalizeEntry(e, now)
+	e, err := dlstore.NormalizeEntry(e, now)
 	if err != nil {
 		return deadletter.Record{}, err
 	}
-	key := foldKey{e.Projection, deadletter.FoldKey(e)}
+	key := foldKey{e.Projection, dlstore.FoldKey(e)}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -74,7 +76,7 @@ func (s *Store) Add(ctx context.Context, e deadletter.Entry) (deadletter.Record,
 		}
 		r.Status = deadletter.StatusFailed
 		r.UpdatedAt = now
-		return deadletter.CloneRecord(*r), nil
+		return dlstore.CloneRecord(*r), nil
 	}
 	s.lastID++
 	r := &deadletter.Record{
@@ -95,7 +97,7 @@ func (s *Store) Add(ctx context.Context, e deadletter.Entry) (deadletter.Record,
 	s.records[r.ID] = r
 	s.ids = append(s.ids, r.ID)
 	s.open[key] = r.ID
-	return deadletter.CloneRecord(*r), nil
+	return dlstore.CloneRecord(*r), nil
 }
 
 // Get implements deadletter.Store.
@@ -109,7 +111,7 @@ func (s *Store) Get(ctx context.Context, id int64) (deadletter.Record, error) {
 	if !ok {
 		return deadletter.Record{}, notFound(id)
 	}
-	return deadletter.CloneRecord(*r), nil
+	return dlstore.CloneRecord(*r), nil
 }
 
 // List implements deadletter.Store.
@@ -117,7 +119,7 @@ func (s *Store) List(ctx context.Context, f deadletter.Filter) ([]deadletter.Rec
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	f, err := deadletter.NormalizeFilter(f)
+	f, err := dlstore.NormalizeFilter(f)
 	if err != nil {
 		return nil, err
 	}
@@ -129,8 +131,8 @@ func (s *Store) List(ctx context.Context, f deadletter.Filter) ([]deadletter.Rec
 		if len(out) == f.Limit {
 			break
 		}
-		if r := s.records[id]; f.Matches(*r) {
-			out = append(out, deadletter.CloneRecord(*r))
+		if r := s.records[id]; dlstore.Matches(f, *r) {
+			out = append(out, dlstore.CloneRecord(*r))
 		}
 	}
 	return out, nil
@@ -141,7 +143,7 @@ func (s *Store) MarkReplayed(ctx context.Context, ids []int64, by string, at tim
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	by, err := deadletter.NormalizeActor("MarkReplayed's by", by)
+	by, err := dlstore.NormalizeActor("MarkReplayed's by", by)
 	if err != nil {
 		return 0, err
 	}
@@ -149,7 +151,7 @@ func (s *Store) MarkReplayed(ctx context.Context, ids []int64, by string, at tim
 	if at.IsZero() {
 		at = now
 	}
-	at = deadletter.Timestamp(at)
+	at = clean.Time(at)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	changed := 0
@@ -172,7 +174,7 @@ func (s *Store) Resolve(ctx context.Context, id int64, by, note string, at time.
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	by, err := deadletter.NormalizeActor("Resolve's by", by)
+	by, err := dlstore.NormalizeActor("Resolve's by", by)
 	if err != nil {
 		return err
 	}
@@ -189,8 +191,8 @@ func (s *Store) Resolve(ctx context.Context, id int64, by, note string, at time.
 	if r.Status == deadletter.StatusResolved {
 		return nil
 	}
-	r.Status, r.ResolvedBy, r.ResolveNote = deadletter.StatusResolved, by, deadletter.CleanText(note)
-	r.ResolvedAt, r.UpdatedAt = deadletter.Timestamp(at), now
+	r.Status, r.ResolvedBy, r.ResolveNote = deadletter.StatusResolved, by, clean.Text(note)
+	r.ResolvedAt, r.UpdatedAt = clean.Time(at), now
 	delete(s.open, keyOf(r))
 	return nil
 }
@@ -200,11 +202,11 @@ func (s *Store) Purge(ctx context.Context, opts deadletter.PurgeOptions) (int, e
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	opts, err := deadletter.NormalizePurge(opts, s.clock())
+	opts, err := dlstore.NormalizePurge(opts, s.clock())
 	if err != nil {
 		return 0, err
 	}
-	cutoff := opts.Cutoff()
+	cutoff := dlstore.Cutoff(opts)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	purged := 0
@@ -224,11 +226,11 @@ func (s *Store) Purge(ctx context.Context, opts deadletter.PurgeOptions) (int, e
 }
 
 // clock is the store's time, as records keep it.
-func (s *Store) clock() time.Time { return deadletter.Timestamp(s.now()) }
+func (s *Store) clock() time.Time { return clean.Time(s.now()) }
 
 // keyOf is the fold key of a stored record.
 func keyOf(r *deadletter.Record) foldKey {
-	return foldKey{r.Projection, deadletter.FoldKey(deadletter.Entry{FailingEvent: r.FailingEvent, MessageUUID: r.MessageUUID})}
+	return foldKey{r.Projection, dlstore.FoldKey(deadletter.Entry{FailingEvent: r.FailingEvent, MessageUUID: r.MessageUUID})}
 }
 
 func notFound(id int64) error {

@@ -37,6 +37,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/nudgeworks/nudge/deadletter"
+	"github.com/nudgeworks/nudge/deadletter/internal/clean"
+	"github.com/nudgeworks/nudge/deadletter/internal/dlstore"
 	"github.com/nudgeworks/nudge/internal/pgmigrate"
 )
 
@@ -129,7 +131,7 @@ func (s *Store) AddTx(ctx context.Context, tx pgx.Tx, e deadletter.Entry) (deadl
 }
 
 func (s *Store) add(ctx context.Context, q querier, e deadletter.Entry) (deadletter.Record, error) {
-	e, err := deadletter.NormalizeEntry(e, s.now())
+	e, err := dlstore.NormalizeEntry(e, s.now())
 	if err != nil {
 		return deadletter.Record{}, err
 	}
@@ -154,7 +156,7 @@ func (s *Store) Get(ctx context.Context, id int64) (deadletter.Record, error) {
 
 // List implements deadletter.Store.
 func (s *Store) List(ctx context.Context, f deadletter.Filter) ([]deadletter.Record, error) {
-	f, err := deadletter.NormalizeFilter(f)
+	f, err := dlstore.NormalizeFilter(f)
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +194,7 @@ func (s *Store) MarkReplayedTx(ctx context.Context, tx pgx.Tx, ids []int64, by s
 }
 
 func (s *Store) markReplayed(ctx context.Context, q querier, ids []int64, by string, at time.Time) (int, error) {
-	by, err := deadletter.NormalizeActor("MarkReplayed's by", by)
+	by, err := dlstore.NormalizeActor("MarkReplayed's by", by)
 	if err != nil {
 		return 0, err
 	}
@@ -202,7 +204,7 @@ func (s *Store) markReplayed(ctx context.Context, q querier, ids []int64, by str
 	if at.IsZero() {
 		at = s.now()
 	}
-	tag, err := q.Exec(ctx, s.sql.markReplayed, ids, by, deadletter.Timestamp(at))
+	tag, err := q.Exec(ctx, s.sql.markReplayed, ids, by, clean.Time(at))
 	if err != nil {
 		return 0, s.translate(fmt.Errorf("deadletter/postgres: mark %d records replayed: %w", len(ids), err))
 	}
@@ -223,7 +225,7 @@ func (s *Store) ResolveTx(ctx context.Context, tx pgx.Tx, id int64, by, note str
 }
 
 func (s *Store) resolve(ctx context.Context, q querier, id int64, by, note string, at time.Time) error {
-	by, err := deadletter.NormalizeActor("Resolve's by", by)
+	by, err := dlstore.NormalizeActor("Resolve's by", by)
 	if err != nil {
 		return err
 	}
@@ -231,7 +233,7 @@ func (s *Store) resolve(ctx context.Context, q querier, id int64, by, note strin
 		at = s.now()
 	}
 	var exists bool
-	if err := q.QueryRow(ctx, s.sql.resolve, id, by, deadletter.CleanText(note), deadletter.Timestamp(at)).Scan(&exists); err != nil {
+	if err := q.QueryRow(ctx, s.sql.resolve, id, by, clean.Text(note), clean.Time(at)).Scan(&exists); err != nil {
 		return s.translate(fmt.Errorf("deadletter/postgres: resolve record %d: %w", id, err))
 	}
 	if !exists {
@@ -254,7 +256,7 @@ func (s *Store) PurgeTx(ctx context.Context, tx pgx.Tx, opts deadletter.PurgeOpt
 }
 
 func (s *Store) purge(ctx context.Context, q querier, opts deadletter.PurgeOptions) (int, error) {
-	opts, err := deadletter.NormalizePurge(opts, s.now())
+	opts, err := dlstore.NormalizePurge(opts, s.now())
 	if err != nil {
 		return 0, err
 	}
@@ -262,18 +264,18 @@ func (s *Store) purge(ctx context.Context, q querier, opts deadletter.PurgeOptio
 	if opts.IncludeUnresolved {
 		query = s.sql.purge[1]
 	}
-	tag, err := q.Exec(ctx, query, opts.Cutoff())
+	tag, err := q.Exec(ctx, query, dlstore.Cutoff(opts))
 	if err != nil {
 		return 0, s.translate(fmt.Errorf("deadletter/postgres: purge: %w", err))
 	}
 	return int(tag.RowsAffected()), nil
 }
 
-// translate turns the driver errors a user can cause into errors that say what to do.
+// translate turns the driver errors a user can cause into errors that say what to do: a
+// missing table (Migrate never ran on this database or schema) into deadletter.ErrNotMigrated.
 func (s *Store) translate(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		return fmt.Errorf("%w (table %s is missing: run Store.Migrate at start-up)", err, s.sql.table)
+	if pgmigrate.Missing(err, s.schema, "nudge_dead_letters") && !errors.Is(err, deadletter.ErrNotMigrated) {
+		return fmt.Errorf("%w (table %s): %w", deadletter.ErrNotMigrated, s.sql.table, err)
 	}
 	return err
 }

@@ -82,9 +82,13 @@ func TestMissingTableSaysToMigrate(t *testing.T) {
 	s, err := postgres.New(db.Pool, postgres.Config{})
 	require.NoError(t, err)
 	_, err = s.Add(context.Background(), deadlettertest.EventEntry("tickets", uuid.New(), deadlettertest.Base))
-	require.ErrorContains(t, err, "run Store.Migrate")
+	require.ErrorIs(t, err, deadletter.ErrNotMigrated)
+	require.ErrorContains(t, err, "Store.Migrate) or `nudge migrate` first")
 	_, err = s.List(context.Background(), deadletter.Filter{})
-	require.ErrorContains(t, err, "run Store.Migrate")
+	require.ErrorIs(t, err, deadletter.ErrNotMigrated)
+	_, err = s.Get(context.Background(), 1)
+	require.ErrorIs(t, err, deadletter.ErrNotMigrated)
+	require.ErrorIs(t, s.Resolve(context.Background(), 1, "ann", "", time.Time{}), deadletter.ErrNotMigrated)
 }
 
 func TestTxWrites(t *testing.T) {

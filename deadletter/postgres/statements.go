@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/nudgeworks/nudge/deadletter"
+	"github.com/nudgeworks/nudge/deadletter/internal/clean"
 )
 
 // statements are the store's SQL with the table name qualified by the configured schema.
@@ -162,7 +163,7 @@ func scanRecord(row pgx.Row) (deadletter.Record, error) {
 		r.FailingEvent.Position.TransactionID, r.FailingEvent.Position.GlobalPosition = deref(failTx), deref(failPos)
 	}
 	r.FirstFailedAt, r.LastFailedAt, r.UpdatedAt = firstFailed.UTC(), lastFailed.UTC(), updatedAt.UTC()
-	r.ReplayedAt, r.ResolvedAt = deadletter.Timestamp(deref(replayedAt)), deadletter.Timestamp(deref(resolvedAt))
+	r.ReplayedAt, r.ResolvedAt = clean.Time(deref(replayedAt)), clean.Time(deref(resolvedAt))
 	return r, nil
 }
 

@@ -8,6 +8,7 @@ package memory
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -15,12 +16,15 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/storecheck"
 )
 
 // Store is an in-memory event store, safe for concurrent use. The zero value is not usable:
 // create one with New.
 type Store struct {
-	now func() time.Time
+	now       func() time.Time
+	limits    eventstore.Limits
+	limitsErr error
 
 	mu      sync.RWMutex
 	events  []eventstore.Event // in read order
@@ -33,6 +37,12 @@ type Store struct {
 type Config struct {
 	// NowFunc returns the time recorded on appended events. Defaults to time.Now.
 	NowFunc func() time.Time
+	// Limits bound each append as in eventstore/postgres; zero fields take their defaults
+	// (eventstore.MaxEventBytesDefault, 1 MiB; MaxAppendBytesDefault, 16 MiB;
+	// MaxAppendEventsDefault, 10,000). An append beyond them fails with eventstore.ErrTooLarge.
+	// Limits that cannot work (a negative one, say) make every Append fail with an error that
+	// names them, since New returns no error.
+	Limits eventstore.Limits
 }
 
 // New returns an empty store.
@@ -40,10 +50,17 @@ func New(cfg Config) *Store {
 	if cfg.NowFunc == nil {
 		cfg.NowFunc = time.Now
 	}
+	limits := cfg.Limits.WithDefaults()
+	var limitsErr error
+	if err := limits.Validate(); err != nil {
+		limitsErr = fmt.Errorf("memory: Config: %w", err)
+	}
 	return &Store{
-		now:     cfg.NowFunc,
-		streams: make(map[string][]int),
-		byID:    make(map[uuid.UUID]int),
+		now:       cfg.NowFunc,
+		limits:    limits,
+		limitsErr: limitsErr,
+		streams:   make(map[string][]int),
+		byID:      make(map[uuid.UUID]int),
 	}
 }
 
@@ -54,7 +71,10 @@ func (s *Store) Append(ctx context.Context, streamID string, expected eventstore
 	if err := ctx.Err(); err != nil {
 		return eventstore.AppendResult{}, err
 	}
-	if err := eventstore.ValidateAppend(streamID, expected, events); err != nil {
+	if s.limitsErr != nil {
+		return eventstore.AppendResult{}, s.limitsErr
+	}
+	if err := storecheck.Append(streamID, expected, events, s.limits); err != nil {
 		return eventstore.AppendResult{}, err
 	}
 
@@ -115,7 +135,7 @@ func (s *Store) repeated(streamID string, events []eventstore.EventData) (events
 	if len(found) == 0 {
 		return eventstore.AppendResult{}, false, nil
 	}
-	if err := eventstore.CheckRepeat(streamID, events, found); err != nil {
+	if err := storecheck.Repeat(streamID, events, found); err != nil {
 		return eventstore.AppendResult{}, true, err
 	}
 	res := eventstore.AppendResult{Idempotent: true, StreamVersion: found[len(found)-1].StreamVersion}
@@ -125,12 +145,15 @@ func (s *Store) repeated(streamID string, events []eventstore.EventData) (events
 	return res, true, nil
 }
 
+// Limits returns the limits the store applies to appends, defaults filled in.
+func (s *Store) Limits() eventstore.Limits { return s.limits }
+
 // Read implements eventstore.Store.
 func (s *Store) Read(ctx context.Context, after eventstore.Position, opts eventstore.ReadOptions) ([]eventstore.Event, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	limit, err := eventstore.ValidateReadOptions(opts)
+	limit, err := storecheck.ReadOptions(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -166,10 +189,10 @@ func (s *Store) ReadStream(ctx context.Context, streamID string, afterVersion in
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := eventstore.ValidateStreamID(streamID); err != nil {
+	if err := storecheck.StreamID(streamID); err != nil {
 		return nil, err
 	}
-	limit, err := eventstore.ValidateLimit(limit)
+	limit, err := storecheck.Limit(limit)
 	if err != nil {
 		return nil, err
 	}

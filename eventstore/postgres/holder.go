@@ -29,7 +29,7 @@ func (s *Store) HorizonHolder(ctx context.Context) (*eventstore.HorizonHolder, e
 		return nil, nil
 	}
 	if err != nil {
-		return nil, translate(err)
+		return nil, s.translate(err)
 	}
 	h.TransactionsSince = int64(age)
 	if h.HeldEvents > eventstore.HeldEventsLimit {

@@ -45,6 +45,7 @@ import (
 
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/pgmigrate"
+	"github.com/nudgeworks/nudge/internal/storecheck"
 )
 
 // DB is what the store needs of PostgreSQL; *pgxpool.Pool satisfies it.
@@ -73,6 +74,11 @@ type Config struct {
 	// AppendAttempts is how often Append tries an append that conflicts with a concurrent one.
 	// Defaults to AppendAttemptsDefault.
 	AppendAttempts int
+	// Limits bound each append (bytes per event, bytes and events per append); zero fields take
+	// their defaults (eventstore.MaxEventBytesDefault, 1 MiB; MaxAppendBytesDefault, 16 MiB;
+	// MaxAppendEventsDefault, 10,000). An append beyond them fails with eventstore.ErrTooLarge
+	// before any SQL is sent.
+	Limits eventstore.Limits
 }
 
 // Store is the PostgreSQL event store. It is safe for concurrent use.
@@ -80,6 +86,7 @@ type Store struct {
 	db       DB
 	schema   string
 	attempts int
+	limits   eventstore.Limits
 	sql      statements
 }
 
@@ -101,8 +108,15 @@ func New(db DB, cfg Config) (*Store, error) {
 	if cfg.AppendAttempts == 0 {
 		cfg.AppendAttempts = AppendAttemptsDefault
 	}
-	return &Store{db: db, schema: cfg.Schema, attempts: cfg.AppendAttempts, sql: newStatements(cfg.Schema)}, nil
+	cfg.Limits = cfg.Limits.WithDefaults()
+	if err := cfg.Limits.Validate(); err != nil {
+		return nil, fmt.Errorf("postgres: Config: %w", err)
+	}
+	return &Store{db: db, schema: cfg.Schema, attempts: cfg.AppendAttempts, limits: cfg.Limits, sql: newStatements(cfg.Schema)}, nil
 }
+
+// Limits returns the limits the store applies to appends, defaults filled in.
+func (s *Store) Limits() eventstore.Limits { return s.limits }
 
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
@@ -110,10 +124,13 @@ var migrationFiles embed.FS
 // migrationComponent names the store's migrations in nudge_schema_migrations.
 const migrationComponent = "eventstore"
 
+// tables are the tables Migrate creates.
+var tables = []string{"nudge_events", "nudge_streams"}
+
 // Migrate creates or upgrades the store's tables. It is safe to run at every start and from
 // several processes at once.
 func (s *Store) Migrate(ctx context.Context) error {
-	return translate(pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error { return s.MigrateTx(ctx, tx) }))
+	return s.translate(pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error { return s.MigrateTx(ctx, tx) }))
 }
 
 // MigrateTx is Migrate inside the caller's transaction.
@@ -123,7 +140,7 @@ func (s *Store) MigrateTx(ctx context.Context, tx pgx.Tx) error {
 		return err
 	}
 	if _, err := pgmigrate.Run(ctx, tx, migrationComponent, s.schema, migs); err != nil {
-		return fmt.Errorf("postgres: migrate event store: %w", translate(err))
+		return fmt.Errorf("postgres: migrate event store: %w", s.translate(err))
 	}
 	return nil
 }
@@ -135,7 +152,7 @@ func (s *Store) MigrateTx(ctx context.Context, tx pgx.Tx) error {
 // the same stream's consecutive events (a retry after a lost reply, say), it writes nothing and
 // returns the stored events with AppendResult.Idempotent set, whatever the expected version.
 func (s *Store) Append(ctx context.Context, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error) {
-	if err := eventstore.ValidateAppend(streamID, expected, events); err != nil {
+	if err := storecheck.Append(streamID, expected, events, s.limits); err != nil {
 		return eventstore.AppendResult{}, err
 	}
 	var res eventstore.AppendResult
@@ -157,7 +174,7 @@ func (s *Store) Append(ctx context.Context, streamID string, expected eventstore
 // must be safe to run more than once.
 func (s *Store) RunInTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	for attempt := 1; ; attempt++ {
-		err := translate(pgx.BeginFunc(ctx, s.db, fn))
+		err := s.translate(pgx.BeginFunc(ctx, s.db, fn))
 		if err == nil {
 			return nil
 		}
@@ -184,11 +201,11 @@ func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 	if tx == nil {
 		return eventstore.AppendResult{}, &eventstore.ValidationError{Field: "tx", Index: -1, Reason: "nil transaction; use Append to append in a transaction of the store's own"}
 	}
-	if err := eventstore.ValidateAppend(streamID, expected, events); err != nil {
+	if err := storecheck.Append(streamID, expected, events, s.limits); err != nil {
 		return eventstore.AppendResult{}, err
 	}
 	res, err := s.appendTx(ctx, tx, streamID, expected, events)
-	return res, translate(err)
+	return res, s.translate(err)
 }
 
 func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expected eventstore.ExpectedVersion, events []eventstore.EventData) (eventstore.AppendResult, error) {
@@ -238,7 +255,7 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 	}
 
 	if len(found) > 0 {
-		if err := eventstore.CheckRepeat(streamID, events, found); err != nil {
+		if err := storecheck.Repeat(streamID, events, found); err != nil {
 			return eventstore.AppendResult{}, err
 		}
 		return eventstore.AppendResult{Events: found, StreamVersion: found[len(found)-1].StreamVersion, Idempotent: true}, nil
@@ -370,7 +387,7 @@ func (s *Store) ReadTx(ctx context.Context, tx pgx.Tx, after eventstore.Position
 }
 
 func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, opts eventstore.ReadOptions) ([]eventstore.Event, error) {
-	limit, err := eventstore.ValidateReadOptions(opts)
+	limit, err := storecheck.ReadOptions(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -381,10 +398,10 @@ func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, 
 		rows, err = q.Query(ctx, s.sql.readTypes[omit(opts)], after.TransactionID, after.GlobalPosition, limit, opts.Types)
 	}
 	if err != nil {
-		return nil, translate(err)
+		return nil, s.translate(err)
 	}
 	events, err := collectEvents(rows, limit)
-	return events, translate(err)
+	return events, s.translate(err)
 }
 
 // omit indexes the read statements.
@@ -398,19 +415,19 @@ func omit(opts eventstore.ReadOptions) int {
 // ReadStream implements eventstore.Store. Stream reads do not wait for the horizon: versions of
 // one stream commit in order, so every committed version is returned.
 func (s *Store) ReadStream(ctx context.Context, streamID string, afterVersion int64, limit int) ([]eventstore.Event, error) {
-	if err := eventstore.ValidateStreamID(streamID); err != nil {
+	if err := storecheck.StreamID(streamID); err != nil {
 		return nil, err
 	}
-	limit, err := eventstore.ValidateLimit(limit)
+	limit, err := storecheck.Limit(limit)
 	if err != nil {
 		return nil, err
 	}
 	rows, err := s.db.Query(ctx, s.sql.readStream, streamID, max(afterVersion, 0), limit)
 	if err != nil {
-		return nil, translate(err)
+		return nil, s.translate(err)
 	}
 	events, err := collectEvents(rows, min(limit, 64))
-	return events, translate(err)
+	return events, s.translate(err)
 }
 
 // Head implements eventstore.Store.
@@ -420,7 +437,7 @@ func (s *Store) Head(ctx context.Context) (eventstore.Position, error) {
 	if errors.Is(err, pgx.ErrNoRows) {
 		return eventstore.Position{}, nil
 	}
-	return p, translate(err)
+	return p, s.translate(err)
 }
 
 // collectEvents scans event rows; capacity is the expected number of rows.
@@ -454,14 +471,19 @@ func conflictOn(err error, streamID string) error {
 	return err
 }
 
-// translate maps driver errors to the store's: a closed pool becomes eventstore.ErrClosed.
-// Context errors keep matching context.Canceled and context.DeadlineExceeded.
-func translate(err error) error {
+// translate maps driver errors to the store's: a closed pool becomes eventstore.ErrClosed, a
+// missing table of the store (undefined_table, 42P01: Migrate never ran on this database or
+// schema) eventstore.ErrNotMigrated. Context errors keep matching context.Canceled and
+// context.DeadlineExceeded.
+func (s *Store) translate(err error) error {
 	if err == nil {
 		return nil
 	}
 	if errors.Is(err, puddle.ErrClosedPool) && !errors.Is(err, eventstore.ErrClosed) {
 		return fmt.Errorf("%w: %w", eventstore.ErrClosed, err)
+	}
+	if pgmigrate.Missing(err, s.schema, tables...) && !errors.Is(err, eventstore.ErrNotMigrated) {
+		return fmt.Errorf("%w: %w", eventstore.ErrNotMigrated, err)
 	}
 	return err
 }

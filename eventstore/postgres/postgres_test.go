@@ -24,16 +24,16 @@ func newStore(t testing.TB, cfg postgres.Config) (*postgres.Store, *pgtest.DB) {
 
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	storetest.Run(t, func(t *testing.T) eventstore.Store {
-		s, _ := newStore(t, postgres.Config{})
+	storetest.Run(t, func(t *testing.T, limits eventstore.Limits) eventstore.Store {
+		s, _ := newStore(t, postgres.Config{Limits: limits})
 		return s
 	})
 }
 
 func TestConformanceInSchema(t *testing.T) {
 	t.Parallel()
-	storetest.Run(t, func(t *testing.T) eventstore.Store {
-		s, _ := newStore(t, postgres.Config{Schema: "events"})
+	storetest.Run(t, func(t *testing.T, limits eventstore.Limits) eventstore.Store {
+		s, _ := newStore(t, postgres.Config{Schema: "events", Limits: limits})
 		return s
 	})
 }

@@ -1,7 +1,7 @@
 // Package storetest is the conformance suite every eventstore.Store implementation passes.
 //
 // Call Run from a test of the implementation's package with a function that returns a new,
-// empty store for each subtest.
+// empty store with the given limits for each subtest.
 package storetest
 
 import (
@@ -21,8 +21,9 @@ import (
 	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
-// NewStoreFunc returns a new, empty store for one subtest.
-type NewStoreFunc func(t *testing.T) eventstore.Store
+// NewStoreFunc returns a new, empty store for one subtest that applies limits to appends (zero
+// fields: the defaults).
+type NewStoreFunc func(t *testing.T, limits eventstore.Limits) eventstore.Store
 
 // Run runs the conformance suite against stores made by newStore. Subtests run in parallel.
 func Run(t *testing.T, newStore NewStoreFunc) {
@@ -39,15 +40,20 @@ func Run(t *testing.T, newStore NewStoreFunc) {
 		{"PositionsIncrease", testPositionsIncrease},
 		{"Head", testHead},
 		{"BadInput", testBadInput},
+		{"TooLarge", testTooLarge},
 		{"ConcurrentAppendsToOneStream", testConcurrentAppends},
 		{"ResultsAreCopies", testResultsAreCopies},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			tc.run(t, newStore(t))
+			tc.run(t, newStore(t, eventstore.Limits{}))
 		})
 	}
+	t.Run("TooLargeCustomLimits", func(t *testing.T) {
+		t.Parallel()
+		testTooLargeCustom(t, newStore(t, eventstore.Limits{MaxEventBytes: 100, MaxAppendBytes: 150, MaxAppendEvents: 3}))
+	})
 }
 
 // Event returns EventData of type typ with a small JSON payload holding n.
@@ -478,4 +484,83 @@ func testResultsAreCopies(t *testing.T, s eventstore.Store) {
 	again, err := s.Read(ctx, eventstore.Position{}, eventstore.ReadOptions{})
 	require.NoError(t, err)
 	require.JSONEq(t, `{"n": 1}`, string(again[0].Payload), "callers cannot change stored events")
+}
+
+// requireTooLarge checks that err refuses an append for limit, naming index, size and max.
+func requireTooLarge(t *testing.T, err error, limit string, index, size, maxValue int) {
+	t.Helper()
+	require.ErrorIs(t, err, eventstore.ErrTooLarge)
+	require.ErrorIs(t, err, eventstore.ErrInvalidInput, "a refused append is invalid input too")
+	var tl *eventstore.TooLargeError
+	require.ErrorAs(t, err, &tl)
+	require.Equal(t, eventstore.TooLargeError{Limit: limit, Index: index, Size: size, Max: maxValue}, *tl)
+	require.Contains(t, err.Error(), "Limits."+limit, "the message names the limit")
+	require.Contains(t, err.Error(), "nothing was written")
+	if index >= 0 {
+		require.Contains(t, err.Error(), fmt.Sprintf("events[%d]", index))
+	}
+}
+
+// jsonOfSize returns a JSON string value of exactly n bytes (n >= 2).
+func jsonOfSize(n int) json.RawMessage {
+	return json.RawMessage(`"` + strings.Repeat("x", n-2) + `"`)
+}
+
+// testTooLarge checks the default limits: an event, an append and a count just above them are
+// refused and write nothing; just at them they are accepted.
+func testTooLarge(t *testing.T, s eventstore.Store) {
+	ctx := context.Background()
+	at := eventstore.EventData{Type: "A", Payload: jsonOfSize(eventstore.MaxEventBytesDefault - 8), Metadata: json.RawMessage(`{"a": 1}`)}
+	res, err := s.Append(ctx, "s", eventstore.NoStream, at)
+	require.NoError(t, err, "an event of exactly MaxEventBytesDefault is accepted")
+
+	over := eventstore.EventData{Type: "A", Payload: jsonOfSize(eventstore.MaxEventBytesDefault - 7), Metadata: json.RawMessage(`{"a": 1}`)}
+	_, err = s.Append(ctx, "s", eventstore.Any, Event("A", 1), over)
+	requireTooLarge(t, err, eventstore.LimitEventBytes, 1, eventstore.MaxEventBytesDefault+1, eventstore.MaxEventBytesDefault)
+
+	// Sizes are checked before the JSON is scanned: a 2 MiB payload that is not JSON either is
+	// refused for its size.
+	_, err = s.Append(ctx, "s", eventstore.Any, eventstore.EventData{Type: "A", Payload: json.RawMessage(strings.Repeat("{", 2<<20))})
+	requireTooLarge(t, err, eventstore.LimitEventBytes, 0, 2<<20, eventstore.MaxEventBytesDefault)
+
+	// 17 events of 1 MiB each: every one within MaxEventBytes, 17 MiB in all.
+	mib := eventstore.EventData{Type: "A", Payload: jsonOfSize(1 << 20)}
+	many := make([]eventstore.EventData, 17)
+	for i := range many {
+		many[i] = mib
+	}
+	_, err = s.Append(ctx, "s", eventstore.Any, many...)
+	requireTooLarge(t, err, eventstore.LimitAppendBytes, -1, 17<<20, eventstore.MaxAppendBytesDefault)
+
+	tiny := make([]eventstore.EventData, eventstore.MaxAppendEventsDefault+1)
+	for i := range tiny {
+		tiny[i] = eventstore.EventData{Type: "A", Payload: json.RawMessage(`{}`)}
+	}
+	_, err = s.Append(ctx, "s", eventstore.Any, tiny...)
+	requireTooLarge(t, err, eventstore.LimitAppendEvents, -1, eventstore.MaxAppendEventsDefault+1, eventstore.MaxAppendEventsDefault)
+
+	Settle(t, s, res.Last())
+	all := ReadAll(t, s, eventstore.ReadOptions{Limit: 10})
+	require.Len(t, all, 1, "only the append within the limits wrote")
+	stream, err := s.ReadStream(ctx, "s", 0, 0)
+	require.NoError(t, err)
+	require.Len(t, stream, 1)
+}
+
+// testTooLargeCustom checks limits of 100 bytes per event, 150 per append and 3 events.
+func testTooLargeCustom(t *testing.T, s eventstore.Store) {
+	ctx := context.Background()
+	_, err := s.Append(ctx, "s", eventstore.Any, eventstore.EventData{Type: "A", Payload: jsonOfSize(60), Metadata: jsonOfSize(41)})
+	requireTooLarge(t, err, eventstore.LimitEventBytes, 0, 101, 100)
+	_, err = s.Append(ctx, "s", eventstore.Any, eventstore.EventData{Type: "A", Payload: jsonOfSize(80)}, eventstore.EventData{Type: "A", Payload: jsonOfSize(71)})
+	requireTooLarge(t, err, eventstore.LimitAppendBytes, -1, 151, 150)
+	four := []eventstore.EventData{Event("A", 1), Event("A", 2), Event("A", 3), Event("A", 4)}
+	_, err = s.Append(ctx, "s", eventstore.Any, four...)
+	requireTooLarge(t, err, eventstore.LimitAppendEvents, -1, 4, 3)
+
+	fifty := eventstore.EventData{Type: "A", Payload: jsonOfSize(50)}
+	res, err := s.Append(ctx, "s", eventstore.NoStream, fifty, fifty, fifty)
+	require.NoError(t, err, "an append at every limit is accepted")
+	Settle(t, s, res.Last())
+	require.Len(t, ReadAll(t, s, eventstore.ReadOptions{}), 3, "only the append within the limits wrote")
 }

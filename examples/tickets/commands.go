@@ -51,14 +51,10 @@ func (e *InputError) Error() string { return e.Field + ": " + e.Reason }
 // Is makes errors.Is(err, ErrInvalidInput) true.
 func (e *InputError) Is(target error) bool { return target == ErrInvalidInput }
 
-// appendFunc appends events to a stream and publishes their trigger: the event store's Append
-// (a trigger.Relay publishes later) or a trigger.Appender's (the trigger commits with them).
-type appendFunc func(ctx context.Context, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error)
-
-// tickets runs the commands: it decides from the ticket's stream and appends events.
+// tickets runs the commands: it decides from the ticket's stream and appends events; a
+// trigger.Relay publishes their triggers.
 type tickets struct {
-	store  *espg.Store
-	append appendFunc
+	store *espg.Store
 	// appended, if set, runs after every successful append (trigger.Relay.Wake: publish now
 	// rather than at the relay's next poll).
 	appended func()
@@ -81,7 +77,7 @@ func (t *tickets) register(ctx context.Context, title, customer string) (string,
 	if err != nil {
 		return "", err
 	}
-	if _, err := t.append(ctx, streamID(id.String()), eventstore.NoStream, data); err != nil {
+	if _, err := t.store.Append(ctx, streamID(id.String()), eventstore.NoStream, data); err != nil {
 		return "", fmt.Errorf("register ticket: %w", err)
 	}
 	t.notify()
@@ -118,7 +114,7 @@ func (t *tickets) closeTicket(ctx context.Context, id, reason string) error {
 			}
 		}
 		version := events[len(events)-1].StreamVersion
-		_, err = t.append(ctx, streamID(id), eventstore.Exact(version), data)
+		_, err = t.store.Append(ctx, streamID(id), eventstore.Exact(version), data)
 		if errors.Is(err, eventstore.ErrWrongExpectedVersion) && attempt < closeAttempts {
 			continue // the stream moved on since we read it: decide again
 		}

@@ -38,10 +38,9 @@ func (m Mode) RunsWorker() bool { return m == ModeAll || m == ModeWorker }
 type ChannelKind string
 
 const (
-	// ChannelAMQP carries triggers through RabbitMQ; a trigger.Relay publishes them.
+	// ChannelAMQP carries triggers through RabbitMQ.
 	ChannelAMQP ChannelKind = "amqp"
-	// ChannelPostgres carries triggers through queue tables in the event store's database;
-	// each append publishes its trigger in its own transaction (trigger.Appender).
+	// ChannelPostgres carries triggers through queue tables in the event store's database.
 	ChannelPostgres ChannelKind = "postgres"
 )
 

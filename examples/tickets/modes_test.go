@@ -16,7 +16,7 @@ func TestSplitModes(t *testing.T) {
 	eachChannel(t, func(t *testing.T, e *testEnv) {
 		api := e.start(e.config(ModeAPI))
 		require.Nil(t, api.svc.worker, "an API process runs no projections")
-		require.Equal(t, e.kind == ChannelAMQP, api.svc.relay != nil, "it runs the relay when triggers go through RabbitMQ")
+		require.NotNil(t, api.svc.relay, "it runs the relay, on either channel")
 
 		printer := api.register(t, bodyPrinter)
 		api.register(t, bodyCoffee)

@@ -13,12 +13,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nudgeworks/nudge/channel"
 	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
 	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
 	dlpostgres "github.com/nudgeworks/nudge/deadletter/postgres"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/metrics"
 	"github.com/nudgeworks/nudge/projection"
 	pgprojection "github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/trigger"
@@ -51,9 +53,11 @@ type service struct {
 	ch       channel.Channel
 	models   readModels
 	runner   *projection.Runner
-	relay    *trigger.Relay // RabbitMQ channel, modes all and api
-	worker   *worker.Worker // modes all and worker
-	commands *tickets       // modes all and api
+	relay    *trigger.Relay   // modes all and api
+	worker   *worker.Worker   // modes all and worker
+	commands *tickets         // modes all and api
+	metrics  *metrics.Metrics // the /metrics endpoint's (modes all and api)
+	registry *prometheus.Registry
 }
 
 // open connects, migrates every table (event store, projection status, dead letters, channel),
@@ -99,7 +103,12 @@ func open(ctx context.Context, cfg Config) (_ *service, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.runner, err = projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.log}, projections...); err != nil {
+	s.registry = prometheus.NewRegistry()
+	if s.metrics, err = metrics.New(metrics.Config{Registerer: s.registry, Logger: s.log}); err != nil {
+		return nil, err
+	}
+	runnerCfg := projection.RunnerConfig{Logger: s.log, OnBatch: s.metrics.ObserveBatch}
+	if s.runner, err = projection.NewRunner(s.backend, runnerCfg, projections...); err != nil {
 		return nil, err
 	}
 	// Every mode registers the projections: the API serves their read models and statuses.
@@ -118,7 +127,7 @@ func open(ctx context.Context, cfg Config) (_ *service, err error) {
 		}
 	}
 	if cfg.Mode.RunsWorker() {
-		wcfg := worker.Config{
+		if s.worker, err = worker.New(worker.Config{
 			Runner:               s.runner,
 			Channel:              s.ch,
 			Logger:               s.log,
@@ -126,18 +135,32 @@ func open(ctx context.Context, cfg Config) (_ *service, err error) {
 			SafetyNetInterval:    cfg.SafetyNet,
 			Retry:                cfg.Retry,
 			DisableReplayOnStart: cfg.DisableReplayOnStart,
-			Horizon:              s.store, // names a transaction that holds the projections back
-		}
-		if cfg.Channel == ChannelPostgres {
-			// Triggers committed with their append can arrive before an older transaction
-			// lets the store read the events: the handler waits for them.
-			wcfg.Store = s.store
-		}
-		if s.worker, err = worker.New(wcfg); err != nil {
+			Horizon:              s.store,                    // names a transaction that holds the projections back
+			RouterFunc:           s.metrics.AddRouterMetrics, // Watermill's handler metrics
+		}); err != nil {
 			return nil, err
 		}
 	}
+	if err := s.watch(); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// watch registers the scrape-time metrics of what this process runs: the projections' lag,
+// state and condition and their dead letters always, the worker's trigger counters with it.
+func (s *service) watch() error {
+	names := s.runner.Names()
+	if err := s.metrics.WatchRunner(s.runner); err != nil {
+		return err
+	}
+	if err := s.metrics.WatchDeadLetters(s.dead, names...); err != nil {
+		return err
+	}
+	if s.worker != nil {
+		return s.metrics.WatchWorker(s.worker, names...)
+	}
+	return nil
 }
 
 // openChannel connects the trigger channel and creates its tables or topology.
@@ -169,25 +192,17 @@ func (s *service) openChannel(ctx context.Context) error {
 	return nil
 }
 
-// openCommands sets up appending: with the PostgreSQL channel each append publishes its
-// trigger in its own transaction; with RabbitMQ a relay tails the store and publishes.
+// openCommands sets up appending: commands append to the store, and a relay tails it and
+// publishes the triggers, on either channel. (With the PostgreSQL channel, trigger.Appender
+// could publish each trigger in its append's transaction instead; it costs every append a
+// queue row per projection, see the library's README.)
 func (s *service) openCommands() error {
-	s.commands = &tickets{store: s.store}
-	if pgch, ok := s.ch.(*pgchannel.Channel); ok {
-		appender, err := trigger.NewAppender(s.store, pgch)
-		if err != nil {
-			return err
-		}
-		s.commands.append = appender.Append
-		return nil
-	}
 	relay, err := trigger.NewRelay(s.backend, s.ch, trigger.RelayConfig{Logger: s.log})
 	if err != nil {
 		return err
 	}
 	s.relay = relay
-	s.commands.append = s.store.Append
-	s.commands.appended = relay.Wake
+	s.commands = &tickets{store: s.store, appended: relay.Wake}
 	return nil
 }
 

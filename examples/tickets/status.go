@@ -21,7 +21,7 @@ type statusJSON struct {
 	// the relay (if any) has published every trigger.
 	CaughtUp    bool             `json:"caught_up"`
 	Projections []projectionJSON `json:"projections"`
-	// Relay is the trigger relay's progress (RabbitMQ channel, API processes only).
+	// Relay is the trigger relay's progress (API processes only).
 	Relay *relayJSON `json:"relay,omitempty"`
 }
 

@@ -124,9 +124,31 @@ func (b *Backend) inTxWith(ctx context.Context, opts pgx.TxOptions, fn func(pgx.
 	}
 	if err := fn(tx); err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return err
+		return b.translate(err)
 	}
-	return tx.Commit(ctx)
+	return b.translate(tx.Commit(ctx))
+}
+
+// tables are the tables and views Migrate creates; storeTables the event store's, which the
+// backend's statements read too.
+var (
+	tables      = []string{"nudge_projections", "nudge_projection_skips", "nudge_projection_conditions"}
+	storeTables = []string{"nudge_events", "nudge_streams"}
+)
+
+// translate turns a missing table (Migrate never ran on this database or schema) into
+// projection.ErrNotMigrated, or eventstore.ErrNotMigrated for the store's tables. A handler's
+// error stays as it is, whatever table it names.
+func (b *Backend) translate(err error) error {
+	switch {
+	case err == nil, errors.Is(err, projection.ErrHandler), errors.Is(err, projection.ErrNotMigrated), errors.Is(err, eventstore.ErrNotMigrated):
+		return err
+	case pgmigrate.Missing(err, b.store.Schema(), tables...):
+		return fmt.Errorf("%w: %w", projection.ErrNotMigrated, err)
+	case pgmigrate.Missing(err, b.store.Schema(), storeTables...):
+		return fmt.Errorf("%w: %w", eventstore.ErrNotMigrated, err)
+	}
+	return err
 }
 
 // lock takes the projection's advisory lock and reads its status row, in one round trip.
@@ -149,9 +171,18 @@ func (b *Backend) lock(ctx context.Context, tx pgx.Tx, name string) (projection.
 
 // Register implements projection.Backend. It also records the event types the projection
 // handles (NULL for every type), so StatusOf can compute the lag without the definition; it
-// writes them only when they changed.
+// writes them only when they changed. A database without the backend's tables is an error
+// matching projection.ErrNotMigrated, one without the event store's tables an error matching
+// eventstore.ErrNotMigrated.
 func (b *Backend) Register(ctx context.Context, p *projection.Projection) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error {
+		var storeReady bool
+		if err := tx.QueryRow(ctx, b.sql.eventsExist).Scan(&storeReady); err != nil {
+			return err
+		}
+		if !storeReady {
+			return fmt.Errorf("projection %s: %w", p.Name(), eventstore.ErrNotMigrated)
+		}
 		if _, err := tx.Exec(ctx, b.sql.lock, p.Name()); err != nil {
 			return err
 		}
@@ -294,7 +325,7 @@ func (b *Backend) StatusOf(ctx context.Context, name string) (projection.Status,
 func (b *Backend) Statuses(ctx context.Context) ([]projection.Status, error) {
 	rows, err := b.db.Query(ctx, b.sql.selectAllStatus)
 	if err != nil {
-		return nil, fmt.Errorf("projection/postgres: read the status rows: %w", err)
+		return nil, fmt.Errorf("projection/postgres: read the status rows: %w", b.translate(err))
 	}
 	type row struct {
 		st    projection.Status
@@ -311,7 +342,7 @@ func (b *Backend) Statuses(ctx context.Context) ([]projection.Status, error) {
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("projection/postgres: read the status rows: %w", err)
+		return nil, fmt.Errorf("projection/postgres: read the status rows: %w", b.translate(err))
 	}
 	// The lag statements go in one round trip.
 	out := make([]projection.Status, len(all))
@@ -328,7 +359,7 @@ func (b *Backend) Statuses(ctx context.Context) ([]projection.Status, error) {
 	}
 	if len(all) > 0 {
 		if err := b.db.SendBatch(ctx, &batch).Close(); err != nil {
-			return nil, err
+			return nil, b.translate(err)
 		}
 	}
 	for i := range out {
@@ -347,14 +378,14 @@ func (b *Backend) statusRow(ctx context.Context, name string) (projection.Status
 	if errors.Is(err, pgx.ErrNoRows) {
 		return st, nil, fmt.Errorf("projection %s: %w", name, projection.ErrNotRegistered)
 	}
-	return st, types, err
+	return st, types, b.translate(err)
 }
 
 // withLag fills st's lag fields against the store, counting events of types (nil: every type).
 func (b *Backend) withLag(ctx context.Context, st projection.Status, types []string) (projection.Status, error) {
 	var l lagRow
 	if err := l.scan(b.db.QueryRow(ctx, b.sql.lag, st.Position.TransactionID, st.Position.GlobalPosition, types)); err != nil {
-		return st, err
+		return st, b.translate(err)
 	}
 	return b.holder(ctx, l.apply(st))
 }
@@ -433,7 +464,7 @@ func (b *Backend) StartAttempt(ctx context.Context, p *projection.Projection, at
 		return att, fmt.Errorf("projection %s: %w within %s (is the pool smaller than the projections running at once?): %w",
 			p.Name(), projection.ErrAttemptNotRecorded, AttemptTimeout, err)
 	}
-	return att, err
+	return att, b.translate(err)
 }
 
 // AttemptTimeout bounds StartAttempt's wait for a connection and its update.
@@ -447,5 +478,5 @@ func (b *Backend) EndAttempt(ctx context.Context, p *projection.Projection, at *
 		tx, pos = &at.TransactionID, &at.GlobalPosition
 	}
 	_, err := b.db.Exec(ctx, b.sql.endAttempt, p.Name(), tx, pos)
-	return err
+	return b.translate(err)
 }

@@ -1,0 +1,29 @@
+package projection_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/projection"
+)
+
+// TestNewRefusesReservedNames: a projection cannot take the relay's name (nor any name of
+// nudge's own), so it can never share the relay's position and status row.
+func TestNewRefusesReservedNames(t *testing.T) {
+	t.Parallel()
+	handler := projection.OnAnyIdempotent(func(context.Context, eventstore.Event) error { return nil })
+	for _, name := range []string{"nudge-relay", "nudge-relay-amqp", projection.ReservedPrefix + "x"} {
+		_, err := projection.New(name, projection.Config{}, handler)
+		require.ErrorIs(t, err, projection.ErrInvalidName, name)
+		var ne *projection.NameError
+		require.ErrorAs(t, err, &ne)
+		require.Contains(t, ne.Reason, "kept for nudge's own projections", name)
+	}
+	for _, name := range []string{"nudge", "nudge_relay", "nudgeworks", "my-nudge-relay"} {
+		_, err := projection.New(name, projection.Config{}, handler)
+		require.NoError(t, err, name)
+	}
+}
