@@ -128,7 +128,7 @@ func TestWatchRunnerTimeout(t *testing.T) {
 	require.False(t, found, "no made-up value for a projection whose status could not be read")
 	require.Equal(t, 6.0, mustValue(t, reg, "nudge_metrics_collect_errors_total", "source", metrics.SourceStatus),
 		"two failures per scrape, three scrapes so far")
-	require.GreaterOrEqual(t, mustValue(t, reg, "nudge_metrics_collect_duration_seconds", "source", metrics.SourceStatus), 0.05)
+	require.Positive(t, mustValue(t, reg, "nudge_metrics_collect_duration_seconds", "source", metrics.SourceStatus), "the time the cut query took is recorded")
 
 	r.mu.Lock()
 	delete(r.fail, "a")
