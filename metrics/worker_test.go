@@ -135,9 +135,13 @@ func TestMetricsOfARealRun(t *testing.T) {
 
 	// The start-up catch-up handles everything.
 	e.run(t)
-	e.eventually(t, "both projections catch up", func() bool {
+	// The runner reports a batch (OnBatch) just after its commit, which the lag shows first:
+	// wait for the report of the last batch too (its duration is observed last).
+	e.eventually(t, "both projections catch up and report every batch", func() bool {
 		return mustValue(t, g, "nudge_projection_lag_events", "projection", "good") == 0 &&
-			mustValue(t, g, "nudge_projection_lag_events", "projection", "broken") == 0
+			mustValue(t, g, "nudge_projection_lag_events", "projection", "broken") == 0 &&
+			mustValue(t, g, "nudge_projection_batch_duration_seconds", "projection", "good") == 3 &&
+			mustValue(t, g, "nudge_projection_batch_duration_seconds", "projection", "broken") == 1
 	})
 	for _, name := range []string{"good", "broken"} {
 		require.Equal(t, 0.0, mustValue(t, g, "nudge_projection_lag_seconds", "projection", name))
@@ -166,8 +170,9 @@ func TestMetricsOfARealRun(t *testing.T) {
 	// trigger; good does not handle the type, so the trigger is redundant for it.
 	poison := e.append(t, "Poison", events)
 	require.NoError(t, e.ch.Publish(context.Background(), trigger.ForAppend(poison, time.Now())))
-	e.eventually(t, "broken dead-letters the trigger", func() bool {
-		return mustValue(t, g, "nudge_worker_triggers_dead_lettered_total", "projection", "broken") == 1
+	e.eventually(t, "broken dead-letters the trigger; good finds it redundant", func() bool {
+		return mustValue(t, g, "nudge_worker_triggers_dead_lettered_total", "projection", "broken") == 1 &&
+			mustValue(t, g, "nudge_worker_triggers_redundant_total", "projection", "good") == duplicates+1
 	})
 	checks := []struct {
 		name   string
