@@ -329,7 +329,10 @@ func parseURL(raw string) (amqp091.URI, error) {
 	uri, err := amqp091.ParseURI(raw)
 	if err != nil {
 		return amqp091.URI{}, &ConfigError{Field: "URL", Problem: fmt.Sprintf("%s is not an AMQP URL: %s; use amqp://user:password@host:port/vhost",
-			u.Redacted(), redact.Message(err.Error(), raw))}
+			redact.URL(raw), redact.Message(err.Error(), raw))}
+	}
+	if u.Host == "" { // amqp091 would dial localhost instead: amqp:/user:password@host, say
+		return amqp091.URI{}, &ConfigError{Field: "URL", Problem: fmt.Sprintf("%s names no host; use amqp://user:password@host:port/vhost", redact.URL(raw))}
 	}
 	return uri, nil
 }
