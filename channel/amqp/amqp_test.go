@@ -567,7 +567,7 @@ func TestAddressedPublishNeedsADeclaredQueue(t *testing.T) {
 	ok, err := ch.Declared(ctx, "gamma")
 	require.NoError(t, err)
 	require.False(t, ok)
-	require.False(t, queueExists(t, env, env.Prefix+"nudge.triggers_gamma"), "the publisher declared no queue")
+	require.False(t, env.QueueExists(t, env.Prefix+"nudge.triggers_gamma"), "the publisher declared no queue")
 
 	// A worker (another process) declares it.
 	other := newChannel(t, config(t, env))
@@ -581,23 +581,6 @@ func TestAddressedPublishNeedsADeclaredQueue(t *testing.T) {
 
 	_, err = ch.Declared(ctx, "Gamma")
 	require.ErrorIs(t, err, projection.ErrInvalidName)
-}
-
-// queueExists looks queue up on a connection of the test's own, without creating it.
-func queueExists(t *testing.T, env *amqptest.Env, queue string) bool {
-	t.Helper()
-	conn, err := amqp091.Dial(env.URL)
-	require.NoError(t, err)
-	defer func() { _ = conn.Close() }()
-	raw, err := conn.Channel()
-	require.NoError(t, err)
-	_, err = raw.QueueDeclarePassive(queue, true, false, false, false, nil)
-	var amqpErr *amqp091.Error
-	if errors.As(err, &amqpErr) && amqpErr.Code == amqp091.NotFound {
-		return false
-	}
-	require.NoError(t, err)
-	return true
 }
 
 func TestPublishHonoursContext(t *testing.T) {
@@ -627,8 +610,8 @@ func TestTopology(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, raw.ExchangeDeclarePassive(env.Prefix+"nudge.triggers", "fanout", true, false, false, false, nil))
 	require.Equal(t, env.Prefix+"nudge.triggers_alpha", ch.QueueName("alpha"))
-	require.True(t, queueExists(t, env, env.Prefix+"nudge.triggers_alpha"))
-	require.False(t, queueExists(t, env, env.Prefix+"nudge.dead_letters"), "Declare leaves the dead-letter queue to its first use")
+	require.True(t, env.QueueExists(t, env.Prefix+"nudge.triggers_alpha"))
+	require.False(t, env.QueueExists(t, env.Prefix+"nudge.dead_letters"), "Declare leaves the dead-letter queue to its first use")
 
 	// The first dead letter declares its queue, and lands there.
 	dead := message.NewMessage("dead-1", []byte("poison"))

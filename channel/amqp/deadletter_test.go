@@ -77,10 +77,10 @@ func TestDeadLetterQueueOnlyWithoutAStore(t *testing.T) {
 				recs, err := store.List(ctx, deadletter.Filter{Projection: "alpha"})
 				require.NoError(t, err)
 				require.Len(t, recs, 1, "the dead letter is in the store")
-				require.False(t, queueExists(t, env, queue), "no dead-letter queue on the broker")
+				require.False(t, env.QueueExists(t, queue), "no dead-letter queue on the broker")
 				return
 			}
-			require.True(t, queueExists(t, env, queue), "the dead letter declared its queue")
+			require.True(t, env.QueueExists(t, queue), "the dead letter declared its queue")
 		})
 	}
 }

@@ -18,7 +18,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/channel"
@@ -324,30 +323,13 @@ func TestNoOrphanQueues(t *testing.T) {
 	}
 
 	for _, q := range []string{queue(amqpEnv.Prefix, trigger.RelayNameDefault), queue(wrong, "lagging")} {
-		require.False(t, queueExists(t, amqpEnv, q), "no orphan queue %s", q)
+		require.False(t, amqpEnv.QueueExists(t, q), "no orphan queue %s", q)
 	}
 	res = runCLI(t, f.env, "rebuild", "lagging", "--no-wait")
 	require.Equal(t, 0, res.code, res.stderr)
 	res = runCLI(t, f.env, "deadletter", "replay", "--projection", "failing")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Equal(t, "replayed 1 dead letter(s); triggered failing on the amqp channel\n", res.stdout)
-}
-
-// queueExists looks queue up on the test's broker, without creating it.
-func queueExists(t *testing.T, env *amqptest.Env, queue string) bool {
-	t.Helper()
-	conn, err := amqp091.Dial(env.URL)
-	require.NoError(t, err)
-	defer func() { _ = conn.Close() }()
-	raw, err := conn.Channel()
-	require.NoError(t, err)
-	_, err = raw.QueueDeclarePassive(queue, true, false, false, false, nil)
-	var amqpErr *amqp091.Error
-	if errors.As(err, &amqpErr) && amqpErr.Code == amqp091.NotFound {
-		return false
-	}
-	require.NoError(t, err)
-	return true
 }
 
 func TestResolveAndPurge(t *testing.T) {

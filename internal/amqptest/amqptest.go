@@ -17,6 +17,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -320,4 +321,28 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// QueueExists reports whether queue exists on the test's broker, looked up passively on a
+// connection of its own, so it creates nothing.
+func (e *Env) QueueExists(t testing.TB, queue string) bool {
+	t.Helper()
+	conn, err := amqp091.Dial(e.URL)
+	if err != nil {
+		t.Fatalf("amqptest: dial: %v", err)
+	}
+	defer func() { _ = conn.Close() }()
+	raw, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("amqptest: open a channel: %v", err)
+	}
+	_, err = raw.QueueDeclarePassive(queue, true, false, false, false, nil)
+	var amqpErr *amqp091.Error
+	if errors.As(err, &amqpErr) && amqpErr.Code == amqp091.NotFound {
+		return false
+	}
+	if err != nil {
+		t.Fatalf("amqptest: look up queue %s: %v", queue, err)
+	}
+	return true
 }
