@@ -60,7 +60,7 @@ func Example() {
 	if err := m.AddRouterMetrics(router); err != nil { // Watermill's handler metrics, same registry
 		panic(err)
 	}
-	_ = w.AddHandlers(router) // then w.Declare, go w.SafetyNet, router.Run
+	_ = w.AddHandlers(router) // after w.Prepare; then router.Run and go w.RunBackground
 
 	for n := range 3 {
 		data, _ := eventstore.NewEventData("TicketWasRegistered", ticket{N: n})

@@ -28,7 +28,7 @@ func TestRouterMetrics(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, e.m.AddRouterMetrics(router))
 	require.ErrorIs(t, e.m.AddRouterMetrics(router), metrics.ErrAlreadyRegistered, "twice on one router would count twice")
-	require.NoError(t, e.worker.Declare(context.Background()))
+	require.NoError(t, e.worker.Prepare(context.Background()))
 	require.NoError(t, e.worker.AddHandlers(router))
 
 	ctx, cancel := context.WithCancel(context.Background())

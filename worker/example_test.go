@@ -45,12 +45,12 @@ func ExampleWorker_AddHandlers() {
 			return nil
 		}))
 	runner, _ := projection.NewRunner(backend, projection.RunnerConfig{Logger: quiet}, ticketList)
-	_ = runner.Init(ctx)
 
 	ch := gochannel.New(gochannel.Config{}) // or channel/amqp, channel/postgres
 	w, _ := worker.New(worker.Config{Runner: runner, Channel: ch, Logger: quiet})
-	router, _ := message.NewRouter(message.RouterConfig{}, watermill.NewSlogLogger(quiet))
-	_ = w.Declare(ctx) // subscriptions exist before the first append
+	// worker.RouterLogger: the router's lines about a projection's handler name the projection.
+	router, _ := message.NewRouter(message.RouterConfig{}, worker.RouterLogger(watermill.NewSlogLogger(quiet)))
+	_ = w.Prepare(ctx) // status rows, init hooks; subscriptions exist before the first append
 	_ = w.AddHandlers(router)
 	relay, _ := trigger.NewRelay(backend, ch, trigger.RelayConfig{Logger: quiet})
 
@@ -58,7 +58,8 @@ func ExampleWorker_AddHandlers() {
 	wg.Add(3)
 	go func() { defer wg.Done(); _ = router.Run(ctx) }()
 	go func() { defer wg.Done(); _ = relay.Run(ctx) }()
-	go func() { defer wg.Done(); <-router.Running(); w.SafetyNet(ctx) }() // start-up catch-up and the periodic tick
+	// Once the router runs: replay dead letters (replay after deploy), catch up, safety net.
+	go func() { defer wg.Done(); _ = w.RunBackground(ctx) }()
 	<-router.Running()
 
 	for _, id := range []string{"t-1", "t-2", "t-3"} {

@@ -14,13 +14,26 @@ const HandlerPrefix = "nudge."
 // projection, so that every line about a projection carries its name, the router's too.
 type routerLogger struct{ watermill.LoggerAdapter }
 
-func newRouterLogger(inner watermill.LoggerAdapter) watermill.LoggerAdapter {
+// RouterLogger wraps a router's logger so that its lines about the worker's handlers (the
+// handler names starting with HandlerPrefix) carry "projection", like every other line about a
+// projection; lines about other handlers pass unchanged. Run's router uses it; give it to your
+// router when you use AddHandlers:
+//
+//	router, err := message.NewRouter(cfg, worker.RouterLogger(watermill.NewSlogLogger(logger)))
+func RouterLogger(inner watermill.LoggerAdapter) watermill.LoggerAdapter {
+	if _, ok := inner.(routerLogger); ok {
+		return inner
+	}
 	return routerLogger{inner}
 }
 
-// withProjection adds "projection" to fields that name one of the worker's handlers.
+// withProjection adds "projection" to fields that name one of the worker's handlers (the
+// router calls a handler's subscriber by the handler's name too).
 func withProjection(fields watermill.LogFields) watermill.LogFields {
 	name, ok := fields["handler_name"].(string)
+	if !ok {
+		name, ok = fields["subscriber_name"].(string)
+	}
 	if !ok || !strings.HasPrefix(name, HandlerPrefix) {
 		return fields
 	}

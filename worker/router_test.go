@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nudgeworks/nudge/channel"
 	"github.com/nudgeworks/nudge/channel/gochannel"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/worker"
@@ -53,28 +55,54 @@ func TestRouterFunc(t *testing.T) {
 	require.ErrorIs(t, w.Run(ctx), boom)
 }
 
-// TestRouterLogsNameTheProjection: the lines Run's router logs about a projection's handler
-// carry the projection's name, like every other line about it.
+// TestRouterLogsNameTheProjection: the lines the router logs about a projection's handler, and
+// the lines the channel's subscriber logs about its subscription (watermill-amqp's among them),
+// carry the projection's name like every other line about it — with Run's router and with a
+// router of the service's own that uses worker.RouterLogger.
 func TestRouterLogsNameTheProjection(t *testing.T) {
 	t.Parallel()
+	for _, channelName := range []string{"gochannel", "amqp"} {
+		for _, own := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/own-router=%t", channelName, own), func(t *testing.T) {
+				t.Parallel()
+				routerLogsNameTheProjection(t, channelName, own)
+			})
+		}
+	}
+}
+
+func routerLogsNameTheProjection(t *testing.T, channelName string, own bool) {
 	s := newSetup(t)
 	var buf syncBuffer
 	s.logger = slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	ch := gochannel.New(gochannel.Config{})
+	s.ownRouter = own
+	var ch channel.Channel = gochannel.New(gochannel.Config{})
+	if channelName != "gochannel" {
+		ch = s.newChannel(t, channels[channelName])
+	}
 	s.start(t, ch, worker.Config{SafetyNetInterval: -1}, s.model(t, "logged", nil))
 	s.append(t, "s", storeEvent(1))
 	require.Eventually(t, func() bool { return s.has(t, "logged", 1) }, eventually, 10*time.Millisecond)
+	_, topic, err := ch.Subscriber("logged")
+	require.NoError(t, err)
 
-	var handlerLines int
+	var handlerLines, subscriberLines int
 	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
 		var rec map[string]any
 		require.NoError(t, json.Unmarshal([]byte(line), &rec), line)
-		if rec["handler_name"] == "nudge.logged" {
+		if rec["handler_name"] == worker.HandlerPrefix+"logged" {
 			handlerLines++
+			require.Equal(t, "logged", rec["projection"], line)
+		}
+		if rec["topic"] == topic || (rec["amqp_queue_name"] != nil && strings.HasSuffix(fmt.Sprint(rec["amqp_queue_name"]), "logged")) {
+			subscriberLines++
 			require.Equal(t, "logged", rec["projection"], line)
 		}
 	}
 	require.Positive(t, handlerLines, "the router logged about the handler")
+	if channelName == "amqp" {
+		require.Positive(t, subscriberLines, "the subscriber logged about its queue")
+	}
 }
 
 // syncBuffer is a bytes.Buffer safe for concurrent writers.

@@ -100,7 +100,9 @@ func (s *setup) scalar(t testing.TB, query string) int {
 func TestTicketScenario(t *testing.T) {
 	t.Parallel()
 	for _, channelName := range []string{"amqp", "postgres"} {
-		for _, heal := range []string{"replay", "restart"} {
+		// own-router: the handlers run on a router of the service's own (AddHandlers and
+		// RunBackground); the deploy of the fix heals the projection with no command.
+		for _, heal := range []string{"replay", "restart", "own-router"} {
 			t.Run(channelName+"/"+heal, func(t *testing.T) {
 				t.Parallel()
 				ticketScenario(t, channelName, heal)
@@ -112,6 +114,7 @@ func TestTicketScenario(t *testing.T) {
 func ticketScenario(t *testing.T, channelName, heal string) {
 	ctx := context.Background()
 	s := newSetup(t)
+	s.ownRouter = heal == "own-router"
 	ch := s.newChannel(t, channels[channelName])
 	dead, err := dlpg.New(s.db.Pool, dlpg.Config{})
 	require.NoError(t, err)
@@ -176,7 +179,7 @@ func ticketScenario(t *testing.T, channelName, heal string) {
 		}
 		out, err := exec.Command(nudgeCLI(t), args...).CombinedOutput()
 		require.NoError(t, err, "%s", out)
-	case "restart":
+	case "restart", "own-router":
 		stop()
 		list, stats := s.tickets(t)
 		s.startStoppable(t, ch, cfg, list, stats) // replays dead letters at start
@@ -209,7 +212,7 @@ func ticketScenario(t *testing.T, channelName, heal string) {
 		require.NoError(t, err)
 		return rec.Status == deadletter.StatusReplayed
 	}, eventually, 10*time.Millisecond, "the dead letter is marked replayed")
-	if heal == "restart" {
+	if heal != "replay" {
 		require.Equal(t, "worker start", rec.ReplayedBy)
 	}
 }

@@ -1,7 +1,7 @@
 // Package worker runs projections from triggers: one Watermill handler per projection, each with
 // its own subscription, retries and dead letters, so a projection that fails forever never slows
-// another. Add the handlers to a router you own (Declare, AddHandlers, SafetyNet), or let Run do
-// everything with a router of its own.
+// another. Add the handlers to a router you own (Prepare, AddHandlers, RunBackground: the same
+// start-up duties as Run), or let Run do everything with a router of its own.
 //
 // A handler never projects the message it got: a trigger only makes its projection catch up from
 // its own committed position. A trigger the projection has already passed (by position, or by
@@ -127,8 +127,11 @@ type Worker struct {
 	logger  *slog.Logger
 	stats   map[string]*counters
 	running chan struct{}
-	// ran is set by the first Run.
+	// ran is set by the first Run or RunBackground.
 	ran atomic.Bool
+	// routers holds the routers AddHandlers added handlers to: RunBackground waits until they run.
+	routersMu sync.Mutex
+	routers   []*message.Router
 }
 
 // New returns a worker. It connects to nothing until Run or Declare.
@@ -220,9 +223,22 @@ func (w *Worker) Stats(name string) Stats {
 		Stalls: c.stalls.Load()}
 }
 
-// Declare creates the projections' subscriptions on the channel, so no trigger published after
-// it returns is lost. Run calls it; call it yourself when you use AddHandlers.
-func (w *Worker) Declare(ctx context.Context) error {
+// Prepare does what must happen before the projections' handlers run, on a router of yours
+// (before AddHandlers) as in Run: it registers the projections (Runner.Init: status rows, init
+// hooks), checks that the dead letters can be read, and declares the projections' subscriptions
+// on the channel, so no trigger published after it returns is lost. What fails here would fail
+// every catch-up: a database where Migrate never ran (errors matching projection.ErrNotMigrated,
+// eventstore.ErrNotMigrated or deadletter.ErrNotMigrated say so), an init hook's error, a channel
+// that cannot declare. Safe to call again (at every start, from several processes at once).
+func (w *Worker) Prepare(ctx context.Context) error {
+	if err := w.cfg.Runner.Init(ctx); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	if w.cfg.DeadLetters != nil {
+		if _, err := w.cfg.DeadLetters.List(ctx, deadletter.Filter{Limit: 1}); err != nil {
+			return fmt.Errorf("worker: read the dead letters: %w", err)
+		}
+	}
 	if err := w.cfg.Channel.Declare(ctx, w.names...); err != nil {
 		return fmt.Errorf("worker: declare subscriptions: %w", err)
 	}
@@ -232,8 +248,16 @@ func (w *Worker) Declare(ctx context.Context) error {
 // AddHandlers adds one handler per projection to router, named "nudge.<projection>", each
 // consuming the projection's own subscription, with handler-level middleware from package
 // retry: dead-lettering outermost, then retries with backoff, then panic recovery (a
-// router-level Recoverer would turn a panic into an endless redelivery loop).
+// router-level Recoverer would turn a panic into an endless redelivery loop). Give the router
+// RouterLogger(…) as its logger, so that its lines about these handlers name the projection.
+// RunBackground waits until router runs before it replays dead letters.
 func (w *Worker) AddHandlers(router *message.Router) error {
+	if router == nil {
+		return fmt.Errorf("%w: worker.AddHandlers needs a router", projection.ErrInvalidConfig)
+	}
+	w.routersMu.Lock()
+	w.routers = append(w.routers, router)
+	w.routersMu.Unlock()
 	for _, name := range w.names {
 		sub, topic, err := w.cfg.Channel.Subscriber(name)
 		if err != nil {
@@ -314,54 +338,81 @@ func (w *Worker) replayOnStart(ctx context.Context) {
 	}
 }
 
+// handler returns the router handler of the named projection.
 func (w *Worker) handler(name string) message.NoPublishHandlerFunc {
-	c := w.stats[name]
 	p, _ := w.cfg.Runner.Projection(name) // checked in New
-	log := w.logger.With(slog.String("projection", name))
-	return func(msg *message.Message) error {
-		c.received.Add(1)
-		t, err := trigger.FromMessage(msg)
-		if err != nil {
-			c.invalid.Add(1)
-			return retry.Permanent(err) // the same bytes can never decode: dead-letter at once
-		}
-		if t.Projection != "" && t.Projection != name {
-			c.ignored.Add(1)
-			return nil
-		}
-		if t.Reason == trigger.ReasonAppend && !t.Position.IsZero() &&
-			(!w.cfg.Runner.CommittedPosition(name).Less(t.Position) || !t.Concerns(p.Types())) {
-			c.redundant.Add(1)
-			return nil
-		}
-		if t.Reason == trigger.ReasonSkip {
-			return w.skip(msg.Context(), name, t.Skip, log)
-		}
-		if t.Reason == trigger.ReasonRebuild {
-			return w.rebuild(msg.Context(), name, t, log)
-		}
-		if t.Reason == trigger.ReasonReplay {
-			// An operator replays after a fix: an event judged to kill the process gets another go.
-			if err := w.cfg.Runner.ClearCrashLoop(msg.Context(), name); err != nil {
-				return fmt.Errorf("projection %s: clear the crash-loop verdict for a replay: %w", name, err)
-			}
-		}
-		readable, err := w.waitReadable(msg.Context(), t.Position)
-		if err != nil {
-			return err
-		}
-		w.stats[name].triggered.Store(time.Now().UnixNano())
-		if err := w.catchUp(msg.Context(), name, log); err != nil {
-			if errors.Is(err, projection.ErrCrashLoop) {
-				return retry.Permanent(err) // handled no more until a replay: retrying cannot help
-			}
-			return err
-		}
-		if !readable {
-			return fmt.Errorf("projection %s: trigger at %s: %w", name, t.Position, ErrNotReadableYet)
-		}
+	h := &projectionHandler{w: w, name: name, types: p.Types(), c: w.stats[name],
+		log: w.logger.With(slog.String("projection", name))}
+	return h.handle
+}
+
+// projectionHandler handles one projection's triggers.
+type projectionHandler struct {
+	w     *Worker
+	name  string
+	types []string
+	c     *counters
+	log   *slog.Logger
+}
+
+func (h *projectionHandler) handle(msg *message.Message) error {
+	h.c.received.Add(1)
+	t, err := trigger.FromMessage(msg)
+	if err != nil {
+		h.c.invalid.Add(1)
+		return retry.Permanent(err) // the same bytes can never decode: dead-letter at once
+	}
+	if h.passed(t) {
 		return nil
 	}
+	ctx := msg.Context()
+	switch t.Reason {
+	case trigger.ReasonSkip:
+		return h.w.skip(ctx, h.name, t.Skip, h.log)
+	case trigger.ReasonRebuild:
+		return h.w.rebuild(ctx, h.name, t, h.log)
+	case trigger.ReasonReplay:
+		// An operator replays after a fix: an event judged to kill the process gets another go.
+		if err := h.w.cfg.Runner.ClearCrashLoop(ctx, h.name); err != nil {
+			return fmt.Errorf("projection %s: clear the crash-loop verdict for a replay: %w", h.name, err)
+		}
+	}
+	return h.catchUpTo(ctx, t.Position)
+}
+
+// passed reports (and counts) a trigger addressed to another projection, or one for a position
+// or event types the projection has already passed: such a trigger costs no read.
+func (h *projectionHandler) passed(t trigger.Trigger) bool {
+	if t.Projection != "" && t.Projection != h.name {
+		h.c.ignored.Add(1)
+		return true
+	}
+	if t.Reason == trigger.ReasonAppend && !t.Position.IsZero() &&
+		(!h.w.cfg.Runner.CommittedPosition(h.name).Less(t.Position) || !t.Concerns(h.types)) {
+		h.c.redundant.Add(1)
+		return true
+	}
+	return false
+}
+
+// catchUpTo catches the projection up once pos is readable (or HorizonWait has passed: then it
+// catches up what it can and fails, so the trigger comes back).
+func (h *projectionHandler) catchUpTo(ctx context.Context, pos eventstore.Position) error {
+	readable, err := h.w.waitReadable(ctx, pos)
+	if err != nil {
+		return err
+	}
+	h.c.triggered.Store(time.Now().UnixNano())
+	if err := h.w.catchUp(ctx, h.name, h.log); err != nil {
+		if errors.Is(err, projection.ErrCrashLoop) {
+			return retry.Permanent(err) // handled no more until a replay: retrying cannot help
+		}
+		return err
+	}
+	if !readable {
+		return fmt.Errorf("projection %s: trigger at %s: %w", h.name, pos, ErrNotReadableYet)
+	}
+	return nil
 }
 
 // skip performs an operator's skip request with the projection's definition (its on-skip hook
@@ -472,92 +523,109 @@ func (w *Worker) catchUp(ctx context.Context, name string, log *slog.Logger) err
 	return nil
 }
 
-// SafetyNet catches every projection up once now, then every SafetyNetInterval, until ctx
+// safetyNet catches every projection up once now, then every SafetyNetInterval, until ctx
 // ends. Projections run on goroutines of their own, so a slow or failing one does not delay
-// the others. Run calls it; call it yourself when you use AddHandlers.
-func (w *Worker) SafetyNet(ctx context.Context) {
+// the others.
+func (w *Worker) safetyNet(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, name := range w.names {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			log := w.logger.With(slog.String("projection", name))
-			var tick <-chan time.Time
-			if w.cfg.SafetyNetInterval > 0 {
-				ticker := time.NewTicker(w.cfg.SafetyNetInterval)
-				defer ticker.Stop()
-				tick = ticker.C
-			}
-			// The safety net's own catch-up runs on a goroutine of its own, one at a time, so
-			// a stuck one does not stop the ticks that report it.
-			var (
-				stall    = stallCheck{since: time.Now()}
-				inFlight = make(chan struct{}, 1)
-				running  sync.WaitGroup
-			)
-			defer running.Wait()
-			for {
-				stall.check(ctx, w, name, log)
-				select {
-				case inFlight <- struct{}{}:
-					running.Add(1)
-					go func() {
-						defer running.Done()
-						defer func() { <-inFlight }()
-						if err := w.catchUp(ctx, name, log); err != nil && ctx.Err() == nil && !errors.Is(err, projection.ErrHandler) {
-							log.ErrorContext(ctx, "safety-net catch-up failed", slog.Any("error", err))
-						}
-					}()
-				default: // the last one still runs
-				}
-				select {
-				case <-ctx.Done():
-					return
-				case <-tick:
-				}
-			}
-		}()
+		wg.Go(func() { w.safetyNetOf(ctx, name) })
 	}
 	wg.Wait()
 }
 
-// start does what Run must do before its handlers run, so a database that is not migrated
-// fails Run at once instead of every catch-up and dead letter after it.
-func (w *Worker) start(ctx context.Context) error {
-	if err := w.cfg.Runner.Init(ctx); err != nil {
-		return fmt.Errorf("worker: %w", err)
+// safetyNetOf is one projection's safety net: at each tick a stall check, then a catch-up on a
+// goroutine of its own, one at a time, so a stuck one does not stop the ticks that report it.
+func (w *Worker) safetyNetOf(ctx context.Context, name string) {
+	log := w.logger.With(slog.String("projection", name))
+	var tick <-chan time.Time
+	if w.cfg.SafetyNetInterval > 0 {
+		ticker := time.NewTicker(w.cfg.SafetyNetInterval)
+		defer ticker.Stop()
+		tick = ticker.C
 	}
-	if w.cfg.DeadLetters != nil {
-		if _, err := w.cfg.DeadLetters.List(ctx, deadletter.Filter{Limit: 1}); err != nil {
-			return fmt.Errorf("worker: read the dead letters: %w", err)
+	var (
+		stall    = stallCheck{since: time.Now()}
+		inFlight = make(chan struct{}, 1)
+		running  sync.WaitGroup
+	)
+	defer running.Wait()
+	for {
+		stall.check(ctx, w, name, log)
+		select {
+		case inFlight <- struct{}{}:
+			running.Go(func() {
+				defer func() { <-inFlight }()
+				if err := w.catchUp(ctx, name, log); err != nil && ctx.Err() == nil && !errors.Is(err, projection.ErrHandler) {
+					log.ErrorContext(ctx, "safety-net catch-up failed", slog.Any("error", err))
+				}
+			})
+		default: // the last one still runs
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick:
 		}
 	}
-	return w.Declare(ctx)
 }
 
-// Running is closed once Run's handlers are subscribed: from then on no trigger is missed,
-// even on channels that keep nothing for absent consumers.
+// Running is closed once the handlers are subscribed (by Run, or, for handlers on your router,
+// once RunBackground saw that router run): from then on no trigger is missed, even on channels
+// that keep nothing for absent consumers.
 func (w *Worker) Running() <-chan struct{} { return w.running }
 
-// Run registers the projections (Runner.Init), declares the subscriptions, runs the handlers
-// on a router of its own and the safety net, until ctx ends; then it stops the router
-// (handlers in flight finish or roll back, within CloseTimeout) and returns nil. A Worker runs
-// once: a second Run returns ErrRunTwice.
+// RunBackground runs what the worker does besides its handlers, until ctx ends: it waits until
+// every router given to AddHandlers runs, then replays the projections' dead letters ("replay
+// after deploy", unless Config.DisableReplayOnStart: a fix that was just deployed takes effect
+// without an operator, and a crash-loop verdict is cleared the same way), catches every
+// projection up and runs the safety net, and watches the store's horizon (Config.Horizon). Call
+// it (on a goroutine of its own) when the handlers run on your router; Run calls it itself.
 //
-// What fails at start is returned at once, before any handler runs: a database where Migrate
-// never ran (errors matching projection.ErrNotMigrated, eventstore.ErrNotMigrated or
-// deadletter.ErrNotMigrated say so), an init hook's error, a channel that cannot declare.
+// A Worker runs once, by Run or by RunBackground: a second call returns ErrRunTwice.
+func (w *Worker) RunBackground(ctx context.Context) error {
+	if !w.ran.CompareAndSwap(false, true) {
+		return ErrRunTwice
+	}
+	w.background(ctx)
+	return nil
+}
+
+// background is RunBackground's work.
+func (w *Worker) background(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { w.watchHorizon(ctx) })
+	w.routersMu.Lock()
+	routers := slices.Clone(w.routers)
+	w.routersMu.Unlock()
+	for _, r := range routers {
+		select {
+		case <-r.Running():
+		case <-ctx.Done():
+			return
+		}
+	}
+	close(w.running)
+	w.replayOnStart(ctx)
+	w.safetyNet(ctx)
+}
+
+// Run does everything with a router of its own, until ctx ends: Prepare, AddHandlers, the
+// router, and RunBackground's duties; then it stops the router (handlers in flight finish or
+// roll back, within CloseTimeout) and returns nil. What fails in Prepare is returned at once,
+// before any handler runs. A Worker runs once: a second Run returns ErrRunTwice.
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.ran.CompareAndSwap(false, true) {
 		return ErrRunTwice
 	}
-	if err := w.start(ctx); err != nil {
+	if err := w.Prepare(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
 		return err
 	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: w.cfg.CloseTimeout}, newRouterLogger(watermill.NewSlogLogger(w.logger)))
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: w.cfg.CloseTimeout}, RouterLogger(watermill.NewSlogLogger(w.logger)))
 	if err != nil {
 		return fmt.Errorf("worker: router: %w", err)
 	}
@@ -572,21 +640,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		w.watchHorizon(ctx)
-	}()
-	go func() {
-		defer wg.Done()
-		select {
-		case <-router.Running():
-			close(w.running)
-			w.replayOnStart(ctx)
-			w.SafetyNet(ctx)
-		case <-ctx.Done():
-		}
-	}()
+	wg.Go(func() { w.background(ctx) })
 	err = router.Run(ctx)
 	cancel()
 	wg.Wait()

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -79,6 +80,9 @@ type setup struct {
 	appender *trigger.Appender  // set when triggers are published in the append's transaction
 	amqp     *amqptest.Env      // set on the RabbitMQ channel
 	runner   *projection.Runner // the runner of the worker started last
+	// ownRouter makes start run the handlers on a router of the test's own, wired the way the
+	// README shows (Prepare, AddHandlers, RunBackground), instead of Worker.Run.
+	ownRouter bool
 }
 
 // newChannel returns the case's channel for s; with an in-transaction channel, s.append
@@ -199,8 +203,11 @@ func (s *setup) startStoppable(t testing.TB, ch channel.Channel, cfg worker.Conf
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); require.NoError(t, w.Run(ctx)) }()
+	if s.ownRouter {
+		s.runOwnRouter(ctx, t, &wg, w)
+	} else {
+		wg.Go(func() { require.NoError(t, w.Run(ctx)) })
+	}
 	if s.appender == nil {
 		relay, err := trigger.NewRelay(s.backend, ch, trigger.RelayConfig{Logger: s.logger})
 		require.NoError(t, err)
@@ -216,6 +223,18 @@ func (s *setup) startStoppable(t testing.TB, ch channel.Channel, cfg worker.Conf
 		t.Fatalf("the worker did not start within %s", eventually)
 	}
 	return w, stop
+}
+
+// runOwnRouter runs w's handlers on a router of the test's own until ctx ends, the way a
+// service that owns its router wires them.
+func (s *setup) runOwnRouter(ctx context.Context, t testing.TB, wg *sync.WaitGroup, w *worker.Worker) {
+	t.Helper()
+	require.NoError(t, w.Prepare(ctx))
+	router, err := message.NewRouter(message.RouterConfig{}, worker.RouterLogger(watermill.NewSlogLogger(s.logger)))
+	require.NoError(t, err)
+	require.NoError(t, w.AddHandlers(router))
+	wg.Go(func() { require.NoError(t, router.Run(ctx)) })
+	wg.Go(func() { require.NoError(t, w.RunBackground(ctx)) })
 }
 
 // TestEndToEnd: append → relay → trigger → catch-up → read model, two projections at once, on

@@ -277,7 +277,7 @@ func New(ctx context.Context, cfg Config) (*Channel, error) {
 	c := &Channel{
 		cfg:             cfg,
 		log:             log,
-		wlog:            watermill.NewSlogLogger(log),
+		wlog:            queueLogger{watermill.NewSlogLogger(log), cfg.Prefix + channel.TriggerTopic + "_"},
 		dialer:          &dialer{timeout: dialTimeout},
 		triggerTopic:    cfg.Prefix + channel.TriggerTopic,
 		deadLetterTopic: cfg.Prefix + channel.DeadLetterTopic,
@@ -546,7 +546,7 @@ func (c *Channel) declareDeadLetters() error {
 	if c.deadLettersDeclared.Load() {
 		return nil
 	}
-	if err := c.initialize(amqp.NewDurableQueueConfig(""), c.deadLetterTopic, c.deadLetterTopic); err != nil {
+	if err := c.initialize(amqp.NewDurableQueueConfig(""), c.deadLetterTopic, c.deadLetterTopic, c.wlog); err != nil {
 		return err
 	}
 	c.deadLettersDeclared.Store(true)
@@ -554,19 +554,20 @@ func (c *Channel) declareDeadLetters() error {
 }
 
 func (c *Channel) declareProjection(name string) error {
-	if err := c.initialize(c.projectionConfig(name), c.triggerTopic, c.QueueName(name)); err != nil {
+	log := c.wlog.With(watermill.LogFields{"projection": name})
+	if err := c.initialize(c.projectionConfig(name), c.triggerTopic, c.QueueName(name), log); err != nil {
 		return err
 	}
 	c.declared.Store(name, struct{}{})
 	return nil
 }
 
-// initialize declares what a subscriber of topic with cfg consumes.
-func (c *Channel) initialize(cfg amqp.Config, topic, queue string) error {
+// initialize declares what a subscriber of topic with cfg consumes, logging through log.
+func (c *Channel) initialize(cfg amqp.Config, topic, queue string, log watermill.LoggerAdapter) error {
 	if err := c.usable(); err != nil {
 		return fmt.Errorf("amqp: declare queue %s: %w", queue, err)
 	}
-	sub, err := amqp.NewSubscriberWithConnection(cfg, c.wlog, c.conn)
+	sub, err := amqp.NewSubscriberWithConnection(cfg, log, c.conn)
 	if err != nil {
 		return fmt.Errorf("amqp: create subscriber: %w", err)
 	}

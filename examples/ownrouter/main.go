@@ -1,7 +1,8 @@
 // Ownrouter runs nudge's projection handlers on a Watermill router of your own, with triggers
 // through RabbitMQ: the wiring for a service that already has a *message.Router — its own
 // handlers, middleware and plugins — and adds one handler per projection beside them. You run
-// the pieces the worker's Run would run for you: the router, the safety net and the relay.
+// the pieces the worker's Run would run for you: the router, the worker's background duties
+// (replay after deploy, the safety net) and the relay.
 //
 // It appends a few events, waits until the read model has them, prints it and stops. Run it
 // from the repository root, after `make up`:
@@ -142,9 +143,6 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	if err := runner.Init(ctx); err != nil { // status rows and init hooks; ErrNotMigrated says what to do
-		return result{}, err
-	}
 	w, err := worker.New(worker.Config{Runner: runner, Channel: ch, DeadLetters: dead, Logger: cfg.Logger})
 	if err != nil {
 		return result{}, err
@@ -155,13 +153,16 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 	}
 
 	// Your router: its config, logger, middleware, plugins and other handlers are yours.
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NewSlogLogger(cfg.Logger))
+	// worker.RouterLogger: the router's lines about a projection's handler carry "projection".
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, worker.RouterLogger(watermill.NewSlogLogger(cfg.Logger)))
 	if err != nil {
 		return result{}, err
 	}
 	router.AddMiddleware(middleware.CorrelationID)
 	// router.AddConsumerHandler(…) for your own handlers, as before.
-	if err := w.Declare(ctx); err != nil { // the projections' queues, before anything publishes
+	// Status rows and init hooks (ErrNotMigrated says what to do), the projections' queues
+	// before anything publishes.
+	if err := w.Prepare(ctx); err != nil {
 		return result{}, err
 	}
 	if err := w.AddHandlers(router); err != nil { // one handler per projection: dead letter → retry → recoverer
@@ -204,8 +205,9 @@ func runAll(ctx context.Context, router *message.Router, w *worker.Worker, relay
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
-	// Once the handlers are subscribed: catch up now, then every SafetyNetInterval.
-	wg.Go(func() { w.SafetyNet(ctx) })
+	// Once the router runs: replay dead letters (a fix just deployed heals with no command),
+	// catch up now, then every SafetyNetInterval.
+	background("worker", w.RunBackground)
 	if err := work(ctx); err != nil {
 		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, err) {
 			return fmt.Errorf("%w (%w)", err, cause)
