@@ -1,0 +1,134 @@
+package nudge
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/deadletter"
+	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/retry"
+	"github.com/nudgeworks/nudge/trigger"
+)
+
+// ErrInvalidConfig is matched (errors.Is) by every error New and NewInMemory return for a Config
+// they cannot use; the message names the field and what to do.
+var ErrInvalidConfig = errors.New("nudge: invalid config")
+
+// TriggerMode says how appends publish their triggers.
+type TriggerMode string
+
+const (
+	// TriggersRelay: a relay in every Run tails the event store and publishes one coalesced
+	// trigger per batch of appended events, on any channel. An append writes nothing more, and
+	// events appended by other means (another service, SQL) are triggered too. The default.
+	TriggersRelay TriggerMode = "relay"
+	// TriggersInTransaction: Append and AppendTx publish the trigger in the append's transaction
+	// (the PostgreSQL-queue channel, channel/postgres, only): no relay and no poll, so the
+	// lowest latency. Such a trigger can arrive while an older transaction still holds the
+	// store's readers back, so the client makes handlers wait for its position (up to
+	// HorizonWait). Events appended by other means are caught up by the safety net only.
+	TriggersInTransaction TriggerMode = "in_transaction"
+)
+
+// TriggerModes lists every TriggerMode.
+func TriggerModes() []TriggerMode { return []TriggerMode{TriggersRelay, TriggersInTransaction} }
+
+// Config configures a Client. Channel is required; every other field is optional.
+type Config struct {
+	// Channel carries the triggers: channel/amqp (RabbitMQ), channel/postgres (a PostgreSQL
+	// queue) or channel/gochannel (in process). Required. The client never closes it.
+	Channel channel.Channel
+	// Projections are the projections Run (or AddHandlers) runs. A client without projections
+	// appends, reports status and, in Run, runs the relay only.
+	Projections []*projection.Projection
+	// Schema holds nudge's tables (events, projection status, dead letters). Defaults to "",
+	// the connection's search_path (usually public). Ignored by NewInMemory.
+	Schema string
+	// Logger receives every part's structured logs; each line about a projection carries
+	// "projection". Defaults to slog.Default().
+	Logger *slog.Logger
+	// Triggers says how appends publish their triggers. Defaults to TriggersRelay.
+	Triggers TriggerMode
+	// DeadLetters keeps the triggers whose retries are over. Defaults to the PostgreSQL
+	// dead-letter store in Schema (New) or an in-memory one (NewInMemory); `nudge deadletter`
+	// sees the PostgreSQL one.
+	DeadLetters deadletter.Store
+	// Retry is the backoff for a failing trigger before it is dead-lettered; zero fields take
+	// retry's defaults (5 attempts over about 3 s).
+	Retry retry.Policy
+	// Limits bound each append; zero fields take eventstore's defaults.
+	Limits eventstore.Limits
+	// SafetyNetInterval is how often every projection catches up without a trigger. Defaults
+	// to worker.SafetyNetIntervalDefault (30 s); negative turns the tick off.
+	SafetyNetInterval time.Duration
+	// StallAfter: see worker.Config.StallAfter. Defaults to worker.StallAfterDefault.
+	StallAfter time.Duration
+	// CloseTimeout bounds Run's wait for handlers in flight at shutdown. Defaults to
+	// worker.CloseTimeoutDefault.
+	CloseTimeout time.Duration
+	// DisableReplayOnStart turns off "replay after deploy" (see worker.Config).
+	DisableReplayOnStart bool
+	// RouterFunc, if set, gets Run's router before it runs: router-level middleware, plugins,
+	// Watermill's metrics (package metrics).
+	RouterFunc func(*message.Router) error
+	// OnBatch, if set, is called after every batch that committed events or failed (see
+	// projection.RunnerConfig.OnBatch; package metrics uses it).
+	OnBatch func(projection.BatchReport)
+	// Relay tunes the relay (TriggersRelay); its Logger defaults to Logger.
+	Relay trigger.RelayConfig
+}
+
+// WithDefaults returns cfg with every zero field that has a default set to it.
+func (cfg Config) WithDefaults() Config {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Triggers == "" {
+		cfg.Triggers = TriggersRelay
+	}
+	if cfg.Relay.Logger == nil {
+		cfg.Relay.Logger = cfg.Logger
+	}
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults), as an error matching
+// ErrInvalidConfig.
+func (cfg Config) Validate() error {
+	if cfg.Channel == nil {
+		return fmt.Errorf("%w: Channel is required (channel/amqp, channel/postgres or channel/gochannel)", ErrInvalidConfig)
+	}
+	switch cfg.Triggers {
+	case TriggersRelay:
+	case TriggersInTransaction:
+		if _, ok := cfg.Channel.(trigger.TxPublisher); !ok {
+			return fmt.Errorf("%w: Triggers %q needs a channel that publishes in a transaction (channel/postgres); %T does not: use %q",
+				ErrInvalidConfig, cfg.Triggers, cfg.Channel, TriggersRelay)
+		}
+	default:
+		return fmt.Errorf("%w: Triggers %q is not one of %v", ErrInvalidConfig, cfg.Triggers, TriggerModes())
+	}
+	seen := make(map[string]bool, len(cfg.Projections))
+	for i, p := range cfg.Projections {
+		if p == nil {
+			return fmt.Errorf("%w: Projections[%d] is nil", ErrInvalidConfig, i)
+		}
+		if seen[p.Name()] {
+			return fmt.Errorf("%w: projection %q is listed twice", ErrInvalidConfig, p.Name())
+		}
+		seen[p.Name()] = true
+	}
+	if err := cfg.Retry.WithDefaults().Validate(); err != nil {
+		return fmt.Errorf("%w: Retry: %w", ErrInvalidConfig, err)
+	}
+	if cfg.CloseTimeout < 0 {
+		return fmt.Errorf("%w: CloseTimeout %s is negative", ErrInvalidConfig, cfg.CloseTimeout)
+	}
+	return nil
+}

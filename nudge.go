@@ -1,0 +1,227 @@
+// Package nudge is the client: one value that wires nudge's parts for a service — the event
+// store, the projections' runner and handlers, the dead letters, the relay that publishes
+// triggers, the safety net and the replay after deploy — from a pgx pool, a channel and the
+// projections.
+//
+//	client, err := nudge.New(pool, nudge.Config{Channel: ch, Projections: []*projection.Projection{list}})
+//	err = client.Migrate(ctx)                   // once per start; safe from several processes
+//	go client.Run(ctx)                          // handlers, relay, safety net, replay after deploy
+//	_, err = client.Append(ctx, "ticket-1", eventstore.NoStream, data)
+//
+// Handlers can run on a Watermill router of the service's own instead: AddHandlers adds them,
+// RunBackground runs everything else Run runs. The parts stay available for custom wiring
+// (packages eventstore/postgres, projection, worker, trigger, deadletter).
+package nudge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/nudgeworks/nudge/deadletter"
+	dlmemory "github.com/nudgeworks/nudge/deadletter/memory"
+	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
+	"github.com/nudgeworks/nudge/eventstore"
+	esmemory "github.com/nudgeworks/nudge/eventstore/memory"
+	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/projection"
+	pjmemory "github.com/nudgeworks/nudge/projection/memory"
+	pjpg "github.com/nudgeworks/nudge/projection/postgres"
+	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/worker"
+)
+
+// ErrRunTwice is returned by a second Run or RunBackground of one Client: a Client runs once.
+var ErrRunTwice = errors.New("nudge: the client runs already (or ran): a Client runs once, by Run or by RunBackground")
+
+// ErrNotSupported is returned by AppendTx on an in-memory client: it has no transactions.
+var ErrNotSupported = errors.New("nudge: not supported by this client")
+
+// Client is nudge wired for one service. It is safe for concurrent use.
+type Client struct {
+	cfg      Config
+	store    eventstore.Store
+	pg       *espg.Store // nil in memory
+	appender *trigger.Appender
+	runner   *projection.Runner
+	worker   *worker.Worker
+	relay    *trigger.Relay // nil with TriggersInTransaction
+	dead     deadletter.Store
+	migrate  []func(context.Context) error
+	ran      atomic.Bool
+}
+
+// parts are what a client is built on: the PostgreSQL or the in-memory implementations.
+type parts struct {
+	store   eventstore.Store
+	pg      *espg.Store
+	backend projection.Backend
+	dead    deadletter.Store
+	migrate []func(context.Context) error
+}
+
+// New returns a client on PostgreSQL: the event store, projection positions and status and (by
+// default) the dead letters live in db's database, in Config.Schema. It connects to nothing
+// until it is used; call Migrate once per start before Run.
+func New(db espg.DB, cfg Config) (*Client, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: New needs a database (a *pgxpool.Pool)", ErrInvalidConfig)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	store, err := espg.New(db, espg.Config{Schema: cfg.Schema, Limits: cfg.Limits})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	pool, ok := db.(pjpg.DB)
+	if !ok {
+		return nil, fmt.Errorf("%w: New needs a pool (%T lacks BeginTx or SendBatch)", ErrInvalidConfig, db)
+	}
+	backend, err := pjpg.New(pool, store)
+	if err != nil {
+		return nil, err
+	}
+	p := parts{store: store, pg: store, backend: backend, dead: cfg.DeadLetters,
+		migrate: []func(context.Context) error{store.Migrate, backend.Migrate}}
+	if p.dead == nil {
+		dead, err := dlpg.New(db, dlpg.Config{Schema: cfg.Schema})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		p.dead, p.migrate = dead, append(p.migrate, dead.Migrate)
+	}
+	return newClient(cfg, p)
+}
+
+// NewInMemory returns a client whose event store, projection positions and dead letters live
+// in memory, for tests and demos. Use it with channel/gochannel; TriggersInTransaction is not
+// available.
+func NewInMemory(cfg Config) (*Client, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Triggers == TriggersInTransaction {
+		return nil, fmt.Errorf("%w: Triggers %q needs PostgreSQL: use New", ErrInvalidConfig, cfg.Triggers)
+	}
+	store := esmemory.New(esmemory.Config{Limits: cfg.Limits})
+	backend, err := pjmemory.New(store, pjmemory.Config{})
+	if err != nil {
+		return nil, err
+	}
+	dead := cfg.DeadLetters
+	if dead == nil {
+		dead = dlmemory.New(dlmemory.Config{})
+	}
+	return newClient(cfg, parts{store: store, backend: backend, dead: dead})
+}
+
+func newClient(cfg Config, p parts) (*Client, error) {
+	c := &Client{cfg: cfg, store: p.store, pg: p.pg, dead: p.dead, migrate: p.migrate}
+	var err error
+	c.runner, err = projection.NewRunner(p.backend, projection.RunnerConfig{Logger: cfg.Logger, OnBatch: cfg.OnBatch}, cfg.Projections...)
+	if err != nil {
+		return nil, err
+	}
+	wcfg := worker.Config{Runner: c.runner, Channel: cfg.Channel, Logger: cfg.Logger, DeadLetters: c.dead,
+		SafetyNetInterval: cfg.SafetyNetInterval, StallAfter: cfg.StallAfter, Retry: cfg.Retry,
+		DisableReplayOnStart: cfg.DisableReplayOnStart, CloseTimeout: cfg.CloseTimeout, RouterFunc: cfg.RouterFunc}
+	if c.pg != nil {
+		wcfg.Horizon = c.pg // names the transaction that holds readers back
+	}
+	switch cfg.Triggers {
+	case TriggersInTransaction:
+		c.appender, err = trigger.NewAppender(c.pg, cfg.Channel.(trigger.TxPublisher)) // checked by Validate
+		if err != nil {
+			return nil, err
+		}
+		// A trigger published in the append's transaction can arrive before an older
+		// transaction lets readers see its events: its handler waits for them.
+		wcfg.Store = c.pg
+	default:
+		c.relay, err = trigger.NewRelay(p.backend, cfg.Channel, cfg.Relay)
+		if err != nil {
+			return nil, fmt.Errorf("%w: Relay: %w", ErrInvalidConfig, err)
+		}
+	}
+	c.worker, err = worker.New(wcfg)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Migrate creates or updates every table the client uses — the event store's, the projections'
+// status, the dead letters' and the channel's queue tables (channel/postgres) — each component
+// in a transaction of its own. It is safe to run at every start, from several processes at once.
+func (c *Client) Migrate(ctx context.Context) error {
+	for _, migrate := range c.migrate {
+		if err := migrate(ctx); err != nil {
+			return err
+		}
+	}
+	if m, ok := c.cfg.Channel.(interface{ Migrate(context.Context) error }); ok {
+		return m.Migrate(ctx)
+	}
+	return nil
+}
+
+// Append appends events to the stream streamID if it satisfies expected, and makes sure the
+// projections hear of it (through the relay, or in the append's transaction with
+// TriggersInTransaction). See eventstore.Store.Append for the errors.
+func (c *Client) Append(ctx context.Context, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error) {
+	if c.appender != nil {
+		return c.appender.Append(ctx, streamID, expected, events...)
+	}
+	res, err := c.store.Append(ctx, streamID, expected, events...)
+	if err == nil && c.relay != nil {
+		c.relay.Wake()
+	}
+	return res, err
+}
+
+// AppendTx appends inside tx, so a command handler writes its own rows and the events
+// atomically (see eventstore/postgres.Store.AppendTx); the trigger follows the commit. On an
+// error the caller rolls tx back. An in-memory client returns ErrNotSupported.
+func (c *Client) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error) {
+	switch {
+	case c.appender != nil:
+		return c.appender.AppendTx(ctx, tx, streamID, expected, events...)
+	case c.pg != nil:
+		return c.pg.AppendTx(ctx, tx, streamID, expected, events...)
+	}
+	return eventstore.AppendResult{}, fmt.Errorf("AppendTx: %w: an in-memory client has no transactions", ErrNotSupported)
+}
+
+// Status returns the named projection's status: position, lag, condition, the failing event.
+func (c *Client) Status(ctx context.Context, name string) (projection.Status, error) {
+	return c.runner.Status(ctx, name)
+}
+
+// Statuses returns the status of every projection of the client.
+func (c *Client) Statuses(ctx context.Context) ([]projection.Status, error) {
+	return c.runner.Statuses(ctx)
+}
+
+// WaitCaughtUp waits until the named projections (all of the client's if none are named) have
+// handled every event readable when it was called; see projection.Runner.WaitCaughtUp.
+func (c *Client) WaitCaughtUp(ctx context.Context, names ...string) error {
+	return c.runner.WaitCaughtUp(ctx, names...)
+}
+
+// Store returns the event store, for reads (Read, ReadStream, Head).
+func (c *Client) Store() eventstore.Store { return c.store }
+
+// Runner returns the projections' runner: pause, resume, reset, skip, status.
+func (c *Client) Runner() *projection.Runner { return c.runner }
+
+// DeadLetters returns the dead-letter store (deadletter.Replay, List, Resolve).
+func (c *Client) DeadLetters() deadletter.Store { return c.dead }
+
+// Worker returns the worker that runs the projections' handlers (its Stats).
+func (c *Client) Worker() *worker.Worker { return c.worker }
