@@ -20,7 +20,7 @@ func TestReplayPublishFails(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s := memory.New(memory.Config{})
-	r, err := s.Add(ctx, deadlettertest.EventEntry("tickets", uuid.New(), deadlettertest.Base))
+	r, err := s.Add(ctx, deadlettertest.EventEntry("tickets", uuid.New(), deadlettertest.Base()))
 	require.NoError(t, err)
 
 	broker := errors.New("broker down")
@@ -62,7 +62,7 @@ func TestReplayStoreFails(t *testing.T) {
 func TestReplayCancelled(t *testing.T) {
 	t.Parallel()
 	s := memory.New(memory.Config{})
-	_, err := s.Add(context.Background(), deadlettertest.EventEntry("tickets", uuid.New(), deadlettertest.Base))
+	_, err := s.Add(context.Background(), deadlettertest.EventEntry("tickets", uuid.New(), deadlettertest.Base()))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -79,7 +79,7 @@ func TestReplayTargets(t *testing.T) {
 	s := memory.New(memory.Config{})
 	var ids []int64
 	for _, name := range []string{"tickets", "orders", "tickets", "invoices"} {
-		r, err := s.Add(ctx, deadlettertest.EventEntry(name, uuid.New(), deadlettertest.Base))
+		r, err := s.Add(ctx, deadlettertest.EventEntry(name, uuid.New(), deadlettertest.Base()))
 		require.NoError(t, err)
 		ids = append(ids, r.ID)
 	}

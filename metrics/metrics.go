@@ -99,9 +99,11 @@ const (
 	CacheTTLDefault = time.Second
 )
 
-// BatchDurationBucketsDefault are the batch-duration histogram's buckets, in seconds: 1 ms to
+// BatchDurationBucketsDefault returns the batch-duration histogram's default buckets, in seconds: 1 ms to
 // 10 s (a batch is bounded by projection.Config.MaxBatchDuration).
-var BatchDurationBucketsDefault = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+func BatchDurationBucketsDefault() []float64 {
+	return []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+}
 
 // Batch outcomes, the values of the outcome label of nudge_projection_batches_total.
 const (
@@ -136,7 +138,7 @@ type Config struct {
 	// Namespace prefixes every metric name; letters, digits and _. Defaults to NamespaceDefault.
 	Namespace string
 	// BatchDurationBuckets are the batch-duration histogram's buckets, in seconds. Defaults to
-	// BatchDurationBucketsDefault.
+	// BatchDurationBucketsDefault().
 	BatchDurationBuckets []float64
 	// QueryTimeout bounds each scrape-time query (statuses, dead letters). Defaults to
 	// QueryTimeoutDefault. Keep it below Prometheus's scrape_timeout.
@@ -181,7 +183,7 @@ func New(cfg Config) (*Metrics, error) {
 			ErrInvalidConfig, cfg.Namespace)
 	}
 	if cfg.BatchDurationBuckets == nil {
-		cfg.BatchDurationBuckets = BatchDurationBucketsDefault
+		cfg.BatchDurationBuckets = BatchDurationBucketsDefault()
 	}
 	if !slices.IsSorted(cfg.BatchDurationBuckets) || len(slices.Compact(slices.Clone(cfg.BatchDurationBuckets))) != len(cfg.BatchDurationBuckets) {
 		return nil, fmt.Errorf("%w: BatchDurationBuckets %v must increase strictly", ErrInvalidConfig, cfg.BatchDurationBuckets)

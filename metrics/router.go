@@ -15,10 +15,12 @@ import (
 // <namespace>_router_handler_execution_time_seconds and so on.
 const RouterSubsystem = "router"
 
-// RouterHandlerBuckets are the buckets of the router's handler-execution histogram, in
+// RouterHandlerBuckets returns the buckets of the router's handler-execution histogram, in
 // seconds: a handler's time includes its retries' backoff, up to retry.Policy.MaxElapsedTime
 // (20 s by default).
-var RouterHandlerBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
+func RouterHandlerBuckets() []float64 {
+	return []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
+}
 
 // AddRouterMetrics adds Watermill's Prometheus metrics (components/metrics) to router, on the
 // same Registerer and namespace, with the subsystem RouterSubsystem and a projection label: a
@@ -44,7 +46,7 @@ func (m *Metrics) AddRouterMetrics(router *message.Router) (err error) {
 		Namespace: m.ns, Subsystem: RouterSubsystem,
 		AdditionalLabels: []wmetrics.MetricLabel{{Label: "projection", ComputeValueFn: projectionOfHandler}},
 	})
-	b.HandlerBuckets = RouterHandlerBuckets
+	b.HandlerBuckets = RouterHandlerBuckets()
 	// Watermill panics when the Registerer refuses its handler histogram.
 	defer func() {
 		if p := recover(); p != nil {

@@ -58,8 +58,8 @@ func Run(t *testing.T, newStore NewStoreFunc) {
 	}
 }
 
-// Base is the time the suite's entries are dated from.
-var Base = time.Date(2021, 3, 4, 5, 6, 7, 123456000, time.UTC)
+// Base returns the time the suite's entries are dated from.
+func Base() time.Time { return time.Date(2021, 3, 4, 5, 6, 7, 123456000, time.UTC) }
 
 // EventEntry returns an entry of projection for a handler failure on the event id, given up
 // at at after 3 attempts.
@@ -213,7 +213,7 @@ func testAddAndGet(t *testing.T, s deadletter.Store) {
 			Type:     "TicketWasRegistered",
 		},
 		Attempts: 5,
-		At:       Base.Add(789 * time.Nanosecond).In(time.FixedZone("CET", 3600)),
+		At:       Base().Add(789 * time.Nanosecond).In(time.FixedZone("CET", 3600)),
 	}
 	before := time.Now()
 	r := add(t, s, in)
@@ -226,8 +226,8 @@ func testAddAndGet(t *testing.T, s deadletter.Store) {
 	require.Equal(t, in.FailingEvent, r.FailingEvent)
 	require.Equal(t, 5, r.Attempts)
 	require.Equal(t, 1, r.Count)
-	require.Equal(t, Base, r.FirstFailedAt, "times are kept in UTC to the microsecond")
-	require.Equal(t, Base, r.LastFailedAt)
+	require.Equal(t, Base(), r.FirstFailedAt, "times are kept in UTC to the microsecond")
+	require.Equal(t, Base(), r.LastFailedAt)
 	require.Equal(t, deadletter.StatusFailed, r.Status)
 	require.Empty(t, r.ReplayedBy)
 	require.True(t, r.ReplayedAt.IsZero())
@@ -248,7 +248,7 @@ func testAddAndGet(t *testing.T, s deadletter.Store) {
 	in.Metadata["x-trace"] = "changed"
 	require.Equal(t, r, get(t, s, r.ID), "changing a returned record or the entry does not change the store")
 
-	other := add(t, s, EventEntry("tickets", uuid.New(), Base))
+	other := add(t, s, EventEntry("tickets", uuid.New(), Base()))
 	require.Greater(t, other.ID, r.ID, "later records have larger IDs")
 	list, err := s.List(ctx, deadletter.Filter{})
 	require.NoError(t, err)
@@ -285,18 +285,18 @@ func testDefaults(t *testing.T, s deadletter.Store) {
 func testFold(t *testing.T, s deadletter.Store) {
 	ctx := context.Background()
 	event := uuid.New()
-	first := EventEntry("tickets", event, Base)
+	first := EventEntry("tickets", event, Base())
 	r1 := add(t, s, first)
 
-	second := EventEntry("tickets", event, Base.Add(time.Minute))
+	second := EventEntry("tickets", event, Base().Add(time.Minute))
 	second.Error, second.Attempts, second.Payload = "boom 2", 2, []byte("second")
 	second.Metadata = map[string]string{"delivery": "2"}
 	r2 := add(t, s, second)
 	require.Equal(t, r1.ID, r2.ID, "a second failure of the same event folds")
 	require.Equal(t, 2, r2.Count)
 	require.Equal(t, 5, r2.Attempts, "attempts add up")
-	require.Equal(t, Base, r2.FirstFailedAt)
-	require.Equal(t, Base.Add(time.Minute), r2.LastFailedAt)
+	require.Equal(t, Base(), r2.FirstFailedAt)
+	require.Equal(t, Base().Add(time.Minute), r2.LastFailedAt)
 	require.Equal(t, "boom 2", r2.Error, "the latest error is kept")
 	require.Equal(t, second.MessageUUID, r2.MessageUUID, "the latest delivery is kept")
 	require.Equal(t, []byte("second"), r2.Payload)
@@ -305,52 +305,52 @@ func testFold(t *testing.T, s deadletter.Store) {
 	require.Equal(t, deadletter.StatusFailed, r2.Status)
 
 	// An entry dated before the first widens the span; LastFailedAt never goes back.
-	early := EventEntry("tickets", event, Base.Add(-time.Hour))
+	early := EventEntry("tickets", event, Base().Add(-time.Hour))
 	early.Attempts = 1
 	r3 := add(t, s, early)
 	require.Equal(t, r1.ID, r3.ID)
 	require.Equal(t, 3, r3.Count)
 	require.Equal(t, 6, r3.Attempts)
-	require.Equal(t, Base.Add(-time.Hour), r3.FirstFailedAt)
-	require.Equal(t, Base.Add(time.Minute), r3.LastFailedAt)
+	require.Equal(t, Base().Add(-time.Hour), r3.FirstFailedAt)
+	require.Equal(t, Base().Add(time.Minute), r3.LastFailedAt)
 
 	// Another projection, or another event, is another record.
-	otherProjection := add(t, s, EventEntry("billing", event, Base))
-	otherEvent := add(t, s, EventEntry("tickets", uuid.New(), Base))
+	otherProjection := add(t, s, EventEntry("billing", event, Base()))
+	otherEvent := add(t, s, EventEntry("tickets", uuid.New(), Base()))
 	require.NotEqual(t, r1.ID, otherProjection.ID)
 	require.NotEqual(t, r1.ID, otherEvent.ID)
 	require.NotEqual(t, otherProjection.ID, otherEvent.ID)
 
 	// A replayed record that fails again returns to failed and keeps its replay history.
-	n, err := s.MarkReplayed(ctx, []int64{r1.ID}, "ann", Base.Add(2*time.Minute))
+	n, err := s.MarkReplayed(ctx, []int64{r1.ID}, "ann", Base().Add(2*time.Minute))
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	r4 := add(t, s, EventEntry("tickets", event, Base.Add(3*time.Minute)))
+	r4 := add(t, s, EventEntry("tickets", event, Base().Add(3*time.Minute)))
 	require.Equal(t, r1.ID, r4.ID)
 	require.Equal(t, deadletter.StatusFailed, r4.Status)
 	require.Equal(t, 4, r4.Count)
 	require.Equal(t, 1, r4.Replays)
 	require.Equal(t, "ann", r4.ReplayedBy)
-	require.Equal(t, Base.Add(2*time.Minute), r4.ReplayedAt)
+	require.Equal(t, Base().Add(2*time.Minute), r4.ReplayedAt)
 	require.Len(t, All(t, s), 3)
 }
 
 func testNewRecordAfterResolve(t *testing.T, s deadletter.Store) {
 	ctx := context.Background()
 	event := uuid.New()
-	r1 := add(t, s, EventEntry("tickets", event, Base))
-	add(t, s, EventEntry("tickets", event, Base.Add(time.Minute)))
-	require.NoError(t, s.Resolve(ctx, r1.ID, "ann", "skipped the event", Base.Add(2*time.Minute)))
+	r1 := add(t, s, EventEntry("tickets", event, Base()))
+	add(t, s, EventEntry("tickets", event, Base().Add(time.Minute)))
+	require.NoError(t, s.Resolve(ctx, r1.ID, "ann", "skipped the event", Base().Add(2*time.Minute)))
 	old := get(t, s, r1.ID)
 
-	r2 := add(t, s, EventEntry("tickets", event, Base.Add(3*time.Minute)))
+	r2 := add(t, s, EventEntry("tickets", event, Base().Add(3*time.Minute)))
 	require.NotEqual(t, r1.ID, r2.ID, "a resolved record never folds")
 	require.Equal(t, 1, r2.Count)
 	require.Equal(t, 3, r2.Attempts)
 	require.Equal(t, deadletter.StatusFailed, r2.Status)
-	require.Equal(t, Base.Add(3*time.Minute), r2.FirstFailedAt)
+	require.Equal(t, Base().Add(3*time.Minute), r2.FirstFailedAt)
 
-	r3 := add(t, s, EventEntry("tickets", event, Base.Add(4*time.Minute)))
+	r3 := add(t, s, EventEntry("tickets", event, Base().Add(4*time.Minute)))
 	require.Equal(t, r2.ID, r3.ID, "the new record folds what follows")
 	require.Equal(t, 2, r3.Count)
 	require.Equal(t, stable(old), stable(get(t, s, r1.ID)), "the resolved record is untouched")
@@ -358,11 +358,11 @@ func testNewRecordAfterResolve(t *testing.T, s deadletter.Store) {
 }
 
 func testInvalidTriggersFold(t *testing.T, s deadletter.Store) {
-	r1 := add(t, s, InvalidEntry("tickets", "msg-1", Base))
+	r1 := add(t, s, InvalidEntry("tickets", "msg-1", Base()))
 	require.Nil(t, r1.FailingEvent)
 	require.Equal(t, []byte("\x00\xffnot a trigger"), r1.Payload)
 
-	again := InvalidEntry("tickets", "msg-1", Base.Add(time.Minute))
+	again := InvalidEntry("tickets", "msg-1", Base().Add(time.Minute))
 	again.Error = "trigger: invalid trigger: version 9"
 	r2 := add(t, s, again)
 	require.Equal(t, r1.ID, r2.ID, "a redelivered invalid message folds")
@@ -370,10 +370,10 @@ func testInvalidTriggersFold(t *testing.T, s deadletter.Store) {
 	require.Equal(t, 2, r2.Attempts)
 	require.Equal(t, again.Error, r2.Error)
 
-	other := add(t, s, InvalidEntry("tickets", "msg-2", Base))
-	otherProjection := add(t, s, InvalidEntry("billing", "msg-1", Base))
+	other := add(t, s, InvalidEntry("tickets", "msg-2", Base()))
+	otherProjection := add(t, s, InvalidEntry("billing", "msg-1", Base()))
 	// A handler failure delivered in message msg-1 is about its event, not the message.
-	e := EventEntry("tickets", uuid.New(), Base)
+	e := EventEntry("tickets", uuid.New(), Base())
 	e.MessageUUID = "msg-1"
 	handlerFailure := add(t, s, e)
 	distinct := map[int64]bool{r1.ID: true, other.ID: true, otherProjection.ID: true, handlerFailure.ID: true}
@@ -381,8 +381,8 @@ func testInvalidTriggersFold(t *testing.T, s deadletter.Store) {
 	require.Len(t, All(t, s), 4)
 
 	// Without a message UUID, invalid triggers of a projection fold together.
-	n1 := add(t, s, InvalidEntry("tickets", "", Base))
-	n2 := add(t, s, InvalidEntry("tickets", "", Base))
+	n1 := add(t, s, InvalidEntry("tickets", "", Base()))
+	n2 := add(t, s, InvalidEntry("tickets", "", Base()))
 	require.Equal(t, n1.ID, n2.ID)
 	require.Equal(t, 2, n2.Count)
 }
@@ -391,13 +391,13 @@ func testList(t *testing.T, s deadletter.Store) {
 	ctx := context.Background()
 	var recs []deadletter.Record
 	for i := range 4 {
-		recs = append(recs, add(t, s, EventEntry("tickets", uuid.New(), Base.Add(time.Duration(i)*time.Minute))))
+		recs = append(recs, add(t, s, EventEntry("tickets", uuid.New(), Base().Add(time.Duration(i)*time.Minute))))
 	}
-	recs = append(recs, add(t, s, EventEntry("billing", uuid.New(), Base)))
-	recs = append(recs, replayed(t, s, EventEntry("billing", uuid.New(), Base)))
-	recs = append(recs, resolved(t, s, EventEntry("tickets", uuid.New(), Base)))
-	recs = append(recs, add(t, s, InvalidEntry("billing", "msg-1", Base)))
-	recs[0] = replayed(t, s, EventEntry("tickets", recs[0].FailingEvent.ID, Base))
+	recs = append(recs, add(t, s, EventEntry("billing", uuid.New(), Base())))
+	recs = append(recs, replayed(t, s, EventEntry("billing", uuid.New(), Base())))
+	recs = append(recs, resolved(t, s, EventEntry("tickets", uuid.New(), Base())))
+	recs = append(recs, add(t, s, InvalidEntry("billing", "msg-1", Base())))
+	recs[0] = replayed(t, s, EventEntry("tickets", recs[0].FailingEvent.ID, Base()))
 	for i := range recs {
 		recs[i] = get(t, s, recs[i].ID)
 	}
@@ -459,15 +459,15 @@ func testNotFound(t *testing.T, s deadletter.Store) {
 	require.ErrorAs(t, err, &nf)
 	require.Equal(t, int64(12345), nf.ID)
 
-	err = s.Resolve(ctx, 12345, "ann", "", Base)
+	err = s.Resolve(ctx, 12345, "ann", "", Base())
 	require.ErrorIs(t, err, deadletter.ErrNotFound)
 
-	n, err := s.MarkReplayed(ctx, []int64{12345}, "ann", Base)
+	n, err := s.MarkReplayed(ctx, []int64{12345}, "ann", Base())
 	require.NoError(t, err)
 	require.Zero(t, n)
 
-	r := add(t, s, EventEntry("tickets", uuid.New(), Base))
-	n, err = s.Purge(ctx, deadletter.PurgeOptions{IncludeUnresolved: true, Now: Base.Add(time.Hour)})
+	r := add(t, s, EventEntry("tickets", uuid.New(), Base()))
+	n, err = s.Purge(ctx, deadletter.PurgeOptions{IncludeUnresolved: true, Now: Base().Add(time.Hour)})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	_, err = s.Get(ctx, r.ID)
@@ -476,13 +476,13 @@ func testNotFound(t *testing.T, s deadletter.Store) {
 
 func testMarkReplayed(t *testing.T, s deadletter.Store) {
 	ctx := context.Background()
-	failed := add(t, s, EventEntry("tickets", uuid.New(), Base))
-	again := replayed(t, s, EventEntry("tickets", uuid.New(), Base))
-	done := resolved(t, s, EventEntry("tickets", uuid.New(), Base))
-	bystander := add(t, s, EventEntry("tickets", uuid.New(), Base))
+	failed := add(t, s, EventEntry("tickets", uuid.New(), Base()))
+	again := replayed(t, s, EventEntry("tickets", uuid.New(), Base()))
+	done := resolved(t, s, EventEntry("tickets", uuid.New(), Base()))
+	bystander := add(t, s, EventEntry("tickets", uuid.New(), Base()))
 	before := All(t, s)
 
-	at := Base.Add(time.Hour)
+	at := Base().Add(time.Hour)
 	n, err := s.MarkReplayed(ctx, []int64{failed.ID, again.ID, done.ID, failed.ID, 99999}, "bob", at)
 	require.NoError(t, err)
 	require.Equal(t, 2, n, "failed and replayed records change, each once; resolved and unknown ones do not")
@@ -514,9 +514,9 @@ func testMarkReplayed(t *testing.T, s deadletter.Store) {
 
 func testResolve(t *testing.T, s deadletter.Store) {
 	ctx := context.Background()
-	r := add(t, s, EventEntry("tickets", uuid.New(), Base))
-	bystander := add(t, s, EventEntry("tickets", uuid.New(), Base))
-	at := Base.Add(time.Hour)
+	r := add(t, s, EventEntry("tickets", uuid.New(), Base()))
+	bystander := add(t, s, EventEntry("tickets", uuid.New(), Base()))
+	at := Base().Add(time.Hour)
 	require.NoError(t, s.Resolve(ctx, r.ID, "ann", "skipped event 4242 after fixing the data", at))
 
 	got := get(t, s, r.ID)
@@ -535,7 +535,7 @@ func testResolve(t *testing.T, s deadletter.Store) {
 	require.Zero(t, n)
 
 	// A replayed record can be resolved; the note may be empty.
-	rep := replayed(t, s, EventEntry("tickets", uuid.New(), Base))
+	rep := replayed(t, s, EventEntry("tickets", uuid.New(), Base()))
 	require.NoError(t, s.Resolve(ctx, rep.ID, "ann", "", time.Time{}))
 	got = get(t, s, rep.ID)
 	require.Equal(t, deadletter.StatusResolved, got.Status)
@@ -546,14 +546,14 @@ func testResolve(t *testing.T, s deadletter.Store) {
 
 func testPurge(t *testing.T, s deadletter.Store) {
 	ctx := context.Background()
-	oldResolved := resolved(t, s, EventEntry("tickets", uuid.New(), Base))
-	newResolved := resolved(t, s, EventEntry("tickets", uuid.New(), Base.Add(90*time.Minute)))
-	oldFailed := add(t, s, EventEntry("tickets", uuid.New(), Base))
-	oldReplayed := replayed(t, s, EventEntry("billing", uuid.New(), Base))
-	newFailed := add(t, s, EventEntry("billing", uuid.New(), Base.Add(90*time.Minute)))
+	oldResolved := resolved(t, s, EventEntry("tickets", uuid.New(), Base()))
+	newResolved := resolved(t, s, EventEntry("tickets", uuid.New(), Base().Add(90*time.Minute)))
+	oldFailed := add(t, s, EventEntry("tickets", uuid.New(), Base()))
+	oldReplayed := replayed(t, s, EventEntry("billing", uuid.New(), Base()))
+	newFailed := add(t, s, EventEntry("billing", uuid.New(), Base().Add(90*time.Minute)))
 	before := All(t, s)
 
-	now := Base.Add(2 * time.Hour)
+	now := Base().Add(2 * time.Hour)
 	n, err := s.Purge(ctx, deadletter.PurgeOptions{OlderThan: time.Hour, Now: now})
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "by default only resolved records older than OlderThan go")
@@ -590,15 +590,15 @@ func testPurge(t *testing.T, s deadletter.Store) {
 
 func testReplay(t *testing.T, s deadletter.Store) {
 	ctx := context.Background()
-	a1 := add(t, s, EventEntry("alpha", uuid.New(), Base))
-	a2 := add(t, s, InvalidEntry("alpha", "msg-1", Base))
-	b1 := add(t, s, EventEntry("beta", uuid.New(), Base))
-	b2 := replayed(t, s, EventEntry("beta", uuid.New(), Base))
-	c1 := resolved(t, s, EventEntry("gamma", uuid.New(), Base))
+	a1 := add(t, s, EventEntry("alpha", uuid.New(), Base()))
+	a2 := add(t, s, InvalidEntry("alpha", "msg-1", Base()))
+	b1 := add(t, s, EventEntry("beta", uuid.New(), Base()))
+	b2 := replayed(t, s, EventEntry("beta", uuid.New(), Base()))
+	c1 := resolved(t, s, EventEntry("gamma", uuid.New(), Base()))
 	before := All(t, s)
 
 	pub := &Publisher{}
-	now := Base.Add(time.Hour)
+	now := Base().Add(time.Hour)
 	res, err := deadletter.Replay(ctx, s, pub, deadletter.ReplayFilter{Projection: "alpha"}, "ann", now)
 	require.NoError(t, err)
 	require.Equal(t, deadletter.ReplayResult{Replayed: 2, Projections: []string{"alpha"}}, res)
@@ -643,15 +643,15 @@ func testReplay(t *testing.T, s deadletter.Store) {
 func testReplayNothingToDo(t *testing.T, s deadletter.Store) {
 	ctx := context.Background()
 	pub := &Publisher{}
-	res, err := deadletter.Replay(ctx, s, pub, deadletter.ReplayFilter{All: true}, "ann", Base)
+	res, err := deadletter.Replay(ctx, s, pub, deadletter.ReplayFilter{All: true}, "ann", Base())
 	require.NoError(t, err, "replaying an empty store is harmless")
 	require.Equal(t, deadletter.ReplayResult{}, res)
 
-	resolved(t, s, EventEntry("quiet", uuid.New(), Base))
-	add(t, s, EventEntry("busy", uuid.New(), Base))
+	resolved(t, s, EventEntry("quiet", uuid.New(), Base()))
+	add(t, s, EventEntry("busy", uuid.New(), Base()))
 	before := All(t, s)
 	for _, name := range []string{"quiet", "never-failed"} {
-		res, err := deadletter.Replay(ctx, s, pub, deadletter.ReplayFilter{Projection: name}, "ann", Base)
+		res, err := deadletter.Replay(ctx, s, pub, deadletter.ReplayFilter{Projection: name}, "ann", Base())
 		require.NoError(t, err)
 		require.Equal(t, deadletter.ReplayResult{}, res)
 	}
@@ -689,14 +689,14 @@ func testReplayAllBounded(t *testing.T, s deadletter.Store) {
 	ctx := context.Background()
 	names := []string{"alpha", "beta", "gamma"}
 	for i := range 21 {
-		add(t, s, EventEntry(names[i%3], uuid.New(), Base))
+		add(t, s, EventEntry(names[i%3], uuid.New(), Base()))
 	}
-	done := resolved(t, s, EventEntry("delta", uuid.New(), Base))
-	resolved(t, s, EventEntry("alpha", uuid.New(), Base))
+	done := resolved(t, s, EventEntry("delta", uuid.New(), Base()))
+	resolved(t, s, EventEntry("alpha", uuid.New(), Base()))
 
 	counter := &pageCounter{Store: s, t: t, pageSize: 4}
 	pub := &Publisher{}
-	now := Base.Add(time.Hour)
+	now := Base().Add(time.Hour)
 	res, err := deadletter.Replay(ctx, counter, pub, deadletter.ReplayFilter{All: true, PageSize: 4}, "ann", now)
 	require.NoError(t, err)
 	require.Equal(t, deadletter.ReplayResult{Replayed: 21, Projections: names}, res)
@@ -740,21 +740,21 @@ func testReplayAllBounded(t *testing.T, s deadletter.Store) {
 
 func testReplayIDs(t *testing.T, s deadletter.Store) {
 	ctx := context.Background()
-	a := add(t, s, EventEntry("alpha", uuid.New(), Base))
-	b := replayed(t, s, EventEntry("beta", uuid.New(), Base))
-	c := resolved(t, s, EventEntry("alpha", uuid.New(), Base))
-	bystander := add(t, s, EventEntry("alpha", uuid.New(), Base))
+	a := add(t, s, EventEntry("alpha", uuid.New(), Base()))
+	b := replayed(t, s, EventEntry("beta", uuid.New(), Base()))
+	c := resolved(t, s, EventEntry("alpha", uuid.New(), Base()))
+	bystander := add(t, s, EventEntry("alpha", uuid.New(), Base()))
 	before := All(t, s)
 
 	pub := &Publisher{}
-	_, err := deadletter.Replay(ctx, s, pub, deadletter.ReplayFilter{IDs: []int64{a.ID, 99999}}, "ann", Base)
+	_, err := deadletter.Replay(ctx, s, pub, deadletter.ReplayFilter{IDs: []int64{a.ID, 99999}}, "ann", Base())
 	require.ErrorIs(t, err, deadletter.ErrNotFound)
 	require.ErrorContains(t, err, "99999")
 	require.ErrorContains(t, err, "nothing was replayed")
 	require.Empty(t, pub.Triggers())
 	require.Equal(t, before, All(t, s), "an unknown ID changes nothing")
 
-	now := Base.Add(time.Hour)
+	now := Base().Add(time.Hour)
 	res, err := deadletter.Replay(ctx, s, pub, deadletter.ReplayFilter{IDs: []int64{b.ID, c.ID, a.ID, a.ID}}, "ann", now)
 	require.NoError(t, err)
 	require.Equal(t, deadletter.ReplayResult{Replayed: 2, Skipped: 1, Projections: []string{"alpha", "beta"}}, res)
@@ -773,11 +773,11 @@ func testReplayIDs(t *testing.T, s deadletter.Store) {
 
 func testReplayRefuses(t *testing.T, s deadletter.Store) {
 	ctx := context.Background()
-	add(t, s, EventEntry("alpha", uuid.New(), Base))
+	add(t, s, EventEntry("alpha", uuid.New(), Base()))
 	before := All(t, s)
 	pub := &Publisher{}
 
-	_, err := deadletter.Replay(ctx, s, pub, deadletter.ReplayFilter{}, "ann", Base)
+	_, err := deadletter.Replay(ctx, s, pub, deadletter.ReplayFilter{}, "ann", Base())
 	require.ErrorIs(t, err, deadletter.ErrInvalidFilter)
 	for _, word := range []string{"empty", "IDs", "Projection", "All"} {
 		require.ErrorContains(t, err, word)
@@ -791,15 +791,15 @@ func testReplayRefuses(t *testing.T, s deadletter.Store) {
 		{All: true, PageSize: -1},
 		{All: true, PageSize: deadletter.ListLimitMax + 1},
 	} {
-		_, err := deadletter.Replay(ctx, s, pub, f, "ann", Base)
+		_, err := deadletter.Replay(ctx, s, pub, f, "ann", Base())
 		require.ErrorIs(t, err, deadletter.ErrInvalidFilter, "%+v", f)
 	}
-	_, err = deadletter.Replay(ctx, s, pub, deadletter.ReplayFilter{All: true}, " ", Base)
+	_, err = deadletter.Replay(ctx, s, pub, deadletter.ReplayFilter{All: true}, " ", Base())
 	require.ErrorIs(t, err, deadletter.ErrInvalidInput)
 	require.ErrorContains(t, err, "who")
-	_, err = deadletter.Replay(ctx, s, nil, deadletter.ReplayFilter{All: true}, "ann", Base)
+	_, err = deadletter.Replay(ctx, s, nil, deadletter.ReplayFilter{All: true}, "ann", Base())
 	require.ErrorIs(t, err, deadletter.ErrInvalidInput)
-	_, err = deadletter.Replay(ctx, nil, pub, deadletter.ReplayFilter{All: true}, "ann", Base)
+	_, err = deadletter.Replay(ctx, nil, pub, deadletter.ReplayFilter{All: true}, "ann", Base())
 	require.ErrorIs(t, err, deadletter.ErrInvalidInput)
 
 	require.Empty(t, pub.Triggers())
@@ -824,7 +824,7 @@ func testConcurrentAdds(t *testing.T, s deadletter.Store) {
 			defer wg.Done()
 			<-start
 			for i := range rounds {
-				e := EventEntry("tickets", event, Base.Add(time.Duration(w*rounds+i)*time.Second))
+				e := EventEntry("tickets", event, Base().Add(time.Duration(w*rounds+i)*time.Second))
 				e.Attempts = 2
 				r, err := s.Add(context.Background(), e)
 				if !assert.NoError(t, err) {
@@ -845,13 +845,13 @@ func testConcurrentAdds(t *testing.T, s deadletter.Store) {
 	r := all[0]
 	require.Equal(t, workers*rounds, r.Count)
 	require.Equal(t, 2*workers*rounds, r.Attempts)
-	require.Equal(t, Base, r.FirstFailedAt)
-	require.Equal(t, Base.Add(time.Duration(workers*rounds-1)*time.Second), r.LastFailedAt)
+	require.Equal(t, Base(), r.FirstFailedAt)
+	require.Equal(t, Base().Add(time.Duration(workers*rounds-1)*time.Second), r.LastFailedAt)
 }
 
 func testBadInput(t *testing.T, s deadletter.Store) {
 	ctx := context.Background()
-	valid := EventEntry("tickets", uuid.New(), Base)
+	valid := EventEntry("tickets", uuid.New(), Base())
 	for name, mutate := range map[string]func(e *deadletter.Entry){
 		"no projection":       func(e *deadletter.Entry) { e.Projection = "" },
 		"bad projection":      func(e *deadletter.Entry) { e.Projection = "Tickets; DROP TABLE" },
@@ -870,10 +870,10 @@ func testBadInput(t *testing.T, s deadletter.Store) {
 	require.Empty(t, All(t, s), "a refused entry writes nothing")
 
 	r := add(t, s, valid)
-	_, err = s.MarkReplayed(ctx, []int64{r.ID}, "", Base)
+	_, err = s.MarkReplayed(ctx, []int64{r.ID}, "", Base())
 	require.ErrorIs(t, err, deadletter.ErrInvalidInput)
 	require.ErrorContains(t, err, "who")
-	err = s.Resolve(ctx, r.ID, "\x00 ", "note", Base)
+	err = s.Resolve(ctx, r.ID, "\x00 ", "note", Base())
 	require.ErrorIs(t, err, deadletter.ErrInvalidInput)
 	_, err = s.Purge(ctx, deadletter.PurgeOptions{OlderThan: -time.Hour, IncludeUnresolved: true})
 	require.ErrorIs(t, err, deadletter.ErrInvalidFilter)

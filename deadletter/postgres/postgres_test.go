@@ -81,7 +81,7 @@ func TestMissingTableSaysToMigrate(t *testing.T) {
 	db := pgtest.New(t)
 	s, err := postgres.New(db.Pool, postgres.Config{})
 	require.NoError(t, err)
-	_, err = s.Add(context.Background(), deadlettertest.EventEntry("tickets", uuid.New(), deadlettertest.Base))
+	_, err = s.Add(context.Background(), deadlettertest.EventEntry("tickets", uuid.New(), deadlettertest.Base()))
 	require.ErrorIs(t, err, deadletter.ErrNotMigrated)
 	require.ErrorContains(t, err, "Store.Migrate) or `nudge migrate` first")
 	_, err = s.List(context.Background(), deadletter.Filter{})
@@ -95,7 +95,7 @@ func TestTxWrites(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, db := newStore(t, postgres.Config{})
-	base := deadlettertest.Base
+	base := deadlettertest.Base()
 
 	// Rolled back: nothing stays.
 	tx, err := db.Pool.Begin(ctx)
@@ -163,7 +163,7 @@ func TestAddWaitsForAnOpenAddTxAndFolds(t *testing.T) {
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	first, err := s.AddTx(ctx, tx, deadlettertest.EventEntry("tickets", event, deadlettertest.Base))
+	first, err := s.AddTx(ctx, tx, deadlettertest.EventEntry("tickets", event, deadlettertest.Base()))
 	require.NoError(t, err)
 
 	type result struct {
@@ -172,7 +172,7 @@ func TestAddWaitsForAnOpenAddTxAndFolds(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		r, err := s.Add(ctx, deadlettertest.EventEntry("tickets", event, deadlettertest.Base))
+		r, err := s.Add(ctx, deadlettertest.EventEntry("tickets", event, deadlettertest.Base()))
 		done <- result{r, err}
 	}()
 	require.Eventually(t, func() bool {
@@ -196,9 +196,9 @@ func TestPlainSQL(t *testing.T) {
 	ctx := context.Background()
 	s, db := newStore(t, postgres.Config{})
 	event := uuid.New()
-	e := deadlettertest.EventEntry("tickets", event, deadlettertest.Base)
+	e := deadlettertest.EventEntry("tickets", event, deadlettertest.Base())
 	r := add(t, s, e)
-	add(t, s, deadlettertest.InvalidEntry("tickets", "msg-1", deadlettertest.Base))
+	add(t, s, deadlettertest.InvalidEntry("tickets", "msg-1", deadlettertest.Base()))
 
 	var (
 		id                            int64
@@ -223,7 +223,7 @@ func TestPlainSQL(t *testing.T) {
 	require.Equal(t, "failed", status)
 	require.Equal(t, 1, count)
 	require.Equal(t, 3, attempts)
-	require.True(t, lastFailedAt.Equal(deadlettertest.Base))
+	require.True(t, lastFailedAt.Equal(deadlettertest.Base()))
 	require.Equal(t, "TicketWasRegistered", eventType)
 	require.Equal(t, event, eventID)
 	require.Equal(t, e.Error, errText)
