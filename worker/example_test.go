@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/nudgeworks/nudge/channel/gochannel"
+	dlmemory "github.com/nudgeworks/nudge/deadletter/memory"
 	"github.com/nudgeworks/nudge/eventstore"
 	esmemory "github.com/nudgeworks/nudge/eventstore/memory"
 	"github.com/nudgeworks/nudge/projection"
@@ -47,7 +48,8 @@ func ExampleWorker_AddHandlers() {
 	runner, _ := projection.NewRunner(backend, projection.RunnerConfig{Logger: quiet}, ticketList)
 
 	ch := gochannel.New(gochannel.Config{}) // or channel/amqp, channel/postgres
-	w, _ := worker.New(worker.Config{Runner: runner, Channel: ch, Logger: quiet})
+	dead := dlmemory.New(dlmemory.Config{}) // or deadletter/postgres, which `nudge deadletter` sees
+	w, _ := worker.New(worker.Config{Runner: runner, Channel: ch, DeadLetters: dead, Logger: quiet})
 	// worker.RouterLogger: the router's lines about a projection's handler name the projection.
 	router, _ := message.NewRouter(message.RouterConfig{}, worker.RouterLogger(watermill.NewSlogLogger(quiet)))
 	_ = w.Prepare(ctx) // status rows, init hooks; subscriptions exist before the first append

@@ -41,6 +41,9 @@ func TestRunNotMigrated(t *testing.T) {
 		runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: s.logger}, s.model(t, "tickets", nil))
 		require.NoError(t, err)
 		cfg.Runner, cfg.Channel, cfg.Logger = runner, ch, s.logger
+		if cfg.DeadLetters == nil {
+			cfg.DeadLetters = dead
+		}
 		w, err := worker.New(cfg)
 		require.NoError(t, err)
 		// A deadline only so that a regression fails instead of hanging: Run must return on

@@ -48,7 +48,7 @@ func TestRouterFunc(t *testing.T) {
 	runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, s.model(t, "unrouted", nil))
 	require.NoError(t, err)
 	w, err := worker.New(worker.Config{Runner: runner, Channel: gochannel.New(gochannel.Config{}), Logger: s.logger,
-		RouterFunc: func(*message.Router) error { return boom }})
+		DeadLetters: s.dead, RouterFunc: func(*message.Router) error { return boom }})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), eventually)
 	defer cancel()

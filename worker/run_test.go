@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/channel/gochannel"
+	dlmemory "github.com/nudgeworks/nudge/deadletter/memory"
 	memstore "github.com/nudgeworks/nudge/eventstore/memory"
 	"github.com/nudgeworks/nudge/projection"
 	memproj "github.com/nudgeworks/nudge/projection/memory"
@@ -33,7 +34,8 @@ func TestRunTwice(t *testing.T) {
 	t.Run("worker", func(t *testing.T) {
 		ch := gochannel.New(gochannel.Config{})
 		defer func() { _ = ch.Close() }()
-		w, err := worker.New(worker.Config{Runner: runner, Channel: ch, SafetyNetInterval: -1, HorizonPollInterval: -1})
+		w, err := worker.New(worker.Config{Runner: runner, Channel: ch, SafetyNetInterval: -1, HorizonPollInterval: -1,
+			DeadLetters: dlmemory.New(dlmemory.Config{})})
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(context.Background())
 		first := runInBackground(ctx, w.Run)

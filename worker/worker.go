@@ -73,8 +73,8 @@ type Config struct {
 	Retry retry.Policy
 	// DeadLetters keeps triggers whose retries are over (or that cannot be decoded): a trigger
 	// is acked only once its dead letter is committed there, else nacked so it comes back.
-	// Repeated failures on one event fold into one record. Without a store, dead letters are
-	// published to the channel's dead-letter topic instead.
+	// Repeated failures on one event fold into one record. Required: deadletter/postgres is
+	// the one `nudge deadletter` sees (deadletter/memory for tests and demos).
 	DeadLetters deadletter.Store
 	// DisableReplayOnStart turns off "replay after deploy": by default, once its handlers run,
 	// the worker replays its projections' dead letters (status failed), so a fix that was just
@@ -136,8 +136,9 @@ type Worker struct {
 
 // New returns a worker. It connects to nothing until Run or Declare.
 func New(cfg Config) (*Worker, error) {
-	if cfg.Runner == nil || cfg.Channel == nil {
-		return nil, fmt.Errorf("%w: worker.New needs a Runner and a Channel", projection.ErrInvalidConfig)
+	if cfg.Runner == nil || cfg.Channel == nil || cfg.DeadLetters == nil {
+		return nil, fmt.Errorf("%w: worker.New needs a Runner, a Channel and DeadLetters (deadletter/postgres, or deadletter/memory in tests)",
+			projection.ErrInvalidConfig)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -234,10 +235,8 @@ func (w *Worker) Prepare(ctx context.Context) error {
 	if err := w.cfg.Runner.Init(ctx); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	if w.cfg.DeadLetters != nil {
-		if _, err := w.cfg.DeadLetters.List(ctx, deadletter.Filter{Limit: 1}); err != nil {
-			return fmt.Errorf("worker: read the dead letters: %w", err)
-		}
+	if _, err := w.cfg.DeadLetters.List(ctx, deadletter.Filter{Limit: 1}); err != nil {
+		return fmt.Errorf("worker: read the dead letters: %w", err)
 	}
 	if err := w.cfg.Channel.Declare(ctx, w.names...); err != nil {
 		return fmt.Errorf("worker: declare subscriptions: %w", err)
@@ -287,16 +286,6 @@ func shouldDeadLetter(err error) bool {
 
 func (w *Worker) deadLetter(name string, msg *message.Message, cause error) error {
 	log := w.logger.With(slog.String("projection", name), slog.String("message_uuid", msg.UUID))
-	if w.cfg.DeadLetters == nil {
-		dead := msg.Copy()
-		dead.Metadata.Set("nudge_projection", name)
-		if err := w.cfg.Channel.Publisher().Publish(w.cfg.Channel.DeadLetterTopic(), dead); err != nil {
-			return err
-		}
-		w.stats[name].deadLettered.Add(1)
-		log.WarnContext(msg.Context(), "trigger dead-lettered", slog.Any("error", cause))
-		return nil
-	}
 	entry := deadletter.Entry{Projection: name, MessageUUID: msg.UUID, Payload: msg.Payload, Metadata: msg.Metadata,
 		Error: cause.Error(), At: time.Now()}
 	var he *projection.HandlerError
@@ -323,7 +312,7 @@ func (w *Worker) deadLetter(name string, msg *message.Message, cause error) erro
 
 // replayOnStart replays the dead letters of the worker's projections ("replay after deploy").
 func (w *Worker) replayOnStart(ctx context.Context) {
-	if w.cfg.DeadLetters == nil || w.cfg.DisableReplayOnStart {
+	if w.cfg.DisableReplayOnStart {
 		return
 	}
 	for _, name := range w.names {

@@ -20,6 +20,8 @@ import (
 	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
 	"github.com/nudgeworks/nudge/channel/gochannel"
 	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
+	"github.com/nudgeworks/nudge/deadletter"
+	dlmemory "github.com/nudgeworks/nudge/deadletter/memory"
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/eventstore/storetest"
@@ -80,6 +82,7 @@ type setup struct {
 	appender *trigger.Appender  // set when triggers are published in the append's transaction
 	amqp     *amqptest.Env      // set on the RabbitMQ channel
 	runner   *projection.Runner // the runner of the worker started last
+	dead     *dlmemory.Store    // the dead letters of workers started without a store of their own
 	// ownRouter makes start run the handlers on a router of the test's own, wired the way the
 	// README shows (Prepare, AddHandlers, RunBackground), instead of Worker.Run.
 	ownRouter bool
@@ -126,7 +129,7 @@ func newSetup(t testing.TB) *setup {
 	ctx := context.Background()
 	require.NoError(t, store.Migrate(ctx))
 	require.NoError(t, backend.Migrate(ctx))
-	return &setup{db: db, store: store, backend: backend, logger: testlog.New(t)}
+	return &setup{db: db, store: store, backend: backend, logger: testlog.New(t), dead: dlmemory.New(dlmemory.Config{})}
 }
 
 // model is a projection that records every event in a table of its own, once.
@@ -198,6 +201,9 @@ func (s *setup) startStoppable(t testing.TB, ch channel.Channel, cfg worker.Conf
 	require.NoError(t, runner.Init(context.Background()))
 	s.runner = runner
 	cfg.Runner, cfg.Channel, cfg.Logger, cfg.Store = runner, ch, s.logger, s.store
+	if cfg.DeadLetters == nil {
+		cfg.DeadLetters = s.dead
+	}
 	w, err := worker.New(cfg)
 	require.NoError(t, err)
 
@@ -235,6 +241,19 @@ func (s *setup) runOwnRouter(ctx context.Context, t testing.TB, wg *sync.WaitGro
 	require.NoError(t, w.AddHandlers(router))
 	wg.Go(func() { require.NoError(t, router.Run(ctx)) })
 	wg.Go(func() { require.NoError(t, w.RunBackground(ctx)) })
+}
+
+// awaitDeadLetters waits until s.dead holds n records and returns them.
+func (s *setup) awaitDeadLetters(t testing.TB, n int) []deadletter.Record {
+	t.Helper()
+	var recs []deadletter.Record
+	require.Eventually(t, func() bool {
+		var err error
+		recs, err = s.dead.List(context.Background(), deadletter.Filter{})
+		require.NoError(t, err)
+		return len(recs) >= n
+	}, eventually, 5*time.Millisecond, "waiting for %d dead letters", n)
+	return recs
 }
 
 // TestEndToEnd: append → relay → trigger → catch-up → read model, two projections at once, on
@@ -360,13 +379,7 @@ func TestLostTriggers(t *testing.T) {
 func TestMalformedTriggersAreDeadLettered(t *testing.T) {
 	t.Parallel()
 	eachChannel(t, func(t *testing.T, s *setup, ch channel.Channel) {
-		dlSub, err := ch.DeadLetterSubscriber()
-		require.NoError(t, err)
 		require.NoError(t, ch.Declare(context.Background(), "alpha"))
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		deadLetters, err := dlSub.Subscribe(ctx, ch.DeadLetterTopic())
-		require.NoError(t, err)
 		// A retry would come after an hour: a dead letter within the test's wait came at once.
 		w := s.start(t, ch, worker.Config{SafetyNetInterval: -1, Retry: retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxElapsedTime: -1}},
 			s.model(t, "alpha", nil))
@@ -379,14 +392,8 @@ func TestMalformedTriggersAreDeadLettered(t *testing.T) {
 		require.NoError(t, ch.Publisher().Publish(topic, future))
 
 		reasons := map[string]string{}
-		for len(reasons) < 2 {
-			select {
-			case msg := <-deadLetters:
-				reasons[msg.UUID] = msg.Metadata.Get(retry.MetadataReason)
-				msg.Ack()
-			case <-time.After(eventually):
-				t.Fatalf("dead letters so far: %v", reasons)
-			}
+		for _, rec := range s.awaitDeadLetters(t, 2) {
+			reasons[rec.MessageUUID] = rec.Error
 		}
 		require.Contains(t, reasons["garbage-1"], "not a JSON trigger object")
 		require.Contains(t, reasons["future-1"], "version 99")
@@ -404,12 +411,6 @@ func TestGracefulShutdown(t *testing.T) {
 	t.Parallel()
 	eachChannel(t, func(t *testing.T, s *setup, ch channel.Channel) {
 		require.NoError(t, ch.Declare(context.Background(), "slow"))
-		dlSub, err := ch.DeadLetterSubscriber()
-		require.NoError(t, err)
-		dlCtx, dlCancel := context.WithCancel(context.Background())
-		defer dlCancel()
-		deadLetters, err := dlSub.Subscribe(dlCtx, ch.DeadLetterTopic())
-		require.NoError(t, err)
 
 		inHandler := make(chan struct{})
 		var once sync.Once
@@ -423,7 +424,8 @@ func TestGracefulShutdown(t *testing.T) {
 		runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, slow)
 		require.NoError(t, err)
 		require.NoError(t, runner.Init(context.Background()))
-		w, err := worker.New(worker.Config{Runner: runner, Channel: ch, Logger: s.logger, SafetyNetInterval: -1, CloseTimeout: eventually})
+		w, err := worker.New(worker.Config{Runner: runner, Channel: ch, Logger: s.logger, SafetyNetInterval: -1, CloseTimeout: eventually,
+			DeadLetters: s.dead})
 		require.NoError(t, err)
 
 		res, err := s.store.Append(context.Background(), "s", eventstore.Any, storeEvent(1))
@@ -455,11 +457,9 @@ func TestGracefulShutdown(t *testing.T) {
 		require.Equal(t, projection.StateRunning, st.State, "a shutdown is not a failure")
 		require.True(t, st.Position.IsZero(), "the batch in flight rolled back")
 		require.Zero(t, st.Attempts)
-		select {
-		case msg := <-deadLetters:
-			t.Fatalf("dead-lettered on shutdown: %s", msg.Metadata.Get(retry.MetadataReason))
-		default:
-		}
+		recs, err := s.dead.List(context.Background(), deadletter.Filter{})
+		require.NoError(t, err)
+		require.Empty(t, recs, "nothing is dead-lettered on shutdown")
 		require.NoError(t, ch.Close())
 	})
 }

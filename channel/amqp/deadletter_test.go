@@ -22,65 +22,47 @@ import (
 	"github.com/nudgeworks/nudge/worker"
 )
 
-// TestDeadLetterQueueOnlyWithoutAStore: a worker with a durable dead-letter store
-// (worker.Config.DeadLetters) dead-letters into the store and never into the channel, so the
-// channel declares no dead-letter queue; without a store, the dead letter declares the queue
-// and waits there.
-func TestDeadLetterQueueOnlyWithoutAStore(t *testing.T) {
+// TestNoDeadLetterQueue: a worker dead-letters into its dead-letter store
+// (worker.Config.DeadLetters, required) and never into the channel, so the channel declares no
+// dead-letter queue.
+func TestNoDeadLetterQueue(t *testing.T) {
 	t.Parallel()
-	for _, withStore := range []bool{true, false} {
-		name := "without a store"
-		if withStore {
-			name = "with a store"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			env := amqptest.New(t)
-			ch := newChannel(t, config(t, env))
-			ctx := context.Background()
-			logger := slog.New(slog.DiscardHandler)
+	env := amqptest.New(t)
+	ch := newChannel(t, config(t, env))
+	ctx := context.Background()
+	logger := slog.New(slog.DiscardHandler)
 
-			events := esmemory.New(esmemory.Config{})
-			_, err := events.Append(ctx, "s-1", eventstore.NoStream, eventstore.EventData{Type: "Bad", Payload: json.RawMessage(`{}`)})
-			require.NoError(t, err)
-			backend, err := pjmemory.New(events, pjmemory.Config{})
-			require.NoError(t, err)
-			p, err := projection.New("alpha", projection.Config{}, projection.OnIdempotent("Bad",
-				func(context.Context, projection.Event[json.RawMessage]) error { return errors.New("cannot") }))
-			require.NoError(t, err)
-			runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: logger}, p)
-			require.NoError(t, err)
-			require.NoError(t, runner.Init(ctx))
-			store := dlmemory.New(dlmemory.Config{})
-			cfg := worker.Config{Runner: runner, Channel: ch, Logger: logger, SafetyNetInterval: -1, DisableReplayOnStart: true,
-				Retry: retry.Policy{MaxAttempts: 1}}
-			if withStore {
-				cfg.DeadLetters = store
-			}
-			w, err := worker.New(cfg)
-			require.NoError(t, err)
-			runCtx, cancel := context.WithCancel(ctx)
-			done := make(chan error, 1)
-			go func() { done <- w.Run(runCtx) }()
-			defer func() { cancel(); require.NoError(t, <-done) }()
-			select {
-			case <-w.Running():
-			case <-time.After(30 * time.Second):
-				t.Fatal("the worker did not start")
-			}
-
-			require.NoError(t, ch.Publish(ctx, trigger.Trigger{Projection: "alpha", Reason: trigger.ReasonReplay, At: time.Now().UTC()}))
-			require.Eventually(t, func() bool { return w.Stats("alpha").DeadLettered == 1 }, 30*time.Second, 10*time.Millisecond,
-				"the trigger is dead-lettered")
-			queue := env.Prefix + "nudge.dead_letters"
-			if withStore {
-				recs, err := store.List(ctx, deadletter.Filter{Projection: "alpha"})
-				require.NoError(t, err)
-				require.Len(t, recs, 1, "the dead letter is in the store")
-				require.False(t, env.QueueExists(t, queue), "no dead-letter queue on the broker")
-				return
-			}
-			require.True(t, env.QueueExists(t, queue), "the dead letter declared its queue")
-		})
+	events := esmemory.New(esmemory.Config{})
+	_, err := events.Append(ctx, "s-1", eventstore.NoStream, eventstore.EventData{Type: "Bad", Payload: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	backend, err := pjmemory.New(events, pjmemory.Config{})
+	require.NoError(t, err)
+	p, err := projection.New("alpha", projection.Config{}, projection.OnIdempotent("Bad",
+		func(context.Context, projection.Event[json.RawMessage]) error { return errors.New("cannot") }))
+	require.NoError(t, err)
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: logger}, p)
+	require.NoError(t, err)
+	require.NoError(t, runner.Init(ctx))
+	store := dlmemory.New(dlmemory.Config{})
+	cfg := worker.Config{Runner: runner, Channel: ch, Logger: logger, SafetyNetInterval: -1, DisableReplayOnStart: true,
+		Retry: retry.Policy{MaxAttempts: 1}, DeadLetters: store}
+	w, err := worker.New(cfg)
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(runCtx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+	select {
+	case <-w.Running():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker did not start")
 	}
+
+	require.NoError(t, ch.Publish(ctx, trigger.Trigger{Projection: "alpha", Reason: trigger.ReasonReplay, At: time.Now().UTC()}))
+	require.Eventually(t, func() bool { return w.Stats("alpha").DeadLettered == 1 }, 30*time.Second, 10*time.Millisecond,
+		"the trigger is dead-lettered")
+	recs, err := store.List(ctx, deadletter.Filter{Projection: "alpha"})
+	require.NoError(t, err)
+	require.Len(t, recs, 1, "the dead letter is in the store")
+	require.False(t, env.QueueExists(t, env.Prefix+"nudge.dead_letters"), "no dead-letter queue on the broker")
 }

@@ -24,6 +24,7 @@ import (
 	chamqp "github.com/nudgeworks/nudge/channel/amqp"
 	chpg "github.com/nudgeworks/nudge/channel/postgres"
 	"github.com/nudgeworks/nudge/deadletter"
+	dlmemory "github.com/nudgeworks/nudge/deadletter/memory"
 	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
@@ -563,7 +564,7 @@ func TestSkipThroughWorker(t *testing.T) {
 	ch, err := chpg.New(f.db.NewPool(t, 10), chpg.Config{PollInterval: 10 * time.Millisecond, Logger: logger})
 	require.NoError(t, err)
 	w, err := worker.New(worker.Config{Runner: runner, Channel: ch, Logger: logger, SafetyNetInterval: 100 * time.Millisecond,
-		Retry: retry.Policy{MaxAttempts: 1}})
+		Retry: retry.Policy{MaxAttempts: 1}, DeadLetters: dlmemory.New(dlmemory.Config{})})
 	require.NoError(t, err)
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

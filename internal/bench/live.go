@@ -17,6 +17,7 @@ import (
 	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
 	"github.com/nudgeworks/nudge/channel/gochannel"
 	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
+	dlmemory "github.com/nudgeworks/nudge/deadletter/memory"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/trigger"
@@ -106,6 +107,9 @@ func (w *wiring) close() {
 // their transaction) until stop is called. It returns once the worker's handlers subscribed.
 func (h *harness) startWorker(ctx context.Context, f *fixture, w *wiring, runner *projection.Runner, cfg worker.Config) (*worker.Worker, func() error, error) {
 	cfg.Runner, cfg.Channel, cfg.Logger = runner, w.ch, h.libLog
+	if cfg.DeadLetters == nil {
+		cfg.DeadLetters = dlmemory.New(dlmemory.Config{}) // the bench's projections do not fail
+	}
 	if w.appender != nil {
 		cfg.Store = f.store
 	}
