@@ -12,8 +12,8 @@ import (
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/retry"
-	"github.com/nudgeworks/nudge/trigger"
 )
 
 // ErrInvalidConfig is matched (errors.Is) by every error New and NewInMemory return for a Config
@@ -81,7 +81,7 @@ type Config struct {
 	// projection.RunnerConfig.OnBatch; package metrics uses it).
 	OnBatch func(projection.BatchReport)
 	// Relay tunes the relay (TriggersRelay); its Logger defaults to Logger.
-	Relay trigger.RelayConfig
+	Relay relay.Config
 }
 
 // WithDefaults returns cfg with every zero field that has a default set to it.
@@ -107,7 +107,7 @@ func (cfg Config) Validate() error {
 	switch cfg.Triggers {
 	case TriggersRelay:
 	case TriggersInTransaction:
-		if _, ok := cfg.Channel.(trigger.TxPublisher); !ok {
+		if _, ok := cfg.Channel.(relay.TxPublisher); !ok {
 			return fmt.Errorf("%w: Triggers %q needs a channel that publishes in a transaction (channel/postgres); %T does not: use %q",
 				ErrInvalidConfig, cfg.Triggers, cfg.Channel, TriggersRelay)
 		}

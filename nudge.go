@@ -30,7 +30,7 @@ import (
 	"github.com/nudgeworks/nudge/projection"
 	pjmemory "github.com/nudgeworks/nudge/projection/memory"
 	pjpg "github.com/nudgeworks/nudge/projection/postgres"
-	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/worker"
 )
 
@@ -45,10 +45,10 @@ type Client struct {
 	cfg      Config
 	store    eventstore.Store
 	pg       *espg.Store // nil in memory
-	appender *trigger.Appender
+	appender *relay.Appender
 	runner   *projection.Runner
 	worker   *worker.Worker
-	relay    *trigger.Relay // nil with TriggersInTransaction
+	relay    *relay.Relay // nil with TriggersInTransaction
 	dead     deadletter.Store
 	migrate  []func(context.Context) error
 	ran      atomic.Bool
@@ -136,7 +136,7 @@ func newClient(cfg Config, p parts) (*Client, error) {
 	}
 	switch cfg.Triggers {
 	case TriggersInTransaction:
-		c.appender, err = trigger.NewAppender(c.pg, cfg.Channel.(trigger.TxPublisher)) // checked by Validate
+		c.appender, err = relay.NewAppender(c.pg, cfg.Channel.(relay.TxPublisher)) // checked by Validate
 		if err != nil {
 			return nil, err
 		}
@@ -144,7 +144,7 @@ func newClient(cfg Config, p parts) (*Client, error) {
 		// transaction lets readers see its events: its handler waits for them.
 		wcfg.Store = c.pg
 	default:
-		c.relay, err = trigger.NewRelay(p.backend, cfg.Channel, cfg.Relay)
+		c.relay, err = relay.New(p.backend, cfg.Channel, cfg.Relay)
 		if err != nil {
 			return nil, fmt.Errorf("%w: Relay: %w", ErrInvalidConfig, err)
 		}

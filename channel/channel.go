@@ -5,7 +5,7 @@
 //
 // Every projection has a subscription of its own (a durable queue, a table, a GoChannel
 // subscription), so a projection that fails forever never holds back another one's triggers.
-// Topology names derive from projection names, which projection.ValidateName has checked:
+// Topology names derive from projection names, which name.Validate has checked:
 // nothing else reaches SQL or the broker.
 package channel
 

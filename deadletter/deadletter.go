@@ -65,7 +65,7 @@ type FailingEvent struct {
 // Entry is one dead-lettered delivery of a trigger, as a worker writes it.
 type Entry struct {
 	// Projection is the projection the trigger was delivered to. Required; a valid projection
-	// name (see projection.ValidateName).
+	// name (see name.Validate).
 	Projection string
 	// MessageUUID is the broker message's UUID. Entries without a FailingEvent fold by it.
 	MessageUUID string

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/nudgeworks/nudge/deadletter/internal/clean"
-	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -155,7 +155,7 @@ func validateReplayFilter(f *ReplayFilter) error {
 	}
 	if f.Projection != "" {
 		set++
-		if err := projection.ValidateName(f.Projection); err != nil {
+		if err := name.Validate(f.Projection); err != nil {
 			return fmt.Errorf("%w: ReplayFilter.Projection: %w", ErrInvalidFilter, err)
 		}
 	}

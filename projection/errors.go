@@ -10,10 +10,6 @@ import (
 )
 
 var (
-	// ErrInvalidName reports a projection name that cannot be used. The concrete error is a
-	// *NameError.
-	ErrInvalidName = errors.New("projection: invalid name")
-
 	// ErrInvalidConfig reports a projection or runner definition that cannot work: no handlers,
 	// two handlers for one event type, a batch size out of range, two projections with one name…
 	ErrInvalidConfig = errors.New("projection: invalid configuration")
@@ -21,7 +17,7 @@ var (
 	// ErrUnknownProjection reports a name the runner has no projection for.
 	ErrUnknownProjection = errors.New("projection: unknown projection")
 
-	// ErrAlreadyRunning reports a Run of a Poller (or a trigger.Relay) while another Run of it
+	// ErrAlreadyRunning reports a Run of a Poller (or a relay.Relay) while another Run of it
 	// has not returned yet. Once it has, Run may be called again.
 	ErrAlreadyRunning = errors.New("projection: already running; Run may be called again once the running one has returned")
 
@@ -60,19 +56,6 @@ var (
 	// ErrDecode matches every *DecodeError.
 	ErrDecode = errors.New("projection: event payload does not decode")
 )
-
-// NameError is an invalid projection name. It matches ErrInvalidName.
-type NameError struct {
-	Name   string
-	Reason string
-}
-
-func (e *NameError) Error() string {
-	return fmt.Sprintf("projection: invalid name %q: %s", e.Name, e.Reason)
-}
-
-// Is makes errors.Is(err, ErrInvalidName) true.
-func (e *NameError) Is(target error) bool { return target == ErrInvalidName }
 
 // HandlerError reports the event a projection's handler failed on. The runner returns it from
 // CatchUp after it has committed the events before this one and recorded the failure in the

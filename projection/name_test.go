@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/projection"
 )
 
@@ -15,15 +16,15 @@ import (
 func TestNewRefusesReservedNames(t *testing.T) {
 	t.Parallel()
 	handler := projection.OnAnyIdempotent(func(context.Context, eventstore.Event) error { return nil })
-	for _, name := range []string{"nudge-relay", "nudge-relay-amqp", projection.ReservedPrefix + "x"} {
-		_, err := projection.New(name, projection.Config{}, handler)
-		require.ErrorIs(t, err, projection.ErrInvalidName, name)
-		var ne *projection.NameError
+	for _, n := range []string{"nudge-relay", "nudge-relay-amqp", name.ReservedPrefix + "x"} {
+		_, err := projection.New(n, projection.Config{}, handler)
+		require.ErrorIs(t, err, name.ErrInvalid, n)
+		var ne *name.Error
 		require.ErrorAs(t, err, &ne)
-		require.Contains(t, ne.Reason, "kept for nudge's own projections", name)
+		require.Contains(t, ne.Reason, "kept for nudge's own projections", n)
 	}
-	for _, name := range []string{"nudge", "nudge_relay", "nudgeworks", "my-nudge-relay"} {
-		_, err := projection.New(name, projection.Config{}, handler)
-		require.NoError(t, err, name)
+	for _, n := range []string{"nudge", "nudge_relay", "nudgeworks", "my-nudge-relay"} {
+		_, err := projection.New(n, projection.Config{}, handler)
+		require.NoError(t, err, n)
 	}
 }

@@ -2,9 +2,7 @@ package projection
 
 import (
 	"context"
-	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -113,18 +111,18 @@ type Projection struct {
 
 // New defines a projection named name that handles events with handlers, one handler per event
 // type. Events of other types are never read: the type filter runs in the event store's query.
-// A name starting with ReservedPrefix is nudge's own (the trigger relay's) and refused with a
-// *NameError.
+// An invalid name is refused with a *name.Error (matching name.ErrInvalid; see name.Validate),
+// and so is a name starting with name.ReservedPrefix, which is nudge's own (the relay's).
 func New(name string, cfg Config, handlers ...Handler) (*Projection, error) {
-	if strings.HasPrefix(name, ReservedPrefix) {
-		return nil, &NameError{Name: name, Reason: fmt.Sprintf("names starting with %q are kept for nudge's own projections, such as the trigger relay's (nudge-relay); choose another name", ReservedPrefix)}
+	if err := refuseReserved(name); err != nil {
+		return nil, err
 	}
 	return newProjection(name, cfg, handlers...)
 }
 
 // newProjection is New without the check for reserved names.
 func newProjection(name string, cfg Config, handlers ...Handler) (*Projection, error) {
-	if err := ValidateName(name); err != nil {
+	if err := validateName(name); err != nil {
 		return nil, err
 	}
 	if cfg.BatchSize == 0 {

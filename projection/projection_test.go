@@ -2,7 +2,6 @@ package projection_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/projection"
 )
 
@@ -19,26 +19,13 @@ type ticket struct {
 
 func noop(context.Context, projection.Event[ticket]) error { return nil }
 
-func TestValidateName(t *testing.T) {
-	t.Parallel()
-	for _, ok := range []string{"tickets", "ticket_list", "ticket-stats.v2", "a", "0day", strings.Repeat("x", 63)} {
-		require.NoError(t, projection.ValidateName(ok), ok)
-	}
-	for _, bad := range []string{"", "Tickets", "ticket list", "_x", "-x", ".x", "x;DROP TABLE y", `x"y`, "x'y", "amq#", "x*", "tickets/all",
-		"tïckets", strings.Repeat("x", 64)} {
-		err := projection.ValidateName(bad)
-		require.ErrorIs(t, err, projection.ErrInvalidName, bad)
-		var ne *projection.NameError
-		require.ErrorAs(t, err, &ne, bad)
-		require.Equal(t, bad, ne.Name)
-		require.Contains(t, err.Error(), "invalid name")
-	}
-}
-
 func TestNewRefusesBadDefinitions(t *testing.T) {
 	t.Parallel()
 	_, err := projection.New("Bad Name", projection.Config{}, projection.OnIdempotent("A", noop))
-	require.ErrorIs(t, err, projection.ErrInvalidName)
+	require.ErrorIs(t, err, name.ErrInvalid)
+	var ne *name.Error
+	require.ErrorAs(t, err, &ne)
+	require.Equal(t, "Bad Name", ne.Name)
 
 	cases := map[string]struct {
 		cfg      projection.Config

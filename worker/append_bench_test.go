@@ -16,6 +16,7 @@ import (
 	"github.com/nudgeworks/nudge/channel"
 	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -23,13 +24,13 @@ import (
 // with each way of publishing triggers, beside the bare store in the same run:
 //
 //   - bare: no triggers;
-//   - relay/amqp: a trigger.Relay tails the store and publishes to RabbitMQ meanwhile (the
+//   - relay/amqp: a relay.Relay tails the store and publishes to RabbitMQ meanwhile (the
 //     design chosen for RabbitMQ: appends write nothing more);
 //   - outbox: Watermill's forwarder outbox, one envelope row written in each append's
 //     transaction (the alternative for RabbitMQ, measured for the comparison; the forwarder
 //     that would carry the rows on to RabbitMQ does not run). It reports triggers/s: the rate
 //     at which the forwarder would have to publish to RabbitMQ, one confirmed publish each;
-//   - intx/postgres-N: trigger.Appender with the PostgreSQL-queue channel, N projections.
+//   - intx/postgres-N: relay.Appender with the PostgreSQL-queue channel, N projections.
 func BenchmarkAppendOverhead(b *testing.B) {
 	events := make([]eventstore.EventData, 10)
 	for i := range events {
@@ -63,11 +64,11 @@ func BenchmarkAppendOverhead(b *testing.B) {
 		s := newSetup(b)
 		ch := s.newChannel(b, channels["amqp"])
 		require.NoError(b, ch.Declare(context.Background(), "alpha"))
-		relay, err := trigger.NewRelay(s.backend, ch, trigger.RelayConfig{Logger: s.logger})
+		rel, err := relay.New(s.backend, ch, relay.Config{Logger: s.logger})
 		require.NoError(b, err)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- relay.Run(ctx) }()
+		go func() { done <- rel.Run(ctx) }()
 		b.Cleanup(func() { cancel(); require.NoError(b, <-done); require.NoError(b, ch.Close()) })
 		run(b, func(ctx context.Context, stream string) error {
 			_, err := s.store.Append(ctx, stream, eventstore.Any, events...)
@@ -112,7 +113,7 @@ func BenchmarkAppendOverhead(b *testing.B) {
 			for i := range projections {
 				require.NoError(b, ch.Declare(context.Background(), fmt.Sprintf("p%02d", i)))
 			}
-			appender, err := trigger.NewAppender(s.store, ch)
+			appender, err := relay.NewAppender(s.store, ch)
 			require.NoError(b, err)
 			run(b, func(ctx context.Context, stream string) error {
 				_, err := appender.Append(ctx, stream, eventstore.Any, events...)

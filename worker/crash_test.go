@@ -17,6 +17,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore/storetest"
 	"github.com/nudgeworks/nudge/internal/amqptest"
 	pgproj "github.com/nudgeworks/nudge/projection/postgres"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -48,11 +49,11 @@ func TestCrashChild(t *testing.T) {
 		_, err := store.Append(ctx, "crash", eventstore.Any, storeEvent(n))
 		require.NoError(t, err)
 	}
-	relay, err := trigger.NewRelay(backend, ch, trigger.RelayConfig{
+	rel, err := relay.New(backend, ch, relay.Config{
 		BeforePublishFunc: func(trigger.Trigger) { os.Exit(crashExitCode) }, // the process dies here
 	})
 	require.NoError(t, err)
-	_ = relay.Run(ctx)
+	_ = rel.Run(ctx)
 	t.Fatal("the relay returned instead of dying before its publish")
 }
 
@@ -85,11 +86,11 @@ func TestTriggerSurvivesCrashAfterCommit(t *testing.T) {
 	// events are readable (an open transaction elsewhere in the cluster may delay that), in one
 	// coalesced trigger.
 	storetest.Settle(t, s.store, committed[4].Position)
-	relay, err := trigger.NewRelay(s.backend, ch, trigger.RelayConfig{Logger: s.logger})
+	rel, err := relay.New(s.backend, ch, relay.Config{Logger: s.logger})
 	require.NoError(t, err)
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- relay.Run(runCtx) }()
+	go func() { done <- rel.Run(runCtx) }()
 	defer func() { cancel(); require.NoError(t, <-done) }()
 
 	msgs := channeltest.Consume(t, ch, "alpha")
@@ -98,7 +99,7 @@ func TestTriggerSurvivesCrashAfterCommit(t *testing.T) {
 	require.Equal(t, committed[4].Position, got.Position, "the trigger covers every committed event")
 	require.Equal(t, []string{"A"}, got.Types)
 	require.Eventually(t, func() bool {
-		st, err := relay.Status(ctx)
+		st, err := rel.Status(ctx)
 		return err == nil && st.CaughtUp() && st.Position == committed[4].Position
 	}, eventually, 10*time.Millisecond)
 }

@@ -16,7 +16,7 @@ import (
 	esmemory "github.com/nudgeworks/nudge/eventstore/memory"
 	"github.com/nudgeworks/nudge/projection"
 	pjmemory "github.com/nudgeworks/nudge/projection/memory"
-	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/worker"
 )
 
@@ -25,7 +25,7 @@ type TicketWasRegistered struct {
 }
 
 // The worker's handlers on a Watermill router you own: one handler per projection, each with
-// its own subscription, retries and dead letters. A trigger.Relay publishes a trigger for every
+// its own subscription, retries and dead letters. A relay.Relay publishes a trigger for every
 // batch of appended events; the handler reads the store from the projection's own position.
 func ExampleWorker_AddHandlers() {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -54,7 +54,7 @@ func ExampleWorker_AddHandlers() {
 	router, _ := message.NewRouter(message.RouterConfig{}, worker.RouterLogger(watermill.NewSlogLogger(quiet)))
 	_ = w.Prepare(ctx) // status rows, init hooks; subscriptions exist before the first append
 	_ = w.AddHandlers(router)
-	relay, _ := trigger.NewRelay(backend, ch, trigger.RelayConfig{Logger: quiet})
+	relay, _ := relay.New(backend, ch, relay.Config{Logger: quiet})
 
 	var wg sync.WaitGroup
 	wg.Add(3)

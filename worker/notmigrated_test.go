@@ -16,7 +16,7 @@ import (
 	"github.com/nudgeworks/nudge/internal/testlog"
 	"github.com/nudgeworks/nudge/projection"
 	pgproj "github.com/nudgeworks/nudge/projection/postgres"
-	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/worker"
 )
 
@@ -59,9 +59,9 @@ func TestRunNotMigrated(t *testing.T) {
 	require.ErrorIs(t, err, eventstore.ErrNotMigrated)
 	require.ErrorContains(t, err, "`nudge migrate`")
 
-	relay, err := trigger.NewRelay(backend, gochannel.New(gochannel.Config{}), trigger.RelayConfig{Logger: s.logger})
+	rel, err := relay.New(backend, gochannel.New(gochannel.Config{}), relay.Config{Logger: s.logger})
 	require.NoError(t, err)
-	require.ErrorIs(t, relay.Run(ctx), eventstore.ErrNotMigrated)
+	require.ErrorIs(t, rel.Run(ctx), eventstore.ErrNotMigrated)
 
 	require.NoError(t, store.Migrate(ctx))
 	err = run(worker.Config{})

@@ -12,7 +12,7 @@ import (
 	memstore "github.com/nudgeworks/nudge/eventstore/memory"
 	"github.com/nudgeworks/nudge/projection"
 	memproj "github.com/nudgeworks/nudge/projection/memory"
-	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/worker"
 )
 
@@ -72,9 +72,9 @@ func TestRunTwice(t *testing.T) {
 	t.Run("relay", func(t *testing.T) {
 		ch := gochannel.New(gochannel.Config{})
 		defer func() { _ = ch.Close() }()
-		relay, err := trigger.NewRelay(backend, ch, trigger.RelayConfig{})
+		rel, err := relay.New(backend, ch, relay.Config{})
 		require.NoError(t, err)
-		restartable(t, relay.Run)
+		restartable(t, rel.Run)
 	})
 }
 

@@ -91,9 +91,9 @@ type Config struct {
 	RouterFunc func(*message.Router) error
 	// Store, if set, lets a handler wait (up to HorizonWait) until the event store can read up
 	// to the trigger's position before it catches up. Set it when triggers are published in the
-	// append's transaction (trigger.Appender with the PostgreSQL-queue channel): such a trigger
+	// append's transaction (relay.Appender with the PostgreSQL-queue channel): such a trigger
 	// can arrive while an older transaction still holds the store's readers back. Triggers from
-	// a trigger.Relay never need it.
+	// a relay.Relay never need it.
 	Store interface {
 		Head(ctx context.Context) (eventstore.Position, error)
 	}

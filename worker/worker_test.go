@@ -32,6 +32,7 @@ import (
 	"github.com/nudgeworks/nudge/projection"
 	pgproj "github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/projection/projectiontest"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/retry"
 	"github.com/nudgeworks/nudge/trigger"
 	"github.com/nudgeworks/nudge/worker"
@@ -52,8 +53,8 @@ var eventually = testwait.For(2 * time.Minute)
 // channelCase is a backend the worker tests run on, and how appends publish its triggers.
 type channelCase struct {
 	new func(t testing.TB, s *setup) channel.Channel
-	// inTx: triggers are published in the append's transaction (trigger.Appender); otherwise a
-	// trigger.Relay publishes them.
+	// inTx: triggers are published in the append's transaction (relay.Appender); otherwise a
+	// relay.Relay publishes them.
 	inTx bool
 }
 
@@ -79,7 +80,7 @@ type setup struct {
 	store    *espg.Store
 	backend  *pgproj.Backend
 	logger   *slog.Logger
-	appender *trigger.Appender  // set when triggers are published in the append's transaction
+	appender *relay.Appender    // set when triggers are published in the append's transaction
 	amqp     *amqptest.Env      // set on the RabbitMQ channel
 	runner   *projection.Runner // the runner of the worker started last
 	dead     *dlmemory.Store    // the dead letters of workers started without a store of their own
@@ -94,11 +95,11 @@ func (s *setup) newChannel(t testing.TB, cc channelCase) channel.Channel {
 	t.Helper()
 	ch := cc.new(t, s)
 	if cc.inTx {
-		pub, ok := ch.(trigger.TxPublisher)
-		require.True(t, ok, "an in-transaction channel implements trigger.TxPublisher")
+		pub, ok := ch.(relay.TxPublisher)
+		require.True(t, ok, "an in-transaction channel implements relay.TxPublisher")
 		require.NoError(t, ch.Declare(context.Background())) // the tables, before any append
 		var err error
-		s.appender, err = trigger.NewAppender(s.store, pub)
+		s.appender, err = relay.NewAppender(s.store, pub)
 		require.NoError(t, err)
 	}
 	return ch
@@ -215,10 +216,10 @@ func (s *setup) startStoppable(t testing.TB, ch channel.Channel, cfg worker.Conf
 		wg.Go(func() { require.NoError(t, w.Run(ctx)) })
 	}
 	if s.appender == nil {
-		relay, err := trigger.NewRelay(s.backend, ch, trigger.RelayConfig{Logger: s.logger})
+		rel, err := relay.New(s.backend, ch, relay.Config{Logger: s.logger})
 		require.NoError(t, err)
 		wg.Add(1)
-		go func() { defer wg.Done(); require.NoError(t, relay.Run(ctx)) }()
+		go func() { defer wg.Done(); require.NoError(t, rel.Run(ctx)) }()
 	}
 	var once sync.Once
 	stop := func() { once.Do(func() { cancel(); wg.Wait() }) }

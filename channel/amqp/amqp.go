@@ -21,7 +21,7 @@
 // exchange and collect every trigger forever, with nobody consuming it. When this Channel has
 // not declared the projection itself, Publish looks the queue up (a passive declare) and fails
 // with ErrNotDeclared if no process has declared it — a wrong name or a wrong prefix.
-// Declared does that look-up alone. Projection names are checked with projection.ValidateName
+// Declared does that look-up alone. Projection names are checked with name.Validate
 // before anything reaches the broker.
 //
 // Subscriber returns a subscriber of one projection's queue with a prefetch of 1: a
@@ -88,7 +88,7 @@ import (
 
 	"github.com/nudgeworks/nudge/channel"
 	"github.com/nudgeworks/nudge/internal/redact"
-	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -106,8 +106,8 @@ const (
 
 // MaxPrefixLength is the longest Config.Prefix accepted, in bytes: AMQP names hold 255 bytes,
 // and the longest name the channel makes is the prefix, "nudge.triggers_" and a projection
-// name of projection.MaxNameLength bytes.
-const MaxPrefixLength = 255 - len(channel.TriggerTopic+"_") - projection.MaxNameLength
+// name of name.MaxLength bytes.
+const MaxPrefixLength = 255 - len(channel.TriggerTopic+"_") - name.MaxLength
 
 // Timing of the start-up dial and of every dial.
 const (
@@ -520,16 +520,16 @@ func (c *Channel) newSubscriber(cfg amqp.Config, log watermill.LoggerAdapter) (*
 // Declare implements channel.Channel: it declares the exchange and each projection's queue
 // bound to it. The dead-letter queue is declared on first use (see the package documentation).
 func (c *Channel) Declare(ctx context.Context, projections ...string) error {
-	for _, name := range projections {
-		if err := projection.ValidateName(name); err != nil {
+	for _, projection := range projections {
+		if err := name.Validate(projection); err != nil {
 			return err
 		}
 	}
-	for _, name := range projections {
+	for _, projection := range projections {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := c.declareProjection(name); err != nil {
+		if err := c.declareProjection(projection); err != nil {
 			return err
 		}
 	}
@@ -605,7 +605,7 @@ func (c *Channel) brokerError(what string, err error) error {
 func (c *Channel) Publish(ctx context.Context, t trigger.Trigger) error {
 	topic := c.triggerTopic
 	if t.Projection != "" {
-		if err := projection.ValidateName(t.Projection); err != nil {
+		if err := name.Validate(t.Projection); err != nil {
 			return err
 		}
 		topic = c.QueueName(t.Projection)
@@ -635,14 +635,14 @@ func (c *Channel) Publish(ctx context.Context, t trigger.Trigger) error {
 // Declared reports whether the projection's queue exists on the broker, declared by this
 // Channel or by any other process with the same Config.Prefix (a worker of the projection).
 // It looks the queue up without creating it (a passive declare).
-func (c *Channel) Declared(ctx context.Context, name string) (bool, error) {
-	if err := projection.ValidateName(name); err != nil {
+func (c *Channel) Declared(ctx context.Context, projection string) (bool, error) {
+	if err := name.Validate(projection); err != nil {
 		return false, err
 	}
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	return c.queueExists(c.QueueName(name))
+	return c.queueExists(c.QueueName(projection))
 }
 
 // queueExists looks queue up with a passive declare on a channel of its own: the broker
@@ -731,11 +731,11 @@ func (p publisher) Close() error { return nil }
 // Subscriber implements channel.Channel: a new subscriber of the projection's queue, and the
 // trigger topic to subscribe to. Subscribe declares the queue and its binding, again after
 // every reconnect. The subscriber is closed by its user or by Close.
-func (c *Channel) Subscriber(name string) (message.Subscriber, string, error) {
-	if err := projection.ValidateName(name); err != nil {
+func (c *Channel) Subscriber(projection string) (message.Subscriber, string, error) {
+	if err := name.Validate(projection); err != nil {
 		return nil, "", err
 	}
-	sub, err := c.newSubscriber(c.projectionConfig(name), watermill.NewSlogLogger(c.log.With(slog.String("projection", name))))
+	sub, err := c.newSubscriber(c.projectionConfig(projection), watermill.NewSlogLogger(c.log.With(slog.String("projection", projection))))
 	if err != nil {
 		return nil, "", err
 	}

@@ -25,7 +25,7 @@ import (
 	"github.com/nudgeworks/nudge/internal/amqptest"
 	"github.com/nudgeworks/nudge/internal/testlog"
 	"github.com/nudgeworks/nudge/internal/testwait"
-	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -580,7 +580,7 @@ func TestAddressedPublishNeedsADeclaredQueue(t *testing.T) {
 	require.Equal(t, "gamma", got.Projection)
 
 	_, err = ch.Declared(ctx, "Gamma")
-	require.ErrorIs(t, err, projection.ErrInvalidName)
+	require.ErrorIs(t, err, name.ErrInvalid)
 }
 
 func TestPublishHonoursContext(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 	"github.com/nudgeworks/nudge/channel"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/testwait"
-	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -231,11 +231,11 @@ func testMany(t *testing.T, ch channel.Channel) {
 
 func testInvalidNames(t *testing.T, ch channel.Channel) {
 	for _, bad := range []string{"", "Bad", "x; DROP TABLE y", "a b", "amq.gen#"} {
-		require.ErrorIs(t, ch.Declare(context.Background(), bad), projection.ErrInvalidName, bad)
+		require.ErrorIs(t, ch.Declare(context.Background(), bad), name.ErrInvalid, bad)
 		_, _, err := ch.Subscriber(bad)
-		require.ErrorIs(t, err, projection.ErrInvalidName, bad)
+		require.ErrorIs(t, err, name.ErrInvalid, bad)
 	}
 	bad := Trigger(1)
 	bad.Projection = "x'y"
-	require.ErrorIs(t, ch.Publish(context.Background(), bad), projection.ErrInvalidName)
+	require.ErrorIs(t, ch.Publish(context.Background(), bad), name.ErrInvalid)
 }

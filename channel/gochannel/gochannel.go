@@ -16,7 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/nudgeworks/nudge/channel"
-	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -45,8 +45,8 @@ func New(cfg Config) *Channel {
 
 // Declare implements channel.Channel. GoChannel has no topology; it only checks the names.
 func (c *Channel) Declare(_ context.Context, projections ...string) error {
-	for _, name := range projections {
-		if err := projection.ValidateName(name); err != nil {
+	for _, projection := range projections {
+		if err := name.Validate(projection); err != nil {
 			return err
 		}
 	}
@@ -56,7 +56,7 @@ func (c *Channel) Declare(_ context.Context, projections ...string) error {
 // Publish implements channel.Channel.
 func (c *Channel) Publish(ctx context.Context, t trigger.Trigger) error {
 	if t.Projection != "" {
-		if err := projection.ValidateName(t.Projection); err != nil {
+		if err := name.Validate(t.Projection); err != nil {
 			return err
 		}
 	}
@@ -72,8 +72,8 @@ func (c *Channel) Publish(ctx context.Context, t trigger.Trigger) error {
 }
 
 // Subscriber implements channel.Channel.
-func (c *Channel) Subscriber(name string) (message.Subscriber, string, error) {
-	if err := projection.ValidateName(name); err != nil {
+func (c *Channel) Subscriber(projection string) (message.Subscriber, string, error) {
+	if err := name.Validate(projection); err != nil {
 		return nil, "", err
 	}
 	return c.pubsub, channel.TriggerTopic, nil

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/nudgeworks/nudge/channel"
-	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/name"
 )
 
 // Topics. Watermill topic names allow [A-Za-z0-9-$:._]; projection names (lowercase letters,
@@ -50,11 +50,11 @@ func parseTopic(topic string) (topicKind, string, error) {
 	case channel.DeadLetterTopic:
 		return topicDeadLetters, "", nil
 	}
-	if name, ok := strings.CutPrefix(topic, channel.TriggerTopic+topicSeparator); ok {
-		if err := projection.ValidateName(name); err != nil {
+	if projection, ok := strings.CutPrefix(topic, channel.TriggerTopic+topicSeparator); ok {
+		if err := name.Validate(projection); err != nil {
 			return 0, "", fmt.Errorf("postgres channel: topic %q: %w", topic, err)
 		}
-		return topicProjection, name, nil
+		return topicProjection, projection, nil
 	}
 	return 0, "", fmt.Errorf("%w %q: use %q (every declared projection), %q (one projection; Channel.Subscriber returns it) or %q",
 		ErrUnknownTopic, topic, channel.TriggerTopic, projectionTopic("<projection>"), channel.DeadLetterTopic)

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/channel"
-	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/name"
 )
 
 func TestParseTopic(t *testing.T) {
@@ -35,7 +35,7 @@ func TestParseTopic(t *testing.T) {
 		require.Error(t, err, bad)
 	}
 	_, _, err := parseTopic("nudge.triggers:Bad")
-	require.ErrorIs(t, err, projection.ErrInvalidName)
+	require.ErrorIs(t, err, name.ErrInvalid)
 	_, _, err = parseTopic("other")
 	require.ErrorIs(t, err, ErrUnknownTopic)
 }

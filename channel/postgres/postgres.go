@@ -24,7 +24,7 @@
 // projection's subscription is the Watermill topic "nudge.triggers:<projection>", which
 // watermill-sql's PostgreSQLQueueSchema maps to the shared table with the where clause
 // projection = $1. Projection names reach SQL only as query arguments, after
-// projection.ValidateName; Config.Schema is checked by New. Payloads are BYTEA, so raw
+// name.Validate; Config.Schema is checked by New. Payloads are BYTEA, so raw
 // publishes (dead letters, replays) may carry any bytes. A projection that is deleted for good
 // should be removed with Undeclare, or publishers keep queueing triggers for it.
 //
@@ -132,7 +132,7 @@ import (
 
 	"github.com/nudgeworks/nudge/channel"
 	"github.com/nudgeworks/nudge/internal/pgmigrate"
-	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -302,8 +302,8 @@ func (c *Channel) MigrateTx(ctx context.Context, tx pgx.Tx) error {
 // the projections, so every trigger published from then on — by any process on this database
 // — gets a row for each of them. It is idempotent.
 func (c *Channel) Declare(ctx context.Context, projections ...string) error {
-	for _, name := range projections {
-		if err := projection.ValidateName(name); err != nil {
+	for _, projection := range projections {
+		if err := name.Validate(projection); err != nil {
 			return err
 		}
 	}
@@ -339,8 +339,8 @@ func (c *Channel) Declare(ctx context.Context, projections ...string) error {
 // process that still consumes such a projection gets no more triggers until it declares it
 // again.
 func (c *Channel) Undeclare(ctx context.Context, projections ...string) error {
-	for _, name := range projections {
-		if err := projection.ValidateName(name); err != nil {
+	for _, projection := range projections {
+		if err := name.Validate(projection); err != nil {
 			return err
 		}
 	}
@@ -414,7 +414,7 @@ func (c *Channel) triggerMessage(ctx context.Context, q interface {
 }, t trigger.Trigger) (string, *message.Message, error) {
 	topic := channel.TriggerTopic
 	if t.Projection != "" {
-		if err := projection.ValidateName(t.Projection); err != nil {
+		if err := name.Validate(t.Projection); err != nil {
 			return "", nil, err
 		}
 		var declared bool
@@ -438,16 +438,16 @@ func (c *Channel) triggerMessage(ctx context.Context, q interface {
 // Declared reports whether a process has declared the projection on this database, so that a
 // trigger addressed to it would be consumed. Without the channel's tables it returns an error
 // matching ErrNotMigrated.
-func (c *Channel) Declared(ctx context.Context, name string) (bool, error) {
-	if err := projection.ValidateName(name); err != nil {
+func (c *Channel) Declared(ctx context.Context, projection string) (bool, error) {
+	if err := name.Validate(projection); err != nil {
 		return false, err
 	}
 	if c.closed.Load() {
 		return false, ErrClosed
 	}
 	var declared bool
-	if err := c.db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+c.tables.subscriptions+` WHERE projection = $1)`, name).Scan(&declared); err != nil {
-		return false, fmt.Errorf("postgres channel: look up projection %s: %w", name, c.translate(err))
+	if err := c.db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+c.tables.subscriptions+` WHERE projection = $1)`, projection).Scan(&declared); err != nil {
+		return false, fmt.Errorf("postgres channel: look up projection %s: %w", projection, c.translate(err))
 	}
 	return declared, nil
 }
@@ -456,15 +456,15 @@ func (c *Channel) Declared(ctx context.Context, name string) (bool, error) {
 // router closes a handler's subscriber when it stops); Close closes them all. Declare the
 // projection before triggers are published: the subscription only receives triggers
 // published while the projection is declared.
-func (c *Channel) Subscriber(name string) (message.Subscriber, string, error) {
-	if err := projection.ValidateName(name); err != nil {
+func (c *Channel) Subscriber(projection string) (message.Subscriber, string, error) {
+	if err := name.Validate(projection); err != nil {
 		return nil, "", err
 	}
-	sub, err := c.newSubscriber(slog.String("projection", name))
+	sub, err := c.newSubscriber(slog.String("projection", projection))
 	if err != nil {
 		return nil, "", err
 	}
-	return sub, projectionTopic(name), nil
+	return sub, projectionTopic(projection), nil
 }
 
 // DeadLetterSubscriber implements channel.Channel. Dead letters are deleted when acked. Like

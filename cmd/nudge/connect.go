@@ -14,6 +14,7 @@ import (
 	"github.com/nudgeworks/nudge/channel/amqp"
 	chpg "github.com/nudgeworks/nudge/channel/postgres"
 	"github.com/nudgeworks/nudge/internal/redact"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -187,7 +188,7 @@ func (c *cli) send(ctx context.Context, ch triggerChannel, t trigger.Trigger) er
 
 // refuseRelay refuses the relay's name where a command needs a projection's worker.
 func refuseRelay(cmd, name string) error {
-	if name != trigger.RelayNameDefault {
+	if name != relay.NameDefault {
 		return nil
 	}
 	return usageErrorf("%s: %s is the trigger relay, not a projection: no worker takes requests for it and it has no read model; "+

@@ -18,7 +18,7 @@ import (
 
 	"github.com/nudgeworks/nudge/deadletter"
 	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
-	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/name"
 )
 
 const deadletterUsage = `Usage: nudge deadletter <command> [arguments and flags]
@@ -83,7 +83,7 @@ func (c *cli) deadletterList(ctx context.Context, args []string) error {
 	cmd := command{name: "deadletter list", synopsis: "[--projection P] [--status S] [--limit N] [--json]",
 		doc: "Lists dead letters by ascending ID: the oldest first.\n"}
 	fs := newFlagSet(cmd.name)
-	name := fs.String("projection", "", "only this `projection`'s dead letters")
+	projection := fs.String("projection", "", "only this `projection`'s dead letters")
 	status := fs.String("status", "", "only dead letters in this `status`: failed, replayed or resolved")
 	limit := fs.Int("limit", deadletter.ListLimitDefault, "at most `N` dead letters (1 to "+strconv.Itoa(deadletter.ListLimitMax)+")")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
@@ -94,9 +94,9 @@ func (c *cli) deadletterList(ctx context.Context, args []string) error {
 	if len(pos) > 0 {
 		return usageErrorf("deadletter list takes no arguments, got %q", strings.Join(pos, " "))
 	}
-	f := deadletter.Filter{Projection: *name, Limit: *limit}
-	if *name != "" {
-		if err := projection.ValidateName(*name); err != nil {
+	f := deadletter.Filter{Projection: *projection, Limit: *limit}
+	if *projection != "" {
+		if err := name.Validate(*projection); err != nil {
 			return usageErrorf("--projection: %v", err)
 		}
 	}
@@ -182,7 +182,7 @@ func (c *cli) deadletterReplay(ctx context.Context, args []string) error {
 			"to each of their projections (on --channel), which then catch up from their own\n" +
 			"position. Resolved records are left alone. Give IDs, --projection or --all.\n"}
 	fs := newFlagSet(cmd.name)
-	name := fs.String("projection", "", "replay every failed or replayed dead letter of this `projection`")
+	projection := fs.String("projection", "", "replay every failed or replayed dead letter of this `projection`")
 	all := fs.Bool("all", false, "replay every failed or replayed dead letter")
 	by := fs.String("by", "", "who replays, a `NAME` kept on the records (default $USER)")
 	pos, err := c.parse(fs, cmd, args)
@@ -193,9 +193,9 @@ func (c *cli) deadletterReplay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	f := deadletter.ReplayFilter{IDs: ids, Projection: *name, All: *all}
+	f := deadletter.ReplayFilter{IDs: ids, Projection: *projection, All: *all}
 	set := 0
-	for _, ok := range []bool{len(ids) > 0, *name != "", *all} {
+	for _, ok := range []bool{len(ids) > 0, *projection != "", *all} {
 		if ok {
 			set++
 		}
@@ -203,8 +203,8 @@ func (c *cli) deadletterReplay(ctx context.Context, args []string) error {
 	if set != 1 {
 		return usageErrorf("deadletter replay needs exactly one of: record IDs, --projection P, --all")
 	}
-	if *name != "" {
-		if err := projection.ValidateName(*name); err != nil {
+	if *projection != "" {
+		if err := name.Validate(*projection); err != nil {
 			return usageErrorf("--projection: %v", err)
 		}
 	}
@@ -227,8 +227,8 @@ func (c *cli) deadletterReplay(ctx context.Context, args []string) error {
 		}
 		return fmt.Errorf("replay: %w", err)
 	}
-	for _, name := range targets {
-		if err := c.requireConsumer(ctx, pub, name); err != nil {
+	for _, projection := range targets {
+		if err := c.requireConsumer(ctx, pub, projection); err != nil {
 			return fmt.Errorf("%w\nNothing was replayed", err)
 		}
 	}

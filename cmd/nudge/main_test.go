@@ -33,6 +33,7 @@ import (
 	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection"
 	pjpg "github.com/nudgeworks/nudge/projection/postgres"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/retry"
 	"github.com/nudgeworks/nudge/trigger"
 	"github.com/nudgeworks/nudge/worker"
@@ -314,16 +315,16 @@ func TestNoOrphanQueues(t *testing.T) {
 
 	// The relay is no projection: refused before anything is sent.
 	for _, args := range [][]string{
-		{"rebuild", trigger.RelayNameDefault},
-		{"skip", trigger.RelayNameDefault, "--event", f.events[0].ID.String(), "--reason", "x"},
-		{"skip", trigger.RelayNameDefault, "--event", f.events[0].ID.String(), "--reason", "x", "--direct"},
+		{"rebuild", relay.NameDefault},
+		{"skip", relay.NameDefault, "--event", f.events[0].ID.String(), "--reason", "x"},
+		{"skip", relay.NameDefault, "--event", f.events[0].ID.String(), "--reason", "x", "--direct"},
 	} {
 		res := runCLI(t, f.env, args...)
 		require.Equal(t, 2, res.code, args)
 		require.Contains(t, res.stderr, "nudge-relay is the trigger relay, not a projection", args)
 	}
 
-	for _, q := range []string{queue(amqpEnv.Prefix, trigger.RelayNameDefault), queue(wrong, "lagging")} {
+	for _, q := range []string{queue(amqpEnv.Prefix, relay.NameDefault), queue(wrong, "lagging")} {
 		require.False(t, amqpEnv.QueueExists(t, q), "no orphan queue %s", q)
 	}
 	res = runCLI(t, f.env, "rebuild", "lagging", "--no-wait")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nudgeworks/nudge/deadletter"
 	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
+	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/projection"
 	pjpg "github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/trigger"
@@ -49,8 +50,8 @@ const (
 	byMaxLen = 200
 )
 
-func (c *cli) rebuild(ctx context.Context, name string, args []string) error {
-	cmd := command{name: name, synopsis: "PROJECTION [--no-wait] [--by NAME] [--timeout 1h]", doc: rebuildDoc}
+func (c *cli) rebuild(ctx context.Context, cmdName string, args []string) error {
+	cmd := command{name: cmdName, synopsis: "PROJECTION [--no-wait] [--by NAME] [--timeout 1h]", doc: rebuildDoc}
 	fs := newFlagSet(cmd.name)
 	noWait := fs.Bool("no-wait", false, "return once the request is sent, without following the rebuild")
 	by := fs.String("by", "", "who asks, a `NAME` for the worker's log (default $USER)")
@@ -60,13 +61,13 @@ func (c *cli) rebuild(ctx context.Context, name string, args []string) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return usageErrorf("%s takes one projection name, got %d arguments; run 'nudge %s --help'", name, len(pos), name)
+		return usageErrorf("%s takes one projection name, got %d arguments; run 'nudge %s --help'", cmdName, len(pos), cmdName)
 	}
 	target := pos[0]
-	if err := projection.ValidateName(target); err != nil {
-		return usageErrorf("%s: %v", name, err)
+	if err := name.Validate(target); err != nil {
+		return usageErrorf("%s: %v", cmdName, err)
 	}
-	if err := refuseRelay(name, target); err != nil {
+	if err := refuseRelay(cmdName, target); err != nil {
 		return err
 	}
 	if *timeout < 0 {

@@ -16,6 +16,7 @@ import (
 	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/projection"
 	pjpg "github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/trigger"
@@ -56,11 +57,11 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 	if len(pos) != 1 {
 		return usageErrorf("skip takes one projection name, got %d arguments; run 'nudge skip --help'", len(pos))
 	}
-	name := pos[0]
-	if err := projection.ValidateName(name); err != nil {
+	target := pos[0]
+	if err := name.Validate(target); err != nil {
 		return usageErrorf("skip: %v", err)
 	}
-	if err := refuseRelay("skip", name); err != nil {
+	if err := refuseRelay("skip", target); err != nil {
 		return err
 	}
 	if *event == "" {
@@ -76,7 +77,7 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 	req := trigger.SkipRequest{EventID: eventID, Reason: *reason, By: c.actor(*by), Force: *force}
 	if !*direct {
 		// The request travels as a trigger, which has a size limit.
-		if _, err := (trigger.Trigger{Projection: name, Reason: trigger.ReasonSkip, At: time.Now().UTC(), Skip: &req}).Encode(); err != nil {
+		if _, err := (trigger.Trigger{Projection: target, Reason: trigger.ReasonSkip, At: time.Now().UTC(), Skip: &req}).Encode(); err != nil {
 			return usageErrorf("--reason and --by are too long for a request to the worker (a trigger holds at most %d bytes): shorten them, "+
 				"or skip with --direct", trigger.MaxSize)
 		}
@@ -94,32 +95,32 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 
 	// A stand-in definition with the projection's name. Its handler never runs (Skip does not
 	// handle events); its type decides which event Skip takes as "next".
-	runner, err := skipRunner(backend, name, nil)
+	runner, err := skipRunner(backend, target, nil)
 	if err != nil {
 		return err
 	}
-	st, err := runner.Status(ctx, name)
+	st, err := runner.Status(ctx, target)
 	if err != nil {
 		if errors.Is(err, projection.ErrNotRegistered) {
-			return fmt.Errorf("no projection named %s in this database (no status row in nudge_projections); check the name and --schema", name)
+			return fmt.Errorf("no projection named %s in this database (no status row in nudge_projections); check the name and --schema", target)
 		}
-		return fmt.Errorf("read the status of projection %s: %w", name, err)
+		return fmt.Errorf("read the status of projection %s: %w", target, err)
 	}
 	if !*direct {
-		if err := c.skipThroughWorker(ctx, pool, runner, st, name, req, *wait); err != nil {
+		if err := c.skipThroughWorker(ctx, pool, runner, st, target, req, *wait); err != nil {
 			return err
 		}
-		return c.resolveSkipped(ctx, pool, name, req)
+		return c.resolveSkipped(ctx, pool, target, req)
 	}
 	if fe := st.FailingEvent; fe != nil && fe.ID == eventID {
 		// The failing event is the first event of the projection's own types after its
 		// position, so it is also the first of its type there: reading only that type finds
 		// exactly the event the application's Runner.Skip would find.
-		if runner, err = skipRunner(backend, name, []string{fe.Type}); err != nil {
+		if runner, err = skipRunner(backend, target, []string{fe.Type}); err != nil {
 			return err
 		}
 	}
-	skipped, err := runner.Skip(ctx, name, eventID, projection.SkipOptions{Reason: req.Reason, By: req.By, Force: req.Force})
+	skipped, err := runner.Skip(ctx, target, eventID, projection.SkipOptions{Reason: req.Reason, By: req.By, Force: req.Force})
 	if err != nil {
 		if errors.Is(err, projection.ErrSkipRefused) {
 			// The runner speaks of SkipOptions.Force; here it is a flag.
@@ -127,15 +128,15 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 		}
 		return fmt.Errorf("skip: %w", err)
 	}
-	after, err := runner.Status(ctx, name)
+	after, err := runner.Status(ctx, target)
 	if err != nil {
-		return fmt.Errorf("skipped, but could not read the status of projection %s: %w", name, err)
+		return fmt.Errorf("skipped, but could not read the status of projection %s: %w", target, err)
 	}
 	fmt.Fprintf(c.stdout, "skipped event %s (type %s, stream %s, position %s) of projection %s\n",
-		skipped.ID, skipped.Type, skipped.StreamID, skipped.Position, name)
-	fmt.Fprintf(c.stdout, "projection %s: state %s, position %s\n", name, after.State, after.Position)
+		skipped.ID, skipped.Type, skipped.StreamID, skipped.Position, target)
+	fmt.Fprintf(c.stdout, "projection %s: state %s, position %s\n", target, after.State, after.Position)
 	fmt.Fprintln(c.stderr, skipHookNote)
-	return c.resolveSkipped(ctx, pool, name, req)
+	return c.resolveSkipped(ctx, pool, target, req)
 }
 
 // resolveSkipped resolves the projection's open dead letters on the skipped event: a worker

@@ -21,6 +21,7 @@ import (
 	"github.com/nudgeworks/nudge/deadletter"
 	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/projection"
 	pjpg "github.com/nudgeworks/nudge/projection/postgres"
 )
@@ -89,8 +90,8 @@ func (c *cli) status(ctx context.Context, args []string) error {
 	if *interval < intervalMin {
 		return usageErrorf("--interval %s is too short; use at least %s", *interval, intervalMin)
 	}
-	for _, name := range names {
-		if err := projection.ValidateName(name); err != nil {
+	for _, projection := range names {
+		if err := name.Validate(projection); err != nil {
 			return usageErrorf("status: %v", err)
 		}
 	}

@@ -38,7 +38,7 @@ import (
 	espostgres "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/projection"
 	pjpostgres "github.com/nudgeworks/nudge/projection/postgres"
-	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/worker"
 )
 
@@ -147,7 +147,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	relay, err := trigger.NewRelay(backend, ch, trigger.RelayConfig{Logger: cfg.Logger})
+	rel, err := relay.New(backend, ch, relay.Config{Logger: cfg.Logger})
 	if err != nil {
 		return result{}, err
 	}
@@ -169,7 +169,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 		return result{}, err
 	}
 
-	if err := runAll(ctx, router, w, relay, func(ctx context.Context) error { return greet(ctx, store, runner, relay) }); err != nil {
+	if err := runAll(ctx, router, w, rel, func(ctx context.Context) error { return greet(ctx, store, runner, rel) }); err != nil {
 		return result{}, err
 	}
 	res := result{Triggers: w.Stats("greetings").Received}
@@ -184,7 +184,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 
 // runAll runs the router, the worker's safety net and the relay while work runs, then stops
 // them and waits. If one of them stops by itself, work's context ends and runAll returns why.
-func runAll(ctx context.Context, router *message.Router, w *worker.Worker, relay *trigger.Relay, work func(context.Context) error) error {
+func runAll(ctx context.Context, router *message.Router, w *worker.Worker, rel *relay.Relay, work func(context.Context) error) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	var wg sync.WaitGroup
 	defer func() {
@@ -199,7 +199,7 @@ func runAll(ctx context.Context, router *message.Router, w *worker.Worker, relay
 		})
 	}
 	background("router", router.Run)
-	background("relay", relay.Run)
+	background("relay", rel.Run)
 	select {
 	case <-router.Running():
 	case <-ctx.Done():
@@ -221,7 +221,7 @@ func runAll(ctx context.Context, router *message.Router, w *worker.Worker, relay
 // has handled them — the relay publishes a trigger, RabbitMQ delivers it to the projection's
 // handler on the router, and the handler catches the projection up — and until the relay has
 // published its last trigger, so none is in flight when the program stops.
-func greet(ctx context.Context, store *espostgres.Store, runner *projection.Runner, relay *trigger.Relay) error {
+func greet(ctx context.Context, store *espostgres.Store, runner *projection.Runner, rel *relay.Relay) error {
 	for _, name := range []string{"ann", "bob", "ann"} {
 		data, err := eventstore.NewEventData("Greeted", Greeted{Name: name})
 		if err != nil {
@@ -237,7 +237,7 @@ func greet(ctx context.Context, store *espostgres.Store, runner *projection.Runn
 		return err
 	}
 	for pause := 5 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
-		st, err := relay.Status(waitCtx)
+		st, err := rel.Status(waitCtx)
 		if err == nil && st.Condition() == projection.ConditionCaughtUp {
 			return nil
 		}

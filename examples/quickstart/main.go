@@ -29,8 +29,8 @@ import (
 	esmemory "github.com/nudgeworks/nudge/eventstore/memory"
 	"github.com/nudgeworks/nudge/projection"
 	pjmemory "github.com/nudgeworks/nudge/projection/memory"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/retry"
-	"github.com/nudgeworks/nudge/trigger"
 	"github.com/nudgeworks/nudge/worker"
 )
 
@@ -146,7 +146,7 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	relay, err := trigger.NewRelay(backend, ch, trigger.RelayConfig{Logger: logger})
+	rel, err := relay.New(backend, ch, relay.Config{Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -154,7 +154,7 @@ func run(ctx context.Context, out io.Writer) error {
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); _ = w.Run(runCtx) }()
-	go func() { defer wg.Done(); _ = relay.Run(runCtx) }()
+	go func() { defer wg.Done(); _ = rel.Run(runCtx) }()
 	defer func() { stop(); wg.Wait() }()
 	select {
 	case <-w.Running():

@@ -52,10 +52,10 @@ func (e *InputError) Error() string { return e.Field + ": " + e.Reason }
 func (e *InputError) Is(target error) bool { return target == ErrInvalidInput }
 
 // tickets runs the commands: it decides from the ticket's stream and appends events; a
-// trigger.Relay publishes their triggers.
+// relay.Relay publishes their triggers.
 type tickets struct {
 	store *espg.Store
-	// appended, if set, runs after every successful append (trigger.Relay.Wake: publish now
+	// appended, if set, runs after every successful append (relay.Relay.Wake: publish now
 	// rather than at the relay's next poll).
 	appended func()
 }

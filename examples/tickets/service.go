@@ -23,7 +23,7 @@ import (
 	"github.com/nudgeworks/nudge/metrics"
 	"github.com/nudgeworks/nudge/projection"
 	pgprojection "github.com/nudgeworks/nudge/projection/postgres"
-	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/worker"
 )
 
@@ -53,7 +53,7 @@ type service struct {
 	ch       channel.Channel
 	models   readModels
 	runner   *projection.Runner
-	relay    *trigger.Relay   // modes all and api
+	relay    *relay.Relay     // modes all and api
 	worker   *worker.Worker   // modes all and worker
 	commands *tickets         // modes all and api
 	metrics  *metrics.Metrics // the /metrics endpoint's (modes all and api)
@@ -193,16 +193,16 @@ func (s *service) openChannel(ctx context.Context) error {
 }
 
 // openCommands sets up appending: commands append to the store, and a relay tails it and
-// publishes the triggers, on either channel. (With the PostgreSQL channel, trigger.Appender
+// publishes the triggers, on either channel. (With the PostgreSQL channel, relay.Appender
 // could publish each trigger in its append's transaction instead; it costs every append a
 // queue row per projection, see the library's README.)
 func (s *service) openCommands() error {
-	relay, err := trigger.NewRelay(s.backend, s.ch, trigger.RelayConfig{Logger: s.log})
+	rel, err := relay.New(s.backend, s.ch, relay.Config{Logger: s.log})
 	if err != nil {
 		return err
 	}
-	s.relay = relay
-	s.commands = &tickets{store: s.store, appended: relay.Wake}
+	s.relay = rel
+	s.commands = &tickets{store: s.store, appended: rel.Wake}
 	return nil
 }
 

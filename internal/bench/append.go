@@ -13,7 +13,7 @@ import (
 
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/projection"
-	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/relay"
 )
 
 // targetAppendCost is the most trigger publishing may cost appends, at 10 events a transaction.
@@ -171,7 +171,7 @@ func (v *appendVariant) run(ctx context.Context, h *harness, size int, d time.Du
 	var store interface {
 		Append(ctx context.Context, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error)
 	} = v.f.store
-	var relay *trigger.Relay
+	var rel *relay.Relay
 	relayCtx, stopRelay := context.WithCancel(ctx)
 	defer stopRelay()
 	relayDone := make(chan error, 1)
@@ -179,10 +179,10 @@ func (v *appendVariant) run(ctx context.Context, h *harness, size int, d time.Du
 		store = v.w.store
 		if v.w.appender == nil {
 			var err error
-			if relay, err = trigger.NewRelay(v.f.backend, v.w.ch, h.relayConfig()); err != nil {
+			if rel, err = relay.New(v.f.backend, v.w.ch, h.relayConfig()); err != nil {
 				return 0, err
 			}
-			go func() { relayDone <- relay.Run(relayCtx) }()
+			go func() { relayDone <- rel.Run(relayCtx) }()
 		}
 	}
 
@@ -219,9 +219,9 @@ func (v *appendVariant) run(ctx context.Context, h *harness, size int, d time.Du
 	if first != nil {
 		return 0, first
 	}
-	if relay != nil {
+	if rel != nil {
 		err := waitUntil(ctx, time.Minute, 10*time.Millisecond, "the relay published every append", func() (bool, error) {
-			st, err := relay.Status(ctx)
+			st, err := rel.Status(ctx)
 			return err == nil && st.CaughtUp() && st.State == projection.StateRunning, err
 		})
 		stopRelay()

@@ -20,7 +20,7 @@ import (
 	dlmemory "github.com/nudgeworks/nudge/deadletter/memory"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/projection"
-	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/worker"
 )
 
@@ -39,9 +39,9 @@ var channelLabels = map[string]string{chAMQP: "RabbitMQ", chPostgres: "PostgreSQ
 type wiring struct {
 	kind string
 	ch   channel.Channel
-	// appender publishes in the append's transaction (PostgreSQL queue); nil: a trigger.Relay
+	// appender publishes in the append's transaction (PostgreSQL queue); nil: a relay.Relay
 	// publishes (RabbitMQ, GoChannel).
-	appender *trigger.Appender
+	appender *relay.Appender
 	store    interface {
 		Append(ctx context.Context, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error)
 	}
@@ -76,7 +76,7 @@ func (h *harness) openChannel(ctx context.Context, f *fixture, kind string, proj
 			return nil, err
 		}
 		w.ch = ch
-		if w.appender, err = trigger.NewAppender(f.store, ch); err != nil {
+		if w.appender, err = relay.NewAppender(f.store, ch); err != nil {
 			_ = ch.Close()
 			return nil, err
 		}
@@ -94,8 +94,8 @@ func (h *harness) openChannel(ctx context.Context, f *fixture, kind string, proj
 }
 
 // relayConfig configures the relays of the run (-relay-interval).
-func (h *harness) relayConfig() trigger.RelayConfig {
-	return trigger.RelayConfig{MinInterval: h.opts.relayInterval, Logger: h.libLog}
+func (h *harness) relayConfig() relay.Config {
+	return relay.Config{MinInterval: h.opts.relayInterval, Logger: h.libLog}
 }
 
 func (w *wiring) close() {
@@ -122,13 +122,13 @@ func (h *harness) startWorker(ctx context.Context, f *fixture, w *wiring, runner
 	errs := make(chan error, 2)
 	wg.Go(func() { errs <- wk.Run(ctx) })
 	if w.appender == nil {
-		relay, err := trigger.NewRelay(f.backend, w.ch, h.relayConfig())
+		rel, err := relay.New(f.backend, w.ch, h.relayConfig())
 		if err != nil {
 			cancel()
 			wg.Wait()
 			return nil, nil, err
 		}
-		wg.Go(func() { errs <- relay.Run(ctx) })
+		wg.Go(func() { errs <- rel.Run(ctx) })
 	}
 	var once sync.Once
 	var stopErr error

@@ -59,7 +59,7 @@ import (
 
 	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
 	"github.com/nudgeworks/nudge/internal/redact"
-	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/relay"
 )
 
 // Defaults of the server URLs, as in internal/pgtest and internal/amqptest.
@@ -125,7 +125,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.StringVar(&o.postgresURL, "postgres", envOr("NUDGE_TEST_POSTGRES_URL", postgresURLDefault), "PostgreSQL server (a database per step is created on it)")
 	fs.StringVar(&o.amqpURL, "amqp", envOr("NUDGE_TEST_AMQP_URL", amqpURLDefault), "RabbitMQ broker")
 	fs.DurationVar(&o.pgPoll, "pg-poll", pgchannel.PollIntervalDefault, "poll interval of the PostgreSQL-queue channel")
-	fs.DurationVar(&o.relayInterval, "relay-interval", trigger.RelayMinIntervalDefault, "the trigger relays' MinInterval: their wait after a publish")
+	fs.DurationVar(&o.relayInterval, "relay-interval", relay.MinIntervalDefault, "the trigger relays' MinInterval: their wait after a publish")
 	fs.StringVar(&logLevel, "log-level", "info", "level of the library's own logs, written to <out>/bench-<time>.log (debug, info, warn, error)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: go run ./internal/bench [flags]\n\nMeasures nudge against real PostgreSQL and RabbitMQ; every figure beside its baseline.\n\n")

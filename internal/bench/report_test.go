@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/internal/redact"
-	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/relay"
 )
 
 func TestPercentileIsNearestRank(t *testing.T) {
@@ -251,7 +251,7 @@ func TestParseFlags(t *testing.T) {
 	require.ErrorContains(t, err, "-log-level")
 	_, err = parseFlags([]string{"extra"}, io.Discard)
 	require.ErrorContains(t, err, "unexpected arguments")
-	require.Equal(t, trigger.RelayMinIntervalDefault, o.relayInterval)
+	require.Equal(t, relay.MinIntervalDefault, o.relayInterval)
 	o, err = parseFlags([]string{"-relay-interval", "20ms"}, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, 20*time.Millisecond, o.relayInterval)

@@ -28,6 +28,7 @@ import (
 	"github.com/nudgeworks/nudge/internal/pgcluster"
 	"github.com/nudgeworks/nudge/projection"
 	pgproj "github.com/nudgeworks/nudge/projection/postgres"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -187,7 +188,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 		return nil, err
 	}
 	e.lossy = &lossyPublisher{inner: e.channel, rng: mrand.New(mrand.NewPCG(s.seed, 7))}
-	relay, err := trigger.NewRelay(e.backend, e.lossy, trigger.RelayConfig{Logger: e.log, MinInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond})
+	rel, err := relay.New(e.backend, e.lossy, relay.Config{Logger: e.log, MinInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond})
 	if err != nil {
 		return nil, err
 	}
@@ -195,8 +196,8 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 	e.relayCancel, e.relayDone = cancel, make(chan struct{})
 	go func() {
 		defer close(e.relayDone)
-		if err := relay.Run(relayCtx); err != nil {
-			e.log.Error("relay stopped", slog.String("projection", trigger.RelayNameDefault), slog.Any("error", err))
+		if err := rel.Run(relayCtx); err != nil {
+			e.log.Error("relay stopped", slog.String("projection", relay.NameDefault), slog.Any("error", err))
 		}
 	}()
 	e.workers = newPool(workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: s.broker.url, prefix: e.prefix,

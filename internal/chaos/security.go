@@ -20,6 +20,7 @@ import (
 	"github.com/nudgeworks/nudge/deadletter"
 	dlpostgres "github.com/nudgeworks/nudge/deadletter/postgres"
 	"github.com/nudgeworks/nudge/internal/chaos/chaosmodel"
+	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/trigger"
 )
@@ -41,7 +42,7 @@ func runSecurity(ctx context.Context, e *env, r *result) error {
 		r.addCheck("refused: "+what, errors.Is(err, want), "%v", err)
 	}
 	// A channel and a dead-letter store that can reach nothing: a name that got past the
-	// validation would fail with ErrClosed or a connection error instead of ErrInvalidName.
+	// validation would fail with ErrClosed or a connection error instead of name.ErrInvalid.
 	closedCh, err := amqpchannel.New(ctx, amqpchannel.Config{URL: e.s.broker.url, Prefix: e.prefix, ConnectionName: e.prefix + "closed"})
 	if err != nil {
 		return err
@@ -56,23 +57,23 @@ func runSecurity(ctx context.Context, e *env, r *result) error {
 	if err != nil {
 		return err
 	}
-	for _, name := range badNames {
-		q := fmt.Sprintf("%q", name)
-		_, err := projection.New(name, projection.Config{}, projection.OnIdempotent(chaosmodel.EventType,
+	for _, bad := range badNames {
+		q := fmt.Sprintf("%q", bad)
+		_, err := projection.New(bad, projection.Config{}, projection.OnIdempotent(chaosmodel.EventType,
 			func(context.Context, projection.Event[chaosmodel.Payload]) error { return nil }))
-		refuse("projection.New "+q, err, projection.ErrInvalidName)
-		refuse("Declare "+q, e.channel.Declare(ctx, name), projection.ErrInvalidName)
-		refuse("Declare on a closed channel "+q, closedCh.Declare(ctx, name), projection.ErrInvalidName)
-		refuse("Publish to "+q+" on a closed channel", closedCh.Publish(ctx, trigger.Trigger{Projection: name, Reason: trigger.ReasonReplay}), projection.ErrInvalidName)
-		_, err = closedDead.List(ctx, deadletter.Filter{Projection: name})
-		refuse("dead letters of "+q+" on a closed pool", err, projection.ErrInvalidName)
-		_, err = deadletter.Replay(ctx, closedDead, closedCh, deadletter.ReplayFilter{Projection: name}, "chaos", time.Now())
-		refuse("replay of "+q+" on a closed pool and channel", err, projection.ErrInvalidName)
+		refuse("projection.New "+q, err, name.ErrInvalid)
+		refuse("Declare "+q, e.channel.Declare(ctx, bad), name.ErrInvalid)
+		refuse("Declare on a closed channel "+q, closedCh.Declare(ctx, bad), name.ErrInvalid)
+		refuse("Publish to "+q+" on a closed channel", closedCh.Publish(ctx, trigger.Trigger{Projection: bad, Reason: trigger.ReasonReplay}), name.ErrInvalid)
+		_, err = closedDead.List(ctx, deadletter.Filter{Projection: bad})
+		refuse("dead letters of "+q+" on a closed pool", err, name.ErrInvalid)
+		_, err = deadletter.Replay(ctx, closedDead, closedCh, deadletter.ReplayFilter{Projection: bad}, "chaos", time.Now())
+		refuse("replay of "+q+" on a closed pool and channel", err, name.ErrInvalid)
 	}
 	// Controls: the closed channel and pool do refuse a valid name, for another reason.
 	r.addCheck("control: the closed channel refuses a valid name", errors.Is(closedCh.Declare(ctx, "valid"), amqpchannel.ErrClosed), "")
 	_, err = closedDead.List(ctx, deadletter.Filter{Projection: "valid"})
-	r.addCheck("control: the closed pool fails a valid name", err != nil && !errors.Is(err, projection.ErrInvalidName), "%v", err)
+	r.addCheck("control: the closed pool fails a valid name", err != nil && !errors.Is(err, name.ErrInvalid), "%v", err)
 	_, err = amqpchannel.New(ctx, amqpchannel.Config{URL: "amqp://guest:guest@127.0.0.1:1/", Prefix: "amq.#", StartupTimeout: time.Second})
 	r.Faults++
 	r.addCheck(`refused: amqp prefix "amq.#"`, err != nil && strings.Contains(err.Error(), "Prefix"), "%v", err)
@@ -80,18 +81,18 @@ func runSecurity(ctx context.Context, e *env, r *result) error {
 	// The CLI, with a database it cannot reach: a bad name must be refused before it tries.
 	pgSecret := "chaos-bad-pg-" + randomHex(6)
 	unreachable := (&url.URL{Scheme: "postgres", User: url.UserPassword("postgres", pgSecret), Host: "127.0.0.1:1", Path: "/x"}).String()
-	for i, name := range badNames {
+	for i, bad := range badNames {
 		for j, args := range [][]string{
-			{"deadletter", "replay", "--projection", name},
-			{"deadletter", "list", "--projection", name},
-			{"skip", name, "--event", uuid.NewString(), "--reason", "chaos"},
+			{"deadletter", "replay", "--projection", bad},
+			{"deadletter", "list", "--projection", bad},
+			{"skip", bad, "--event", uuid.NewString(), "--reason", "chaos"},
 		} {
 			out, code, err := e.s.runCLI(ctx, e, fmt.Sprintf("badname-%d-%d", i, j), append(args, "--db", unreachable), nil)
 			if err != nil {
 				return err
 			}
 			r.Faults++
-			r.addCheck(fmt.Sprintf("CLI refuses %s %q", args[0]+" "+args[1], name), code == 2 && strings.Contains(out, "invalid name"),
+			r.addCheck(fmt.Sprintf("CLI refuses %s %q", args[0]+" "+args[1], bad), code == 2 && strings.Contains(out, "invalid name"),
 				"exit %d: %s", code, firstLine(out))
 		}
 	}

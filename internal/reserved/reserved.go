@@ -1,5 +1,5 @@
 // Package reserved lets nudge's own packages define projections under the names that
-// projection.New refuses to users (projection.ReservedPrefix), such as the trigger relay's, so
+// projection.New refuses to users (name.ReservedPrefix), such as the relay's (package relay), so
 // that no user's projection can share their position and status.
 package reserved
 

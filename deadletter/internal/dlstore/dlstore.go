@@ -14,7 +14,7 @@ import (
 
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/deadletter/internal/clean"
-	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/name"
 )
 
 // FoldKey returns the key entries fold by within a projection: the failing event's id, or for
@@ -31,7 +31,7 @@ func FoldKey(e deadletter.Entry) string {
 // deadletter.ErrorMaxBytes. Payload and Metadata are copied (nil when empty), and so is
 // FailingEvent. Errors match deadletter.ErrInvalidInput.
 func NormalizeEntry(e deadletter.Entry, now time.Time) (deadletter.Entry, error) {
-	if err := projection.ValidateName(e.Projection); err != nil {
+	if err := name.Validate(e.Projection); err != nil {
 		return deadletter.Entry{}, fmt.Errorf("%w: Entry.Projection: %w", deadletter.ErrInvalidInput, err)
 	}
 	if e.FailingEvent != nil && e.FailingEvent.ID == uuid.Nil {
@@ -73,7 +73,7 @@ func NormalizeEntry(e deadletter.Entry, now time.Time) (deadletter.Entry, error)
 // deadletter.ErrInvalidFilter.
 func NormalizeFilter(f deadletter.Filter) (deadletter.Filter, error) {
 	if f.Projection != "" {
-		if err := projection.ValidateName(f.Projection); err != nil {
+		if err := name.Validate(f.Projection); err != nil {
 			return deadletter.Filter{}, fmt.Errorf("%w: Filter.Projection: %w", deadletter.ErrInvalidFilter, err)
 		}
 	}

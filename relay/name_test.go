@@ -1,4 +1,4 @@
-package trigger_test
+package relay_test
 
 import (
 	"testing"
@@ -8,7 +8,7 @@ import (
 	memstore "github.com/nudgeworks/nudge/eventstore/memory"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/projection/memory"
-	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/relay"
 )
 
 // TestRelayNameIsReserved: the relay's name is one no projection can take, and a relay name
@@ -19,12 +19,12 @@ func TestRelayNameIsReserved(t *testing.T) {
 	require.NoError(t, err)
 	pub := &recordingPublisher{}
 
-	for _, name := range []string{"", trigger.RelayNameDefault, "nudge-relay-amqp"} {
-		_, err := trigger.NewRelay(backend, pub, trigger.RelayConfig{Name: name})
+	for _, name := range []string{"", relay.NameDefault, "nudge-relay-amqp"} {
+		_, err := relay.New(backend, pub, relay.Config{Name: name})
 		require.NoError(t, err, "relay name %q", name)
 	}
 	for _, name := range []string{"relay", "ticket_list", "nudge_relay"} {
-		_, err := trigger.NewRelay(backend, pub, trigger.RelayConfig{Name: name})
+		_, err := relay.New(backend, pub, relay.Config{Name: name})
 		require.ErrorIs(t, err, projection.ErrInvalidConfig, name)
 		require.ErrorContains(t, err, `must start with "nudge-"`)
 	}

@@ -1,4 +1,4 @@
-package trigger
+package relay
 
 import (
 	"context"
@@ -10,12 +10,13 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/internal/storecheck"
+	"github.com/nudgeworks/nudge/trigger"
 )
 
 // TxPublisher publishes a trigger inside a PostgreSQL transaction, so the trigger commits or
 // rolls back with it; channel/postgres is one.
 type TxPublisher interface {
-	PublishTx(ctx context.Context, tx pgx.Tx, t Trigger) error
+	PublishTx(ctx context.Context, tx pgx.Tx, t trigger.Trigger) error
 }
 
 // Appender appends events to the PostgreSQL store and publishes their trigger in the same
@@ -30,7 +31,7 @@ type Appender struct {
 // NewAppender returns an Appender on store publishing through pub.
 func NewAppender(store *espg.Store, pub TxPublisher) (*Appender, error) {
 	if store == nil || pub == nil {
-		return nil, fmt.Errorf("trigger: NewAppender needs an event store and a transactional publisher")
+		return nil, fmt.Errorf("relay: NewAppender needs an event store and a transactional publisher")
 	}
 	return &Appender{store: store, pub: pub, now: time.Now}, nil
 }
@@ -42,8 +43,8 @@ func (a *Appender) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, exp
 	if err != nil || res.Idempotent {
 		return res, err
 	}
-	if err := a.pub.PublishTx(ctx, tx, ForAppend(res, a.now().UTC())); err != nil {
-		return eventstore.AppendResult{}, fmt.Errorf("trigger: publish the append's trigger: %w", err)
+	if err := a.pub.PublishTx(ctx, tx, trigger.ForAppend(res, a.now().UTC())); err != nil {
+		return eventstore.AppendResult{}, fmt.Errorf("relay: publish the append's trigger: %w", err)
 	}
 	return res, nil
 }

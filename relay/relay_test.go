@@ -1,4 +1,4 @@
-package trigger_test
+package relay_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/nudgeworks/nudge/internal/testlog"
 	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection/memory"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -59,7 +60,7 @@ func TestRelayCoalescesAndNeverLosesATrigger(t *testing.T) {
 	backend, err := memory.New(store, memory.Config{})
 	require.NoError(t, err)
 	pub := &recordingPublisher{down: true}
-	relay, err := trigger.NewRelay(backend, pub, trigger.RelayConfig{MinInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond, Logger: testlog.New(t)})
+	rl, err := relay.New(backend, pub, relay.Config{MinInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond, Logger: testlog.New(t)})
 	require.NoError(t, err)
 
 	ctx := context.Background()
@@ -74,14 +75,14 @@ func TestRelayCoalescesAndNeverLosesATrigger(t *testing.T) {
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- relay.Run(runCtx) }()
+	go func() { done <- rl.Run(runCtx) }()
 	defer func() { cancel(); require.NoError(t, <-done) }()
 
 	require.Eventually(t, func() bool {
-		st, err := relay.Status(ctx)
+		st, err := rl.Status(ctx)
 		return err == nil && st.FailingEvent != nil
 	}, testwait.For(time.Minute), time.Millisecond, "the failed publish is recorded")
-	st, err := relay.Status(ctx)
+	st, err := rl.Status(ctx)
 	require.NoError(t, err)
 	require.True(t, st.Position.IsZero(), "no position is committed while the trigger is not out")
 	require.Contains(t, st.LastError, "broker unreachable")
@@ -99,12 +100,12 @@ func TestRelayCoalescesAndNeverLosesATrigger(t *testing.T) {
 
 	more, err := store.Append(ctx, "other", eventstore.Any, storetest.Event("Registered", 99))
 	require.NoError(t, err)
-	relay.Wake()
+	rl.Wake()
 	require.Eventually(t, func() bool { got, _ := pub.last(); return got.Position == more.Last() }, testwait.For(time.Minute), time.Millisecond)
 	got, _ = pub.last()
 	require.Equal(t, "other", got.StreamID)
 	require.Eventually(t, func() bool {
-		st, err := relay.Status(ctx)
+		st, err := rl.Status(ctx)
 		return err == nil && st.CaughtUp() && st.FailingEvent == nil
 	}, testwait.For(time.Minute), time.Millisecond)
 }

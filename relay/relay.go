@@ -1,4 +1,9 @@
-package trigger
+// Package relay publishes triggers for appended events. A Relay tails the event store from a
+// durable position of its own and publishes one coalesced trigger per batch of events, with any
+// channel; an Appender publishes an append's trigger inside the append's transaction, with the
+// PostgreSQL-queue channel. Either way, once an append commits, every projection eventually gets
+// a trigger.
+package relay
 
 import (
 	"context"
@@ -12,53 +17,50 @@ import (
 
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/reserved"
+	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/trigger"
 )
 
-// Publisher sends a trigger to projections; every channel.Channel is one.
-type Publisher interface {
-	Publish(ctx context.Context, t Trigger) error
-}
-
-// Defaults for RelayConfig.
+// Defaults for Config.
 const (
-	// RelayNameDefault is the relay's projection name (its position and status row).
-	RelayNameDefault = "nudge-relay"
-	// RelayBatchSizeDefault is the most events one relay batch covers with one trigger.
-	RelayBatchSizeDefault = 1000
-	// RelayMinIntervalDefault is the relay's wait after it published.
-	RelayMinIntervalDefault = 5 * time.Millisecond
-	// RelayMaxIntervalDefault caps the relay's wait while nothing is appended.
-	RelayMaxIntervalDefault = 25 * time.Millisecond
-	// RelayMaxBusyIntervalDefault is the relay's wait after a batch that covered BatchSize
-	// events: under a heavy load the relay waits longer and each trigger covers more events.
-	RelayMaxBusyIntervalDefault = 25 * time.Millisecond
+	// NameDefault is the relay's projection name (its position and status row).
+	NameDefault = "nudge-relay"
+	// BatchSizeDefault is the most events one relay batch covers with one trigger.
+	BatchSizeDefault = 1000
+	// MinIntervalDefault is the relay's wait after it published.
+	MinIntervalDefault = 5 * time.Millisecond
+	// MaxIntervalDefault caps the relay's wait while nothing is appended.
+	MaxIntervalDefault = 25 * time.Millisecond
+	// MaxBusyIntervalDefault is the relay's wait after a batch that covered BatchSize events:
+	// under a heavy load the relay waits longer and each trigger covers more events.
+	MaxBusyIntervalDefault = 25 * time.Millisecond
 )
 
-// RelayConfig configures a Relay. Every field is optional.
-type RelayConfig struct {
-	// Name is the relay's projection name. Defaults to RelayNameDefault. Run one relay name per
-	// channel. It must start with projection.ReservedPrefix ("nudge-"), which projection.New
-	// refuses, so no projection can take the relay's position and status row.
+// Config configures a Relay. Every field is optional.
+type Config struct {
+	// Name is the relay's projection name. Defaults to NameDefault. Run one relay name per
+	// channel. It must start with name.ReservedPrefix ("nudge-"), which projection.New refuses,
+	// so no projection can take the relay's position and status row.
 	Name string
-	// BatchSize is the most events covered by one trigger. Defaults to RelayBatchSizeDefault.
+	// BatchSize is the most events covered by one trigger. Defaults to BatchSizeDefault.
 	BatchSize int
 	// MinInterval and MaxInterval bound the relay's polling: it waits MinInterval after work and
 	// doubles the wait while idle, up to MaxInterval, which bounds the latency an idle relay
-	// adds. Default to RelayMinIntervalDefault and RelayMaxIntervalDefault.
+	// adds. Default to MinIntervalDefault and MaxIntervalDefault.
 	MinInterval, MaxInterval time.Duration
 	// MaxBusyInterval stretches the wait after work with the events the relay found: from
 	// MinInterval after a few events to MaxBusyInterval after a full batch (see
 	// projection.PollerConfig.MaxBusyInterval). At 1,000 appends a second the relay still
 	// waits about MinInterval; under a heavy load it polls and publishes several times less
 	// often, which the appenders, the broker and every projection's catch-ups feel (make bench
-	// measures it). Defaults to RelayMaxBusyIntervalDefault, or MinInterval if that is longer.
+	// measures it). Defaults to MaxBusyIntervalDefault, or MinInterval if that is longer.
 	MaxBusyInterval time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// BeforePublishFunc, if set, runs before each publish; tests use it to stop a process
 	// between an append's commit and the trigger's publish.
-	BeforePublishFunc func(t Trigger)
+	BeforePublishFunc func(t trigger.Trigger)
 }
 
 // Relay publishes triggers for appended events by tailing the event store from a durable
@@ -82,29 +84,30 @@ type Relay struct {
 	running atomic.Bool
 }
 
-// NewRelay returns a relay that reads events through backend and publishes to pub.
-func NewRelay(backend projection.Backend, pub Publisher, cfg RelayConfig) (*Relay, error) {
+// New returns a relay that reads events through backend and publishes to pub (a
+// channel.Channel, say).
+func New(backend projection.Backend, pub trigger.Publisher, cfg Config) (*Relay, error) {
 	if backend == nil || pub == nil {
-		return nil, fmt.Errorf("%w: NewRelay needs a projection backend and a publisher", projection.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: relay.New needs a projection backend and a publisher", projection.ErrInvalidConfig)
 	}
 	if cfg.Name == "" {
-		cfg.Name = RelayNameDefault
+		cfg.Name = NameDefault
 	}
-	if !strings.HasPrefix(cfg.Name, projection.ReservedPrefix) {
-		return nil, fmt.Errorf("%w: RelayConfig.Name %q must start with %q, which no projection can take, so no projection can share the relay's position; use %q, or %q plus a name per channel",
-			projection.ErrInvalidConfig, cfg.Name, projection.ReservedPrefix, RelayNameDefault, projection.ReservedPrefix)
+	if !strings.HasPrefix(cfg.Name, name.ReservedPrefix) {
+		return nil, fmt.Errorf("%w: relay.Config.Name %q must start with %q, which no projection can take, so no projection can share the relay's position; use %q, or %q plus a name per channel",
+			projection.ErrInvalidConfig, cfg.Name, name.ReservedPrefix, NameDefault, name.ReservedPrefix)
 	}
 	if cfg.BatchSize == 0 {
-		cfg.BatchSize = RelayBatchSizeDefault
+		cfg.BatchSize = BatchSizeDefault
 	}
 	if cfg.MinInterval == 0 {
-		cfg.MinInterval = RelayMinIntervalDefault
+		cfg.MinInterval = MinIntervalDefault
 	}
 	if cfg.MaxInterval == 0 {
-		cfg.MaxInterval = RelayMaxIntervalDefault
+		cfg.MaxInterval = MaxIntervalDefault
 	}
 	if cfg.MaxBusyInterval == 0 {
-		cfg.MaxBusyInterval = max(RelayMaxBusyIntervalDefault, cfg.MinInterval)
+		cfg.MaxBusyInterval = max(MaxBusyIntervalDefault, cfg.MinInterval)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -144,9 +147,9 @@ func NewRelay(backend projection.Backend, pub Publisher, cfg RelayConfig) (*Rela
 
 // coalesce makes one trigger for a batch of events: the last position, every type, and the
 // stream when there is only one.
-func coalesce(events []eventstore.Event) Trigger {
+func coalesce(events []eventstore.Event) trigger.Trigger {
 	last := events[len(events)-1]
-	t := Trigger{Position: last.Position, StreamID: last.StreamID, At: time.Now().UTC(), Reason: ReasonAppend}
+	t := trigger.Trigger{Position: last.Position, StreamID: last.StreamID, At: time.Now().UTC(), Reason: trigger.ReasonAppend}
 	for _, e := range events {
 		if !slices.Contains(t.Types, e.Type) {
 			t.Types = append(t.Types, e.Type)
