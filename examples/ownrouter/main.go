@@ -113,7 +113,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	backend, err := pjpostgres.New(pool, store)
+	backend, err := pjpostgres.New(store)
 	if err != nil {
 		return result{}, err
 	}

@@ -24,7 +24,7 @@ func newEnv(t testing.TB) env {
 	db := pgtest.New(t)
 	store, err := espg.New(db.Pool, espg.Config{})
 	require.NoError(t, err)
-	b, err := postgres.New(db.Pool, store)
+	b, err := postgres.New(store)
 	require.NoError(t, err)
 	ctx := context.Background()
 	require.NoError(t, store.Migrate(ctx))
