@@ -49,7 +49,9 @@ var migrationFiles embed.FS
 // search_path, which must then name a schema to create them in), in one transaction of db.
 // Without components it migrates all of them. Components run in the order of Components,
 // whatever the order given, each with its migrations not yet recorded in
-// nudge_schema_migrations; a schema that is not there yet is created.
+// nudge_schema_migrations; a schema that is not there yet is created. When ComponentEvents or
+// ComponentProjections is among them and the tables of both exist, the view
+// nudge_projection_conditions is replaced: it embeds the horizon of this version of the code.
 //
 // It is safe to run at every start and from several processes at once: the migrations run
 // under a transaction-scoped advisory lock, so a second process waits for the first and then
