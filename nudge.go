@@ -27,6 +27,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 	esmemory "github.com/nudgeworks/nudge/eventstore/memory"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
 	pjmemory "github.com/nudgeworks/nudge/projection/memory"
 	pjpg "github.com/nudgeworks/nudge/projection/postgres"
@@ -50,7 +51,7 @@ type Client struct {
 	worker   *worker.Worker
 	relay    *relay.Relay // nil with TriggersInTransaction
 	dead     deadletter.Store
-	migrate  []func(context.Context) error
+	migrate  func(context.Context) error // nil in memory
 	ran      atomic.Bool
 }
 
@@ -60,13 +61,13 @@ type parts struct {
 	pg      *espg.Store
 	backend projection.Backend
 	dead    deadletter.Store
-	migrate []func(context.Context) error
+	migrate func(context.Context) error
 }
 
 // New returns a client on PostgreSQL: the event store, projection positions and status and (by
 // default) the dead letters live in db's database, in Config.Schema. It connects to nothing
 // until it is used; call Migrate once per start before Run.
-func New(db espg.DB, cfg Config) (*Client, error) {
+func New(db postgres.DB, cfg Config) (*Client, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: New needs a database (a *pgxpool.Pool)", ErrInvalidConfig)
 	}
@@ -78,23 +79,20 @@ func New(db espg.DB, cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	pool, ok := db.(pjpg.DB)
-	if !ok {
-		return nil, fmt.Errorf("%w: New needs a pool (%T lacks BeginTx or SendBatch)", ErrInvalidConfig, db)
-	}
-	backend, err := pjpg.New(pool, store)
+	backend, err := pjpg.New(store)
 	if err != nil {
 		return nil, err
 	}
-	p := parts{store: store, pg: store, backend: backend, dead: cfg.DeadLetters,
-		migrate: []func(context.Context) error{store.Migrate, backend.Migrate}}
+	components := []postgres.Component{postgres.ComponentEvents, postgres.ComponentProjections}
+	p := parts{store: store, pg: store, backend: backend, dead: cfg.DeadLetters}
 	if p.dead == nil {
 		dead, err := dlpg.New(db, dlpg.Config{Schema: cfg.Schema})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
-		p.dead, p.migrate = dead, append(p.migrate, dead.Migrate)
+		p.dead, components = dead, append(components, postgres.ComponentDeadLetters)
 	}
+	p.migrate = func(ctx context.Context) error { return postgres.Migrate(ctx, db, cfg.Schema, components...) }
 	return newClient(cfg, p)
 }
 
@@ -157,11 +155,11 @@ func newClient(cfg Config, p parts) (*Client, error) {
 }
 
 // Migrate creates or updates every table the client uses — the event store's, the projections'
-// status, the dead letters' and the channel's queue tables (channel/postgres) — each component
-// in a transaction of its own. It is safe to run at every start, from several processes at once.
+// status and the dead letters' in one transaction (postgres.Migrate), then the channel's queue
+// tables (channel/postgres). It is safe to run at every start, from several processes at once.
 func (c *Client) Migrate(ctx context.Context) error {
-	for _, migrate := range c.migrate {
-		if err := migrate(ctx); err != nil {
+	if c.migrate != nil {
+		if err := c.migrate(ctx); err != nil {
 			return err
 		}
 	}

@@ -46,7 +46,7 @@ func BenchmarkScrapeOnPostgreSQL(b *testing.B) {
 	store, err := espg.New(db.Pool, espg.Config{})
 	require.NoError(b, err)
 	require.NoError(b, store.Migrate(ctx))
-	backend, err := pgproj.New(db.Pool, store)
+	backend, err := pgproj.New(store)
 	require.NoError(b, err)
 	require.NoError(b, backend.Migrate(ctx))
 	dead, err := dlpostgres.New(db.Pool, dlpostgres.Config{})

@@ -35,7 +35,7 @@ func TestMetricsOnPostgreSQL(t *testing.T) {
 	store, err := espg.New(db.Pool, espg.Config{})
 	require.NoError(t, err)
 	require.NoError(t, store.Migrate(ctx))
-	backend, err := pgproj.New(db.Pool, store)
+	backend, err := pgproj.New(store)
 	require.NoError(t, err)
 	require.NoError(t, backend.Migrate(ctx))
 	dead, err := dlpostgres.New(db.Pool, dlpostgres.Config{})

@@ -41,7 +41,7 @@ func TestCrashChild(t *testing.T) {
 	require.NoError(t, err)
 	store, err := espg.New(pool, espg.Config{})
 	require.NoError(t, err)
-	backend, err := pgproj.New(pool, store)
+	backend, err := pgproj.New(store)
 	require.NoError(t, err)
 	ch, err := amqpchannel.New(ctx, amqpchannel.Config{URL: os.Getenv(crashAMQPEnv), Prefix: os.Getenv(crashPrefixEnv)})
 	require.NoError(t, err)

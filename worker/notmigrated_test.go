@@ -29,7 +29,7 @@ func TestRunNotMigrated(t *testing.T) {
 	db := pgtest.New(t)
 	store, err := espg.New(db.Pool, espg.Config{})
 	require.NoError(t, err)
-	backend, err := pgproj.New(db.Pool, store)
+	backend, err := pgproj.New(store)
 	require.NoError(t, err)
 	dead, err := dlpostgres.New(db.Pool, dlpostgres.Config{})
 	require.NoError(t, err)

@@ -125,7 +125,7 @@ func newSetup(t testing.TB) *setup {
 	db.Pool = db.NewPool(t, 16) // room for eight writers in the benchmarks
 	store, err := espg.New(db.Pool, espg.Config{})
 	require.NoError(t, err)
-	backend, err := pgproj.New(db.Pool, store)
+	backend, err := pgproj.New(store)
 	require.NoError(t, err)
 	ctx := context.Background()
 	require.NoError(t, store.Migrate(ctx))

@@ -114,11 +114,9 @@ package postgres
 import (
 	"cmp"
 	"context"
-	"embed"
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -131,20 +129,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/nudgeworks/nudge/channel"
-	"github.com/nudgeworks/nudge/internal/pgmigrate"
 	"github.com/nudgeworks/nudge/name"
+	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/trigger"
 )
-
-// DB is what the channel needs of PostgreSQL; *pgxpool.Pool satisfies it. The channel runs
-// concurrent subscriptions on it, so it must be a pool, not a single connection.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // Defaults of Config's fields.
 const (
@@ -209,7 +197,7 @@ var (
 
 // Channel is the PostgreSQL channel. It is safe for concurrent use.
 type Channel struct {
-	db      DB
+	db      postgres.DB
 	cfg     Config
 	tables  tables
 	schema  *schemaAdapter
@@ -227,16 +215,15 @@ type Channel struct {
 
 var _ channel.Channel = (*Channel)(nil)
 
-var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-
-// New returns a channel on db. It does not touch the database: Declare (or Migrate) creates
-// the tables.
-func New(db DB, cfg Config) (*Channel, error) {
+// New returns a channel on db, which must be a pool (a *pgxpool.Pool), not a single
+// connection: the channel runs concurrent subscriptions on it. New does not touch the
+// database: Declare (or Migrate) creates the tables.
+func New(db postgres.DB, cfg Config) (*Channel, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: New needs a database handle (a *pgxpool.Pool), got nil", ErrInvalidConfig)
 	}
-	if cfg.Schema != "" && !schemaName.MatchString(cfg.Schema) {
-		return nil, fmt.Errorf("%w: Schema %q: use lowercase letters, digits and _ (at most 63, not starting with a digit)", ErrInvalidConfig, cfg.Schema)
+	if err := postgres.ValidateSchema(cfg.Schema); err != nil {
+		return nil, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
 	}
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, PollIntervalDefault)
 	cfg.AckDeadline = cmp.Or(cfg.AckDeadline, AckDeadlineDefault)
@@ -269,15 +256,11 @@ func New(db DB, cfg Config) (*Channel, error) {
 	return c, nil
 }
 
-//go:embed migrations/*.sql
-var migrationFiles embed.FS
-
-// migrationComponent names the channel's migrations in nudge_schema_migrations.
-const migrationComponent = "channel"
-
-// Migrate creates or upgrades the channel's tables. Declare does it too; call Migrate in
-// processes that only publish, or at deploy time. It is safe to run at every start and from
-// several processes at once.
+// Migrate creates or upgrades the channel's tables alone: postgres.Migrate with
+// postgres.ComponentQueue in the channel's schema (postgres.Migrate without components migrates
+// every component's tables at once). Declare does it too; call Migrate in processes that only
+// publish, or at deploy time. It is safe to run at every start and from several processes at
+// once.
 func (c *Channel) Migrate(ctx context.Context) error {
 	if err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error { return c.MigrateTx(ctx, tx) }); err != nil {
 		return err
@@ -288,12 +271,8 @@ func (c *Channel) Migrate(ctx context.Context) error {
 
 // MigrateTx is Migrate inside the caller's transaction.
 func (c *Channel) MigrateTx(ctx context.Context, tx pgx.Tx) error {
-	migs, err := pgmigrate.Load(migrationFiles, "migrations")
-	if err != nil {
-		return err
-	}
-	if _, err := pgmigrate.Run(ctx, tx, migrationComponent, c.cfg.Schema, migs); err != nil {
-		return fmt.Errorf("postgres channel: migrate: %w", err)
+	if err := postgres.MigrateTx(ctx, tx, c.cfg.Schema, postgres.ComponentQueue); err != nil {
+		return fmt.Errorf("postgres channel: %w", err)
 	}
 	return nil
 }

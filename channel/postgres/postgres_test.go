@@ -19,11 +19,12 @@ import (
 	eventpg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/internal/pgtest"
 	"github.com/nudgeworks/nudge/internal/testwait"
+	nudgepg "github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
 // newChannel returns a channel on db, closed when t ends.
-func newChannel(t testing.TB, db postgres.DB, cfg postgres.Config) *postgres.Channel {
+func newChannel(t testing.TB, db nudgepg.DB, cfg postgres.Config) *postgres.Channel {
 	t.Helper()
 	ch, err := postgres.New(db, cfg)
 	require.NoError(t, err)
@@ -45,7 +46,7 @@ func TestSuite(t *testing.T) {
 }
 
 // queued counts the trigger rows waiting for a projection.
-func queued(t testing.TB, db postgres.DB, projectionName string) int {
+func queued(t testing.TB, db nudgepg.DB, projectionName string) int {
 	t.Helper()
 	var n int
 	require.NoError(t, db.QueryRow(context.Background(),

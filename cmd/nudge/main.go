@@ -25,9 +25,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"regexp"
 	"strings"
 	"syscall"
+
+	"github.com/nudgeworks/nudge/postgres"
 )
 
 // Environment variables the global flags default to.
@@ -178,7 +179,7 @@ func (g *globals) resolve(env func(string) string) error {
 	if g.amqpPrefix == "" {
 		g.amqpPrefix = env(envAMQPPrefix)
 	}
-	if g.schema != "" && !schemaPattern.MatchString(g.schema) {
+	if postgres.ValidateSchema(g.schema) != nil {
 		return usageErrorf("--schema %q is not a schema name nudge uses: use lowercase letters, digits and _ "+
 			"(at most 63, not starting with a digit)", g.schema)
 	}
@@ -194,9 +195,6 @@ func (g *globals) resolve(env func(string) string) error {
 	}
 	return nil
 }
-
-// schemaPattern is the schema names nudge's packages accept.
-var schemaPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 // cli is one invocation: its output streams, environment and global flags.
 type cli struct {

@@ -385,7 +385,7 @@ func TestSkip(t *testing.T) {
 	)
 	require.NoError(t, err)
 	evs := appended.Events
-	backend, err := pjpg.New(f.db.Pool, store)
+	backend, err := pjpg.New(store)
 	require.NoError(t, err)
 	ok := func(context.Context, projection.Event[json.RawMessage]) error { return nil }
 	p, err := projection.New("orders", projection.Config{},
@@ -549,7 +549,7 @@ func TestSkipThroughWorker(t *testing.T) {
 	)
 	require.NoError(t, err)
 	bad := appended.Events[1]
-	backend, err := pjpg.New(f.db.Pool, store)
+	backend, err := pjpg.New(store)
 	require.NoError(t, err)
 	var hooked atomic.Value
 	p, err := projection.New("orders", projection.Config{

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
-	espg "github.com/nudgeworks/nudge/eventstore/postgres"
-	pjpg "github.com/nudgeworks/nudge/projection/postgres"
+	"github.com/nudgeworks/nudge/postgres"
 )
 
 const migrateDoc = `Creates or upgrades, in --schema (else the search_path's schema), the tables of nudge's
@@ -38,30 +36,23 @@ func (c *cli) migrate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	store, err := espg.New(pool, espg.Config{Schema: c.g.schema})
-	if err != nil {
-		return usageErrorf("--schema: %v", err)
-	}
-	backend, err := pjpg.New(pool, store)
-	if err != nil {
-		return err
-	}
-	dl, err := dlpg.New(pool, dlpg.Config{Schema: c.g.schema})
-	if err != nil {
-		return usageErrorf("--schema: %v", err)
-	}
+	// Not postgres.ComponentQueue: see migrateDoc.
 	steps := []struct {
-		what    string
-		migrate func(context.Context) error
+		what      string
+		component postgres.Component
 	}{
-		{"event store", store.Migrate},
-		{"projections", backend.Migrate},
-		{"dead letters", dl.Migrate},
+		{"event store", postgres.ComponentEvents},
+		{"projections", postgres.ComponentProjections},
+		{"dead letters", postgres.ComponentDeadLetters},
+	}
+	components := make([]postgres.Component, len(steps))
+	for i, s := range steps {
+		components[i] = s.component
+	}
+	if err := postgres.Migrate(ctx, pool, c.g.schema, components...); err != nil {
+		return fmt.Errorf("migrate nudge's tables: %w", err)
 	}
 	for _, s := range steps {
-		if err := s.migrate(ctx); err != nil {
-			return fmt.Errorf("migrate the %s tables: %w", s.what, err)
-		}
 		fmt.Fprintf(c.stdout, "migrated: %s\n", s.what)
 	}
 	return nil

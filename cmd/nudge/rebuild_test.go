@@ -112,7 +112,7 @@ func newRebuildSetup(t *testing.T, kind string, tk *tickets) *rebuildSetup {
 	res, err := store.Append(ctx, "tickets", eventstore.NoStream, data...)
 	require.NoError(t, err)
 	storetest.Settle(t, store, res.Last())
-	backend, err := pjpg.New(f.db.Pool, store)
+	backend, err := pjpg.New(store)
 	require.NoError(t, err)
 	logger := slog.New(slog.DiscardHandler)
 	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: logger}, tk.projection(t))

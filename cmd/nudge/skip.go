@@ -201,7 +201,7 @@ func (c *cli) projectionBackend(pool *pgxpool.Pool) (*pjpg.Backend, error) {
 	if err != nil {
 		return nil, usageErrorf("--schema: %v", err)
 	}
-	return pjpg.New(pool, store)
+	return pjpg.New(store)
 }
 
 // skipThroughWorker sends the skip request to the projection's worker and waits until the skip

@@ -90,7 +90,7 @@ func newStatusFixture(t *testing.T) *statusFixture {
 	)
 	require.NoError(t, err)
 	storetest.Settle(t, store, res.Last())
-	backend, err := pjpg.New(f.db.Pool, store)
+	backend, err := pjpg.New(store)
 	require.NoError(t, err)
 	ok := func(context.Context, projection.Event[json.RawMessage]) error { return nil }
 	caughtUp, err := projection.New("caught_up", projection.Config{}, projection.OnIdempotent("A", ok))
@@ -394,7 +394,7 @@ func TestStatusWithoutDeadLetterTable(t *testing.T) {
 	store, err := espg.New(db.Pool, espg.Config{})
 	require.NoError(t, err)
 	require.NoError(t, store.Migrate(ctx))
-	backend, err := pjpg.New(db.Pool, store)
+	backend, err := pjpg.New(store)
 	require.NoError(t, err)
 	require.NoError(t, backend.Migrate(ctx))
 	p, err := projection.New("solo", projection.Config{},

@@ -1,8 +1,9 @@
 // Package postgres is the PostgreSQL deadletter.Store, on pgx/v5.
 //
 // Dead letters live in the table nudge_dead_letters, one row per record; create it with
-// Store.Migrate. The table is meant to be read by operators with plain SQL as well as through
-// this package, e.g. the open dead letters per projection and failing event:
+// Store.Migrate (or all of nudge's tables with the driver core's postgres.Migrate). The table
+// is meant to be read by operators with plain SQL as well as through this package, e.g. the
+// open dead letters per projection and failing event:
 //
 //	SELECT id, projection, status, count, attempts, last_failed_at,
 //	       failing_event_type, failing_event_id, error
@@ -27,10 +28,8 @@ package postgres
 
 import (
 	"context"
-	"embed"
 	"errors"
 	"fmt"
-	"regexp"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -40,15 +39,8 @@ import (
 	"github.com/nudgeworks/nudge/deadletter/internal/clean"
 	"github.com/nudgeworks/nudge/deadletter/internal/dlstore"
 	"github.com/nudgeworks/nudge/internal/pgmigrate"
+	"github.com/nudgeworks/nudge/postgres"
 )
-
-// DB is what the store needs of PostgreSQL; *pgxpool.Pool satisfies it.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // querier is the part of DB and pgx.Tx that the store's statements use.
 type querier interface {
@@ -67,7 +59,7 @@ type Config struct {
 
 // Store is the PostgreSQL dead-letter store. It is safe for concurrent use.
 type Store struct {
-	db     DB
+	db     postgres.DB
 	schema string
 	sql    statements
 	now    func() time.Time
@@ -75,41 +67,28 @@ type Store struct {
 
 var _ deadletter.Store = (*Store)(nil)
 
-var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-
 // New returns a store on db. It does not touch the database; call Migrate once at start-up.
-func New(db DB, cfg Config) (*Store, error) {
+func New(db postgres.DB, cfg Config) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: deadletter/postgres.New needs a database handle (a *pgxpool.Pool), got nil", deadletter.ErrInvalidInput)
 	}
-	if cfg.Schema != "" && !schemaName.MatchString(cfg.Schema) {
-		return nil, fmt.Errorf("%w: Config.Schema %q: use lowercase letters, digits and _ (at most 63, not starting with a digit)", deadletter.ErrInvalidInput, cfg.Schema)
+	if err := postgres.ValidateSchema(cfg.Schema); err != nil {
+		return nil, fmt.Errorf("%w: Config.Schema: %w", deadletter.ErrInvalidInput, err)
 	}
 	return &Store{db: db, schema: cfg.Schema, sql: newStatements(cfg.Schema), now: time.Now}, nil
 }
 
-//go:embed migrations/*.sql
-var migrationFiles embed.FS
-
-// migrationComponent names the store's migrations in nudge_schema_migrations.
-const migrationComponent = "deadletter"
-
-// Migrate creates or upgrades the store's table. It is safe to run at every start and from
+// Migrate creates or upgrades the store's table alone: postgres.Migrate with
+// postgres.ComponentDeadLetters in the store's schema (postgres.Migrate without components
+// migrates every component's tables at once). It is safe to run at every start and from
 // several processes at once.
 func (s *Store) Migrate(ctx context.Context) error {
-	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error { return s.MigrateTx(ctx, tx) })
+	return postgres.Migrate(ctx, s.db, s.schema, postgres.ComponentDeadLetters)
 }
 
 // MigrateTx is Migrate inside the caller's transaction.
 func (s *Store) MigrateTx(ctx context.Context, tx pgx.Tx) error {
-	migs, err := pgmigrate.Load(migrationFiles, "migrations")
-	if err != nil {
-		return err
-	}
-	if _, err := pgmigrate.Run(ctx, tx, migrationComponent, s.schema, migs); err != nil {
-		return fmt.Errorf("deadletter/postgres: migrate: %w", err)
-	}
-	return nil
+	return postgres.MigrateTx(ctx, tx, s.schema, postgres.ComponentDeadLetters)
 }
 
 // Schema returns the schema the store's table is in ("" for the search path).

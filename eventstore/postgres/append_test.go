@@ -15,6 +15,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/eventstore/storetest"
 	"github.com/nudgeworks/nudge/internal/testwait"
+	nudgepg "github.com/nudgeworks/nudge/postgres"
 )
 
 // TestStreamOrderGuard builds the interleaving that would invert a stream's order: transaction A
@@ -294,7 +295,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	t.Parallel()
 	_, err := postgres.New(nil, postgres.Config{})
 	require.ErrorContains(t, err, "nil")
-	db := struct{ postgres.DB }{}
+	db := struct{ nudgepg.DB }{}
 	for _, schema := range []string{"Bad", "1abc", "a-b", `x"; DROP TABLE y; --`, "a b"} {
 		_, err = postgres.New(db, postgres.Config{Schema: schema})
 		require.ErrorIs(t, err, eventstore.ErrInvalidInput, schema)

@@ -12,6 +12,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/gdbstop"
 	"github.com/nudgeworks/nudge/internal/pgcluster"
+	"github.com/nudgeworks/nudge/internal/pghorizon"
 	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
@@ -25,7 +26,7 @@ const legacyReadable = `(SELECT least(coalesce((SELECT min(x) FROM pg_snapshot_x
 				WHERE t.locktype = 'transactionid' AND t.mode = 'ExclusiveLock' AND t.granted
 					AND a.locktype = 'advisory' AND a.granted AND a.mode = 'ShareLock'
 					AND a.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-					AND a.classid = ` + exemptClass + `::oid AND a.objid = {key}::oid AND a.objsubid = 2))),
+					AND a.classid = ` + pghorizon.ExemptClass + `::oid AND a.objid = {key}::oid AND a.objsubid = 2))),
 		pg_snapshot_xmax(s)), pg_current_xact_id_if_assigned())
 	FROM pg_current_snapshot() s)`
 

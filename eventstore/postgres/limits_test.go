@@ -23,6 +23,11 @@ func (n noSQL) Begin(context.Context) (pgx.Tx, error) {
 	return nil, context.Canceled
 }
 
+func (n noSQL) BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error) {
+	n.t.Error("BeginTx called")
+	return nil, context.Canceled
+}
+
 func (n noSQL) Exec(_ context.Context, sql string, _ ...any) (pgconn.CommandTag, error) {
 	n.t.Errorf("Exec called: %s", sql)
 	return pgconn.CommandTag{}, context.Canceled
@@ -35,6 +40,11 @@ func (n noSQL) Query(_ context.Context, sql string, _ ...any) (pgx.Rows, error) 
 
 func (n noSQL) QueryRow(_ context.Context, sql string, _ ...any) pgx.Row {
 	n.t.Errorf("QueryRow called: %s", sql)
+	return nil
+}
+
+func (n noSQL) SendBatch(context.Context, *pgx.Batch) pgx.BatchResults {
+	n.t.Error("SendBatch called")
 	return nil
 }
 

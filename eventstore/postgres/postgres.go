@@ -1,8 +1,10 @@
 // Package postgres is the PostgreSQL event store, on pgx/v5.
 //
 // Events live in the table nudge_events, one row per event, and streams in nudge_streams; create
-// them with Store.Migrate. Appending locks the stream's row, so writers of one stream queue up
-// while writers of different streams run in parallel.
+// them with Store.Migrate, or all of nudge's tables at once with the driver core's
+// postgres.Migrate (package github.com/nudgeworks/nudge/postgres). Appending locks the
+// stream's row, so writers of one stream queue up while writers of different streams run in
+// parallel.
 //
 // # Never skipping an event
 //
@@ -30,11 +32,9 @@ package postgres
 
 import (
 	"context"
-	"embed"
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"regexp"
 	"strings"
 	"time"
 
@@ -46,15 +46,8 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/pgmigrate"
 	"github.com/nudgeworks/nudge/internal/storecheck"
+	"github.com/nudgeworks/nudge/postgres"
 )
-
-// DB is what the store needs of PostgreSQL; *pgxpool.Pool satisfies it.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // querier is the part of DB and pgx.Tx that reads use.
 type querier interface {
@@ -83,7 +76,7 @@ type Config struct {
 
 // Store is the PostgreSQL event store. It is safe for concurrent use.
 type Store struct {
-	db       DB
+	db       postgres.DB
 	schema   string
 	attempts int
 	limits   eventstore.Limits
@@ -92,15 +85,13 @@ type Store struct {
 
 var _ eventstore.Store = (*Store)(nil)
 
-var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-
 // New returns a store on db. It does not touch the database; call Migrate once at start-up.
-func New(db DB, cfg Config) (*Store, error) {
+func New(db postgres.DB, cfg Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("postgres: New needs a database handle (a *pgxpool.Pool), got nil")
 	}
-	if cfg.Schema != "" && !schemaName.MatchString(cfg.Schema) {
-		return nil, fmt.Errorf("%w: Schema %q: use lowercase letters, digits and _ (at most 63, not starting with a digit)", eventstore.ErrInvalidInput, cfg.Schema)
+	if err := postgres.ValidateSchema(cfg.Schema); err != nil {
+		return nil, fmt.Errorf("%w: Config.Schema: %w", eventstore.ErrInvalidInput, err)
 	}
 	if cfg.AppendAttempts < 0 {
 		return nil, fmt.Errorf("%w: AppendAttempts %d: must be 1 or more (0 means %d)", eventstore.ErrInvalidInput, cfg.AppendAttempts, AppendAttemptsDefault)
@@ -118,31 +109,20 @@ func New(db DB, cfg Config) (*Store, error) {
 // Limits returns the limits the store applies to appends, defaults filled in.
 func (s *Store) Limits() eventstore.Limits { return s.limits }
 
-//go:embed migrations/*.sql
-var migrationFiles embed.FS
-
-// migrationComponent names the store's migrations in nudge_schema_migrations.
-const migrationComponent = "eventstore"
-
 // tables are the tables Migrate creates.
 var tables = []string{"nudge_events", "nudge_streams"}
 
-// Migrate creates or upgrades the store's tables. It is safe to run at every start and from
-// several processes at once.
+// Migrate creates or upgrades the store's tables alone: postgres.Migrate with
+// postgres.ComponentEvents in the store's schema (postgres.Migrate without components migrates
+// every component's tables at once). It is safe to run at every start and from several
+// processes at once.
 func (s *Store) Migrate(ctx context.Context) error {
 	return s.translate(pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error { return s.MigrateTx(ctx, tx) }))
 }
 
 // MigrateTx is Migrate inside the caller's transaction.
 func (s *Store) MigrateTx(ctx context.Context, tx pgx.Tx) error {
-	migs, err := pgmigrate.Load(migrationFiles, "migrations")
-	if err != nil {
-		return err
-	}
-	if _, err := pgmigrate.Run(ctx, tx, migrationComponent, s.schema, migs); err != nil {
-		return fmt.Errorf("postgres: migrate event store: %w", s.translate(err))
-	}
-	return nil
+	return s.translate(postgres.MigrateTx(ctx, tx, s.schema, postgres.ComponentEvents))
 }
 
 // Append implements eventstore.Store: it appends in a transaction of its own and retries an
@@ -490,3 +470,7 @@ func (s *Store) translate(err error) error {
 
 // Schema returns the schema the store's tables are in ("" for the search path).
 func (s *Store) Schema() string { return s.schema }
+
+// DB returns the database handle the store was created with. Components that keep their
+// tables beside the store's (projection/postgres) work on it.
+func (s *Store) DB() postgres.DB { return s.db }

@@ -36,6 +36,7 @@ import (
 	dlpostgres "github.com/nudgeworks/nudge/deadletter/postgres"
 	"github.com/nudgeworks/nudge/eventstore"
 	espostgres "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
 	pjpostgres "github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/relay"
@@ -114,7 +115,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	backend, err := pjpostgres.New(pool, store)
+	backend, err := pjpostgres.New(store)
 	if err != nil {
 		return result{}, err
 	}
@@ -122,11 +123,9 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	// Safe at every start, from several processes at once.
-	for _, migrate := range []func(context.Context) error{store.Migrate, backend.Migrate, dead.Migrate} {
-		if err := migrate(ctx); err != nil {
-			return result{}, err
-		}
+	// nudge's tables, in one transaction; safe at every start, from several processes at once.
+	if err := postgres.Migrate(ctx, pool, ""); err != nil {
+		return result{}, err
 	}
 
 	ch, err := amqpchannel.New(ctx, amqpchannel.Config{URL: cfg.AMQPURL, Prefix: cfg.AMQPPrefix, Logger: cfg.Logger})

@@ -31,7 +31,7 @@ func BenchmarkTicketStatsRebuild(b *testing.B) {
 	db := pgtest.New(b)
 	store, err := espg.New(db.Pool, espg.Config{})
 	require.NoError(b, err)
-	backend, err := pgprojection.New(db.Pool, store)
+	backend, err := pgprojection.New(store)
 	require.NoError(b, err)
 	require.NoError(b, store.Migrate(ctx))
 	require.NoError(b, backend.Migrate(ctx))

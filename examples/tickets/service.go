@@ -21,6 +21,7 @@ import (
 	dlpostgres "github.com/nudgeworks/nudge/deadletter/postgres"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/metrics"
+	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
 	pgprojection "github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/relay"
@@ -80,19 +81,15 @@ func open(ctx context.Context, cfg Config) (_ *service, err error) {
 	if s.store, err = espg.New(s.pool, espg.Config{Schema: cfg.Schema}); err != nil {
 		return nil, err
 	}
-	if s.backend, err = pgprojection.New(s.pool, s.store); err != nil {
+	if s.backend, err = pgprojection.New(s.store); err != nil {
 		return nil, err
 	}
 	if s.dead, err = dlpostgres.New(s.pool, dlpostgres.Config{Schema: cfg.Schema}); err != nil {
 		return nil, err
 	}
-	for _, m := range []struct {
-		what    string
-		migrate func(context.Context) error
-	}{{"event store", s.store.Migrate}, {"projection status", s.backend.Migrate}, {"dead-letter", s.dead.Migrate}} {
-		if err := m.migrate(ctx); err != nil {
-			return nil, fmt.Errorf("migrate the %s tables: %w", m.what, err)
-		}
+	// The channel's tables, if any, are migrated with the channel (openChannel).
+	if err := postgres.Migrate(ctx, s.pool, cfg.Schema, postgres.ComponentEvents, postgres.ComponentProjections, postgres.ComponentDeadLetters); err != nil {
+		return nil, fmt.Errorf("migrate the tables of the event store, projection status and dead letters: %w", err)
 	}
 	if err := s.openChannel(ctx); err != nil {
 		return nil, err

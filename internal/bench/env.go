@@ -211,7 +211,7 @@ func (f *fixture) init(ctx context.Context) error {
 	if f.store, err = espg.New(f.db.pool, espg.Config{}); err != nil {
 		return err
 	}
-	if f.backend, err = pgproj.New(f.db.pool, f.store); err != nil {
+	if f.backend, err = pgproj.New(f.store); err != nil {
 		return err
 	}
 	if err := f.store.Migrate(ctx); err != nil {

@@ -156,7 +156,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 	if e.store, err = espg.New(e.pool, espg.Config{}); err != nil {
 		return nil, err
 	}
-	if e.backend, err = pgproj.New(e.pool, e.store); err != nil {
+	if e.backend, err = pgproj.New(e.store); err != nil {
 		return nil, err
 	}
 	if e.dead, err = dlpostgres.New(e.pool, dlpostgres.Config{}); err != nil {

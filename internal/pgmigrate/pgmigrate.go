@@ -1,7 +1,8 @@
-// Package pgmigrate applies nudge's embedded, numbered SQL migrations to PostgreSQL.
+// Package pgmigrate applies nudge's embedded, numbered SQL migrations to PostgreSQL: the engine
+// under the driver core's postgres.Migrate, the one entry point that uses it.
 //
-// Each nudge component (the event store, the projection positions, the dead letters) owns a
-// set of files named NNNN_description.sql. Run applies the ones not yet recorded in the
+// Each nudge component (the event store, the projection positions, the dead letters, the
+// channel's queue) owns a set of files named NNNN_description.sql. Run applies the ones not yet recorded in the
 // nudge_schema_migrations table, in order, inside the caller's transaction and under a
 // transaction-scoped advisory lock: two processes migrating at once both succeed, one waits for
 // the other and then finds nothing left to do.

@@ -33,7 +33,7 @@ func TestOneCondition(t *testing.T) {
 	store, err := espg.New(pool, espg.Config{})
 	require.NoError(t, err)
 	require.NoError(t, store.Migrate(ctx))
-	backend, err := postgres.New(pool, store)
+	backend, err := postgres.New(store)
 	require.NoError(t, err)
 	require.NoError(t, backend.Migrate(ctx))
 

@@ -103,7 +103,7 @@ func TestWorkerProcess(t *testing.T) {
 	if err != nil {
 		workerFail(t, err)
 	}
-	backend, err := postgres.New(pool, store)
+	backend, err := postgres.New(store)
 	if err != nil {
 		workerFail(t, err)
 	}

@@ -57,7 +57,7 @@ func TestCrashLoopChild(t *testing.T) {
 	defer pool.Close()
 	store, err := espg.New(pool, espg.Config{})
 	require.NoError(t, err)
-	backend, err := postgres.New(pool, store)
+	backend, err := postgres.New(store)
 	require.NoError(t, err)
 	r := runner(t, backend, crashLoopProjection(t, os.Getenv(crashLoopFixedEnv) != ""))
 	if _, err := r.CatchUp(ctx, "killer"); err != nil {

@@ -23,7 +23,7 @@ func unmigrated(t *testing.T) (*pgtest.DB, *espg.Store, *postgres.Backend) {
 	db := pgtest.New(t)
 	store, err := espg.New(db.Pool, espg.Config{})
 	require.NoError(t, err)
-	b, err := postgres.New(db.Pool, store)
+	b, err := postgres.New(store)
 	require.NoError(t, err)
 	return db, store, b
 }

@@ -2,11 +2,12 @@
 // database and schema, and runs each batch as one transaction: read models written through the
 // batch's transaction (projection.On handlers) are exactly-once.
 //
-// Status rows live in the table nudge_projections (create it with Backend.Migrate), one per
-// projection, readable by operators with plain SQL. Each row also records the event types its
-// projection handles (event_types, written by Register at every Runner.Init; NULL for every
-// type), so StatusOf and Statuses compute a projection's status and lag from the database
-// alone, without its definition: the operator CLI (cmd/nudge) does so.
+// Status rows live in the table nudge_projections (create it with Backend.Migrate, or all of
+// nudge's tables with the driver core's postgres.Migrate), one per projection, readable by
+// operators with plain SQL. Each row also records the event types its projection handles
+// (event_types, written by Register at every Runner.Init; NULL for every type), so StatusOf
+// and Statuses compute a projection's status and lag from the database alone, without its
+// definition: the operator CLI (cmd/nudge) does so.
 //
 // # Locking
 //
@@ -30,7 +31,6 @@ package postgres
 
 import (
 	"context"
-	"embed"
 	"errors"
 	"fmt"
 	"slices"
@@ -38,72 +38,44 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/internal/pgmigrate"
+	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
 )
 
-// DB is what the backend needs of PostgreSQL; *pgxpool.Pool satisfies it.
-type DB interface {
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
-
 // Backend is the PostgreSQL projection.Backend. It is safe for concurrent use.
 type Backend struct {
-	db    DB
+	db    postgres.DB
 	store *espg.Store
 	sql   statements
 }
 
 var _ projection.Backend = (*Backend)(nil)
 
-// New returns a backend on db that reads events from store. The status table goes into the
-// store's schema. Call Migrate once at start-up.
-func New(db DB, store *espg.Store) (*Backend, error) {
-	if db == nil || store == nil {
-		return nil, fmt.Errorf("%w: projection/postgres.New needs a database handle and an event store", projection.ErrInvalidConfig)
+// New returns a backend that reads events from store and keeps its tables on the store's
+// database (espg.Store.DB), in the store's schema. Call Migrate once at start-up.
+func New(store *espg.Store) (*Backend, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: projection/postgres.New needs an event store (an *espg.Store), got nil", projection.ErrInvalidConfig)
 	}
-	return &Backend{db: db, store: store, sql: newStatements(store.Schema(), store.HorizonSQL())}, nil
+	return &Backend{db: store.DB(), store: store, sql: newStatements(store.Schema(), store.HorizonSQL())}, nil
 }
 
-//go:embed migrations/*.sql
-var migrationFiles embed.FS
-
-// Migrate creates or upgrades the status table. It is safe to run at every start and from
-// several processes at once.
+// Migrate creates or upgrades the status tables alone: postgres.Migrate with
+// postgres.ComponentProjections in the store's schema (postgres.Migrate without components
+// migrates every component's tables at once). Once the store's tables exist, it also replaces
+// the view nudge_projection_conditions, which embeds the horizon of this version of the code.
+// It is safe to run at every start and from several processes at once.
 func (b *Backend) Migrate(ctx context.Context) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error { return b.MigrateTx(ctx, tx) })
 }
 
 // MigrateTx is Migrate inside the caller's transaction.
 func (b *Backend) MigrateTx(ctx context.Context, tx pgx.Tx) error {
-	migs, err := pgmigrate.Load(migrationFiles, "migrations")
-	if err != nil {
-		return err
-	}
-	if _, err := pgmigrate.Run(ctx, tx, "projection", b.store.Schema(), migs); err != nil {
-		return fmt.Errorf("projection/postgres: migrate: %w", err)
-	}
-	// The conditions view embeds the horizon expression of this version of the code: it is
-	// replaced at every Migrate (under the migration lock Run took), once the store's table
-	// exists.
-	var storeReady bool
-	if err := tx.QueryRow(ctx, b.sql.eventsExist).Scan(&storeReady); err != nil {
-		return fmt.Errorf("projection/postgres: migrate: %w", err)
-	}
-	if storeReady {
-		if _, err := tx.Exec(ctx, b.sql.conditionsView); err != nil {
-			return fmt.Errorf("projection/postgres: migrate: create view nudge_projection_conditions: %w", err)
-		}
-	}
-	return nil
+	return postgres.MigrateTx(ctx, tx, b.store.Schema(), postgres.ComponentProjections)
 }
 
 // readCommitted are the options of every transaction of the backend: every statement must see

@@ -4,10 +4,12 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/projection/projectiontest"
 )
@@ -24,12 +26,34 @@ func newEnv(t testing.TB) env {
 	db := pgtest.New(t)
 	store, err := espg.New(db.Pool, espg.Config{})
 	require.NoError(t, err)
-	b, err := postgres.New(db.Pool, store)
+	b, err := postgres.New(store)
 	require.NoError(t, err)
 	ctx := context.Background()
 	require.NoError(t, store.Migrate(ctx))
 	require.NoError(t, b.Migrate(ctx))
 	return env{db: db, store: store, backend: b}
+}
+
+// TestNewTakesTheStore: the backend keeps its tables on the store's database, in the store's
+// schema.
+func TestNewTakesTheStore(t *testing.T) {
+	t.Parallel()
+	_, err := postgres.New(nil)
+	require.ErrorIs(t, err, projection.ErrInvalidConfig)
+	require.ErrorContains(t, err, "needs an event store")
+
+	ctx := context.Background()
+	db := pgtest.New(t)
+	store, err := espg.New(db.Pool, espg.Config{Schema: "ops"})
+	require.NoError(t, err)
+	b, err := postgres.New(store)
+	require.NoError(t, err)
+	require.NoError(t, b.Migrate(ctx))
+	rows, err := db.Pool.Query(ctx, `SELECT tablename::text FROM pg_tables WHERE schemaname = 'ops' ORDER BY 1`)
+	require.NoError(t, err)
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"nudge_projection_skips", "nudge_projections", "nudge_schema_migrations"}, tables)
 }
 
 func TestSuite(t *testing.T) {

@@ -169,7 +169,7 @@ func TestTypeFilterRunsInTheStore(t *testing.T) {
 	defer pool.Close()
 	store, err := espg.New(pool, espg.Config{})
 	require.NoError(t, err)
-	backend, err := postgres.New(pool, store)
+	backend, err := postgres.New(store)
 	require.NoError(t, err)
 
 	handled := 0
@@ -482,7 +482,7 @@ func TestSmallPoolDoesNotDeadlock(t *testing.T) {
 	pool := e.db.NewPool(t, 2)
 	store, err := espg.New(pool, espg.Config{})
 	require.NoError(t, err)
-	backend, err := postgres.New(pool, store)
+	backend, err := postgres.New(store)
 	require.NoError(t, err)
 	var ps []*projection.Projection
 	recs := map[string]*projectiontest.Recorder{}

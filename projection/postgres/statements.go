@@ -16,8 +16,8 @@ type statements struct {
 	startAttempt, endAttempt                                                                       string
 	// selectAllStatus is selectStatus for every projection, by name.
 	selectAllStatus string
-	// eventsExist and conditionsView: see Backend.MigrateTx.
-	eventsExist, conditionsView string
+	// eventsExist: see Backend.Register.
+	eventsExist string
 }
 
 // lagWindow bounds the events a status reads to count a projection's lag: up to that many,
@@ -46,32 +46,11 @@ func newStatements(schema, horizon string) statements {
 		}
 		return pgx.Identifier{schema, name}.Sanitize()
 	}
-	r := strings.NewReplacer("{projections}", table("nudge_projections"), "{conditions}", table("nudge_projection_conditions"), "{events}", table("nudge_events"), "{skips}", table("nudge_projection_skips"),
+	r := strings.NewReplacer("{projections}", table("nudge_projections"), "{events}", table("nudge_events"), "{skips}", table("nudge_projection_skips"),
 		"{columns}", statusColumns, "{class}", lockClass, "{schema}", schema, "{horizon}", horizon, "{window}", strconv.Itoa(lagWindow))
 	return statements{
 		eventsExist: r.Replace(`SELECT to_regclass('{events}') IS NOT NULL`),
-		// projection.Status.Condition in SQL, for operators: one row per projection. Like the
-		// status, it counts the event types recorded at registration (NULL: every type), and
-		// looks for them as the lag statement does (see there).
-		conditionsView: r.Replace(`CREATE OR REPLACE VIEW {conditions} AS
-			WITH h AS MATERIALIZED (SELECT {horizon} AS xmin)
-			SELECT p.name, CASE
-					WHEN p.state = 'paused' THEN 'paused'
-					WHEN p.state = 'failing' THEN 'failing'
-					WHEN p.state = 'rebuilding' THEN 'rebuilding'
-					WHEN (p.event_types IS NULL AND EXISTS (SELECT 1 FROM {events} e
-							WHERE (e.transaction_id, e.global_position) > (p.transaction_id, p.global_position)
-								AND e.transaction_id < (SELECT xmin FROM h)))
-						OR EXISTS (SELECT 1 FROM unnest(p.event_types) t(type) WHERE EXISTS (SELECT 1 FROM {events} e
-							WHERE (e.event_type, e.transaction_id, e.global_position) > (t.type, p.transaction_id, p.global_position)
-								AND (e.event_type, e.transaction_id) < (t.type, (SELECT xmin FROM h)))) THEN 'working'
-					WHEN (p.event_types IS NULL AND (SELECT max(e.transaction_id) FROM {events} e) >= (SELECT xmin FROM h))
-						OR EXISTS (SELECT 1 FROM unnest(p.event_types) t(type)
-							WHERE (SELECT max(e.transaction_id) FROM {events} e WHERE e.event_type = t.type) >= (SELECT xmin FROM h)) THEN 'held'
-					ELSE 'caught_up' END AS condition,
-				p.state, p.transaction_id, p.global_position, p.updated_at
-			FROM {projections} p`),
-		lock: r.Replace(`SELECT pg_advisory_xact_lock({class}, hashtext('{schema}.' || $1))`),
+		lock:        r.Replace(`SELECT pg_advisory_xact_lock({class}, hashtext('{schema}.' || $1))`),
 		register: r.Replace(`INSERT INTO {projections} AS p (name, event_types) VALUES ($1, $2)
 			ON CONFLICT (name) DO UPDATE SET event_types = EXCLUDED.event_types
 			WHERE p.event_types IS DISTINCT FROM EXCLUDED.event_types`),

@@ -97,7 +97,7 @@ func run(ctx context.Context, o options, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	backend, err := pgproj.New(pool, store)
+	backend, err := pgproj.New(store)
 	if err != nil {
 		return err
 	}

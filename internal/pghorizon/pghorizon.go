@@ -1,0 +1,77 @@
+// Package pghorizon holds the SQL of the event store's horizon: the oldest transaction whose
+// events may not all be readable yet. The store (eventstore/postgres) reads below it, and the
+// driver core (package postgres) embeds it in the view nudge_projection_conditions, so both
+// take it from here.
+package pghorizon
+
+import (
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Key is the SQL expression of the key of the store's exemption lock in schema ("" for the
+// search path): the events table's OID, resolved when a statement is planned, so "" and
+// "public" over one table share it. schema must be a valid schema name (postgres.ValidateSchema).
+func Key(schema string) string {
+	table := "nudge_events"
+	if schema != "" {
+		table = pgx.Identifier{schema, table}.Sanitize()
+	}
+	return "'" + table + "'::regclass::oid"
+}
+
+// Readable is the SQL expression of type xid8 (a scalar subquery) of the horizon of the store in
+// schema; see readable.
+func Readable(schema string) string {
+	return strings.ReplaceAll(readable, "{key}", Key(schema))
+}
+
+// readable is the oldest transaction id whose events may not all be readable yet: the oldest
+// running transaction of the statement's snapshot that is not exempt from the horizon (see
+// eventstore/postgres's Store.ExemptTxOptions), else the next id to be assigned — or the
+// reader's own id, if it has one. pg_locks is read only while some transaction runs (the ARRAY
+// is an init plan, evaluated at its first use).
+//
+// Leaving an exempt transaction out is safe because it appends nothing: it was exempted by its
+// BEGIN, before it could write, at the top level, where no rollback to a savepoint can end the
+// exemption; the store's AppendTx refuses to append in it. What must never happen is taking a
+// transaction that may append for exempt. exemptXids finds the exempt ones in pg_locks: every transaction
+// holds an ExclusiveLock on its own id (a lock it waits for on another's id is a ShareLock),
+// and an exempt one also holds the shared advisory lock (ExemptClass, the events table's OID);
+// the two are tied by virtualtransaction. Two rules keep that tie exact:
+//
+//   - One snapshot of the lock table. pg_locks is a call of pg_lock_status(), each call a
+//     snapshot of its own; the locks are grouped in one scan, never joined across two. Two
+//     scans taken moments apart could pair the id lock of one transaction with the advisory
+//     lock of the next transaction of the same backend.
+//   - Never a finished virtual transaction. While a backend commits, between leaving the proc
+//     array and releasing its locks, its locks are listed under "<backend>/0", a name every
+//     transaction of that backend has in turn. Such locks are counted as not exempt: the
+//     transaction then holds readers back for a moment longer, never less.
+//
+// Within one snapshot a live virtual transaction names one transaction: a backend releases all
+// its transaction locks before it starts the next transaction (session-level advisory locks
+// are the exception; a session holding this class and key itself declares every transaction it
+// runs exempt). eventstore/postgres's TestHorizonCommitWindow forces the commit-window
+// interleaving with gdb.
+const readable = `(SELECT least(coalesce((SELECT min(x) FROM pg_snapshot_xip(s) x
+			WHERE x::xid <> ALL (ARRAY(` + exemptXids + `))),
+		pg_snapshot_xmax(s)), pg_current_xact_id_if_assigned())
+	FROM pg_current_snapshot() s)`
+
+// exemptXids lists the transaction ids (top level and subtransactions) of the transactions
+// that hold the store's exemption lock, from one scan of the lock table; see readable.
+const exemptXids = `SELECT unnest(array_agg(transactionid) FILTER (WHERE locktype = 'transactionid'))
+	FROM pg_locks
+	WHERE granted AND virtualtransaction NOT LIKE '%/0'
+		AND ((locktype = 'transactionid' AND mode = 'ExclusiveLock')
+			OR (locktype = 'advisory' AND mode = 'ShareLock' AND classid = ` + ExemptClass + `::oid AND objid = {key} AND objsubid = 2
+				AND database = (SELECT oid FROM pg_database WHERE datname = current_database())))
+	GROUP BY virtualtransaction
+	HAVING bool_or(locktype = 'advisory')`
+
+// ExemptClass is the first key of the advisory lock that exempts a transaction from the
+// horizon ("nhzn" in ASCII); the second is {key}, the events table's OID, so that every store
+// over one table — whatever schema string named it — shares one exemption.
+const ExemptClass = "1852340846"

@@ -1,0 +1,60 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/nudgeworks/nudge/internal/pghorizon"
+)
+
+// conditionsView is projection.Status.Condition in SQL, for operators: one row per projection.
+// Like the status, it counts the event types recorded at registration (NULL: every type), and
+// looks for them as projection/postgres's lag statement does (see there).
+const conditionsView = `CREATE OR REPLACE VIEW {conditions} AS
+		WITH h AS MATERIALIZED (SELECT {horizon} AS xmin)
+		SELECT p.name, CASE
+				WHEN p.state = 'paused' THEN 'paused'
+				WHEN p.state = 'failing' THEN 'failing'
+				WHEN p.state = 'rebuilding' THEN 'rebuilding'
+				WHEN (p.event_types IS NULL AND EXISTS (SELECT 1 FROM {events} e
+						WHERE (e.transaction_id, e.global_position) > (p.transaction_id, p.global_position)
+							AND e.transaction_id < (SELECT xmin FROM h)))
+					OR EXISTS (SELECT 1 FROM unnest(p.event_types) t(type) WHERE EXISTS (SELECT 1 FROM {events} e
+						WHERE (e.event_type, e.transaction_id, e.global_position) > (t.type, p.transaction_id, p.global_position)
+							AND (e.event_type, e.transaction_id) < (t.type, (SELECT xmin FROM h)))) THEN 'working'
+				WHEN (p.event_types IS NULL AND (SELECT max(e.transaction_id) FROM {events} e) >= (SELECT xmin FROM h))
+					OR EXISTS (SELECT 1 FROM unnest(p.event_types) t(type)
+						WHERE (SELECT max(e.transaction_id) FROM {events} e WHERE e.event_type = t.type) >= (SELECT xmin FROM h)) THEN 'held'
+				ELSE 'caught_up' END AS condition,
+			p.state, p.transaction_id, p.global_position, p.updated_at
+		FROM {projections} p`
+
+// replaceConditionsView creates or replaces the view nudge_projection_conditions in schema once
+// the tables of both the event store and the projections exist. The view embeds the horizon
+// expression of this version of the code, so every Migrate of either component replaces it
+// (under the migration lock the caller's pgmigrate.Run took).
+func replaceConditionsView(ctx context.Context, tx pgx.Tx, schema string) error {
+	table := func(name string) string {
+		if schema == "" {
+			return name
+		}
+		return pgx.Identifier{schema, name}.Sanitize()
+	}
+	var ready bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL`,
+		table("nudge_events"), table("nudge_projections")).Scan(&ready); err != nil {
+		return fmt.Errorf("postgres: migrate: look for the tables of the view nudge_projection_conditions: %w", err)
+	}
+	if !ready {
+		return nil
+	}
+	sql := strings.NewReplacer("{conditions}", table("nudge_projection_conditions"), "{projections}", table("nudge_projections"),
+		"{events}", table("nudge_events"), "{horizon}", pghorizon.Readable(schema)).Replace(conditionsView)
+	if _, err := tx.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("postgres: migrate: create view nudge_projection_conditions: %w", err)
+	}
+	return nil
+}
