@@ -23,8 +23,12 @@ var noRunnerNoPgx = []string{pgx, postgresPackages, postgresDriver, runner, rela
 //	trigger                           the wire format: eventstore and name only
 //	channel, deadletter, retry (and   trigger, name, eventstore, Watermill; no runner, no pgx
 //	  their non-PostgreSQL backends)
+//	postgres                          the PostgreSQL driver core (DB, schema, migrations): no
+//	                                    component, runner, broker, relay or worker
 //	projection                        the runner: no broker, relay, worker or dead letters
-//	relay, worker, */postgres, …      may use all of the above
+//	worker                            the handlers: no relay, no PostgreSQL backend
+//	relay, */postgres, …              may use all of the above
+//	nudge (the root)                  the client: everything; nothing in the module imports it
 var Rules = []Rule{
 	// Leaves.
 	{Package: "name", StdlibOnly: true},
@@ -41,6 +45,12 @@ var Rules = []Rule{
 	{Package: "deadletter/deadlettertest", Forbid: noRunnerNoPgx},
 	{Package: "retry", Forbid: noRunnerNoPgx},
 
+	// The driver core knows no component: they are built on it.
+	{Package: "postgres", Forbid: []string{postgresPackages, runner, Module + "/channel/...", Module + "/deadletter/...", relay, worker}},
+
 	// The runner knows no broker and nothing built on it.
 	{Package: "projection", Forbid: []string{Module + "/channel/...", relay, worker, Module + "/deadletter/...", Module + "/retry"}},
+
+	// The worker runs handlers on any backend: it is given them.
+	{Package: "worker", Forbid: []string{relay, postgresPackages, postgresDriver}},
 }
