@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge"
@@ -25,6 +26,7 @@ import (
 	"github.com/nudgeworks/nudge/internal/pgtest"
 	"github.com/nudgeworks/nudge/internal/testlog"
 	"github.com/nudgeworks/nudge/internal/testwait"
+	"github.com/nudgeworks/nudge/metrics"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/retry"
 	"github.com/nudgeworks/nudge/worker"
@@ -245,4 +247,48 @@ func TestRunNotMigrated(t *testing.T) {
 	require.ErrorContains(t, err, "Client.Migrate")
 	require.ErrorIs(t, client.Run(context.Background()), nudge.ErrRunTwice, "a Client runs once")
 	require.ErrorIs(t, client.RunBackground(context.Background()), nudge.ErrRunTwice)
+}
+
+// TestMetrics: with Config.Metrics the client measures its batches, statuses, triggers, dead
+// letters and Run's router on one registry, with the projection's label.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(metrics.Config{Registerer: reg, CacheTTL: -1})
+	require.NoError(t, err)
+	list, err := projection.New("ticket_list", projection.Config{},
+		projection.OnIdempotent("TicketRegistered", func(context.Context, projection.Event[ticketRegistered]) error { return nil }))
+	require.NoError(t, err)
+	ch := gochannel.New(gochannel.Config{})
+	t.Cleanup(func() { _ = ch.Close() })
+	client, err := nudge.NewInMemory(nudge.Config{Channel: ch, Projections: []*projection.Projection{list}, Logger: testlog.New(t),
+		Metrics: m})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- client.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	<-client.Worker().Running()
+
+	data, err := eventstore.NewEventData("TicketRegistered", ticketRegistered{ID: "1", Type: "bug"})
+	require.NoError(t, err)
+	_, err = client.Append(ctx, "ticket-1", eventstore.NoStream, data)
+	require.NoError(t, err)
+	require.NoError(t, client.WaitCaughtUp(testwait.Context(t, time.Minute)))
+	require.Eventually(t, func() bool {
+		families, err := reg.Gather()
+		require.NoError(t, err)
+		seen := map[string]bool{}
+		for _, f := range families {
+			for _, metric := range f.GetMetric() {
+				for _, l := range metric.GetLabel() {
+					if l.GetName() == "projection" && l.GetValue() == "ticket_list" {
+						seen[f.GetName()] = true
+					}
+				}
+			}
+		}
+		return seen["nudge_projection_events_projected_total"] && seen["nudge_projection_lag_events"] &&
+			seen["nudge_worker_triggers_received_total"] && seen["nudge_router_handler_execution_time_seconds"]
+	}, eventually, 10*time.Millisecond, "batches, statuses, triggers and the router are measured")
 }

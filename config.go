@@ -11,6 +11,7 @@ import (
 	"github.com/nudgeworks/nudge/channel"
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/metrics"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/retry"
@@ -80,6 +81,10 @@ type Config struct {
 	// OnBatch, if set, is called after every batch that committed events or failed (see
 	// projection.RunnerConfig.OnBatch; package metrics uses it).
 	OnBatch func(projection.BatchReport)
+	// Metrics, if set, measures everything the client runs: batches, lag, state, condition and
+	// horizon (read at scrape time), trigger counters, failed dead letters, and Watermill's
+	// handler metrics on Run's router (on a router of yours, call Metrics.AddRouterMetrics).
+	Metrics *metrics.Metrics
 	// Relay tunes the relay (TriggersRelay); its Logger defaults to Logger.
 	Relay relay.Config
 }

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"sync/atomic"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/nudgeworks/nudge/deadletter"
@@ -122,13 +123,13 @@ func NewInMemory(cfg Config) (*Client, error) {
 func newClient(cfg Config, p parts) (*Client, error) {
 	c := &Client{cfg: cfg, store: p.store, pg: p.pg, dead: p.dead, migrate: p.migrate}
 	var err error
-	c.runner, err = projection.NewRunner(p.backend, projection.RunnerConfig{Logger: cfg.Logger, OnBatch: cfg.OnBatch}, cfg.Projections...)
+	c.runner, err = projection.NewRunner(p.backend, projection.RunnerConfig{Logger: cfg.Logger, OnBatch: onBatch(cfg)}, cfg.Projections...)
 	if err != nil {
 		return nil, err
 	}
 	wcfg := worker.Config{Runner: c.runner, Channel: cfg.Channel, Logger: cfg.Logger, DeadLetters: c.dead,
 		SafetyNetInterval: cfg.SafetyNetInterval, StallAfter: cfg.StallAfter, Retry: cfg.Retry,
-		DisableReplayOnStart: cfg.DisableReplayOnStart, CloseTimeout: cfg.CloseTimeout, RouterFunc: cfg.RouterFunc}
+		DisableReplayOnStart: cfg.DisableReplayOnStart, CloseTimeout: cfg.CloseTimeout, RouterFunc: routerFunc(cfg)}
 	if c.pg != nil {
 		wcfg.Horizon = c.pg // names the transaction that holds readers back
 	}
@@ -151,7 +152,43 @@ func newClient(cfg Config, p parts) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	if m := cfg.Metrics; m != nil {
+		names := c.runner.Names()
+		if err := errors.Join(m.WatchRunner(c.runner), m.WatchWorker(c.worker, names...), m.WatchDeadLetters(c.dead, names...)); err != nil {
+			return nil, fmt.Errorf("nudge: metrics: %w", err)
+		}
+	}
 	return c, nil
+}
+
+// onBatch is Config.OnBatch, and Config.Metrics' batch counters.
+func onBatch(cfg Config) func(projection.BatchReport) {
+	switch {
+	case cfg.Metrics == nil:
+		return cfg.OnBatch
+	case cfg.OnBatch == nil:
+		return cfg.Metrics.ObserveBatch
+	}
+	return func(b projection.BatchReport) {
+		cfg.Metrics.ObserveBatch(b)
+		cfg.OnBatch(b)
+	}
+}
+
+// routerFunc is Config.RouterFunc, after Config.Metrics' router metrics.
+func routerFunc(cfg Config) func(*message.Router) error {
+	if cfg.Metrics == nil {
+		return cfg.RouterFunc
+	}
+	return func(r *message.Router) error {
+		if err := cfg.Metrics.AddRouterMetrics(r); err != nil {
+			return err
+		}
+		if cfg.RouterFunc != nil {
+			return cfg.RouterFunc(r)
+		}
+		return nil
+	}
 }
 
 // Migrate creates or updates every table the client uses — the event store's, the projections'
