@@ -22,16 +22,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nudgeworks/nudge"
 	"github.com/nudgeworks/nudge/channel/gochannel"
 	"github.com/nudgeworks/nudge/deadletter"
-	dlmemory "github.com/nudgeworks/nudge/deadletter/memory"
 	"github.com/nudgeworks/nudge/eventstore"
-	esmemory "github.com/nudgeworks/nudge/eventstore/memory"
 	"github.com/nudgeworks/nudge/projection"
-	pjmemory "github.com/nudgeworks/nudge/projection/memory"
-	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/retry"
-	"github.com/nudgeworks/nudge/worker"
 )
 
 func main() {
@@ -117,57 +113,38 @@ func run(ctx context.Context, out io.Writer) error {
 	say := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
 	logger := slog.New(slog.DiscardHandler) // the narration below tells the story
 
-	store := esmemory.New(esmemory.Config{})
-	backend, err := pjmemory.New(store, pjmemory.Config{})
-	if err != nil {
-		return err
-	}
-	ch := gochannel.New(gochannel.Config{})
-	defer ch.Close()
-	dead := dlmemory.New(dlmemory.Config{})
-
 	models := &readModels{tickets: map[string]string{}, stats: map[string]int{}, handled: map[string]int{}}
 	models.maxType.Store(25)
 	list, stats, err := models.projections()
 	if err != nil {
 		return err
 	}
-	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: logger}, list, stats)
-	if err != nil {
-		return err
-	}
-	if err := runner.Init(ctx); err != nil {
-		return err
-	}
-	w, err := worker.New(worker.Config{
-		Runner: runner, Channel: ch, Logger: logger, DeadLetters: dead,
+	ch := gochannel.New(gochannel.Config{})
+	defer ch.Close()
+	client, err := nudge.NewInMemory(nudge.Config{ // on PostgreSQL: nudge.New(pool, …), the same Config
+		Channel: ch, Projections: []*projection.Projection{list, stats}, Logger: logger,
 		Retry: retry.Policy{MaxAttempts: 3, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond},
 	})
 	if err != nil {
 		return err
 	}
-	rel, err := relay.New(backend, ch, relay.Config{Logger: logger})
-	if err != nil {
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- client.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	select {
+	case <-client.Worker().Running():
+	case err := <-done:
 		return err
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); _ = w.Run(runCtx) }()
-	go func() { defer wg.Done(); _ = rel.Run(runCtx) }()
-	defer func() { stop(); wg.Wait() }()
-	select {
-	case <-w.Running():
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	runner, dead := client.Runner(), client.DeadLetters()
 
 	appendEvent := func(stream, typ string, v any) error {
 		data, err := eventstore.NewEventData(typ, v)
 		if err != nil {
 			return err
 		}
-		_, err = store.Append(ctx, stream, eventstore.Any, data)
+		_, err = client.Append(ctx, stream, eventstore.Any, data)
 		return err
 	}
 	register := func(id, typ string) error {
