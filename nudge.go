@@ -258,5 +258,9 @@ func (c *Client) Runner() *projection.Runner { return c.runner }
 // DeadLetters returns the dead-letter store (deadletter.Replay, List, Resolve).
 func (c *Client) DeadLetters() deadletter.Store { return c.dead }
 
+// Relay returns the relay that publishes the triggers (its Status); nil with
+// TriggersInTransaction.
+func (c *Client) Relay() *relay.Relay { return c.relay }
+
 // Worker returns the worker that runs the projections' handlers (its Stats).
 func (c *Client) Worker() *worker.Worker { return c.worker }

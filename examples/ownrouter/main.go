@@ -1,8 +1,8 @@
 // Ownrouter runs nudge's projection handlers on a Watermill router of your own, with triggers
 // through RabbitMQ: the wiring for a service that already has a *message.Router — its own
-// handlers, middleware and plugins — and adds one handler per projection beside them. You run
-// the pieces the worker's Run would run for you: the router, the worker's background duties
-// (replay after deploy, the safety net) and the relay.
+// handlers, middleware and plugins — and adds one handler per projection beside them
+// (Client.AddHandlers). You run the router; Client.RunBackground runs the rest of what
+// Client.Run would: the relay, the replay after deploy and the safety net.
 //
 // It appends a few events, waits until the read model has them, prints it and stops. Run it
 // from the repository root, after `make up`:
@@ -32,14 +32,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/nudgeworks/nudge"
 	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
-	dlpostgres "github.com/nudgeworks/nudge/deadletter/postgres"
 	"github.com/nudgeworks/nudge/eventstore"
-	espostgres "github.com/nudgeworks/nudge/eventstore/postgres"
-	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
-	pjpostgres "github.com/nudgeworks/nudge/projection/postgres"
-	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/worker"
 )
 
@@ -111,43 +107,20 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 		return result{}, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer pool.Close()
-	store, err := espostgres.New(pool, espostgres.Config{})
-	if err != nil {
-		return result{}, err
-	}
-	backend, err := pjpostgres.New(store)
-	if err != nil {
-		return result{}, err
-	}
-	dead, err := dlpostgres.New(pool, dlpostgres.Config{})
-	if err != nil {
-		return result{}, err
-	}
-	// nudge's tables, in one transaction; safe at every start, from several processes at once.
-	if err := postgres.Migrate(ctx, pool, ""); err != nil {
-		return result{}, err
-	}
-
 	ch, err := amqpchannel.New(ctx, amqpchannel.Config{URL: cfg.AMQPURL, Prefix: cfg.AMQPPrefix, Logger: cfg.Logger})
 	if err != nil {
 		return result{}, err
 	}
 	defer ch.Close()
-
 	p, err := greetings()
 	if err != nil {
 		return result{}, err
 	}
-	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: cfg.Logger}, p)
+	client, err := nudge.New(pool, nudge.Config{Channel: ch, Projections: []*projection.Projection{p}, Logger: cfg.Logger})
 	if err != nil {
 		return result{}, err
 	}
-	w, err := worker.New(worker.Config{Runner: runner, Channel: ch, DeadLetters: dead, Logger: cfg.Logger})
-	if err != nil {
-		return result{}, err
-	}
-	rel, err := relay.New(backend, ch, relay.Config{Logger: cfg.Logger})
-	if err != nil {
+	if err := client.Migrate(ctx); err != nil { // safe at every start, from several processes at once
 		return result{}, err
 	}
 
@@ -159,19 +132,16 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 	}
 	router.AddMiddleware(middleware.CorrelationID)
 	// router.AddConsumerHandler(…) for your own handlers, as before.
-	// Status rows and init hooks (ErrNotMigrated says what to do), the projections' queues
-	// before anything publishes.
-	if err := w.Prepare(ctx); err != nil {
-		return result{}, err
-	}
-	if err := w.AddHandlers(router); err != nil { // one handler per projection: dead letter → retry → recoverer
+	// Status rows, init hooks and the projections' queues (before anything publishes), then one
+	// handler per projection: dead letter → retry → recoverer.
+	if err := client.AddHandlers(ctx, router); err != nil {
 		return result{}, err
 	}
 
-	if err := runAll(ctx, router, w, rel, func(ctx context.Context) error { return greet(ctx, store, runner, rel) }); err != nil {
+	if err := runAll(ctx, router, client, func(ctx context.Context) error { return greet(ctx, client) }); err != nil {
 		return result{}, err
 	}
-	res := result{Triggers: w.Stats("greetings").Received}
+	res := result{Triggers: client.Worker().Stats("greetings").Received}
 	if res.Greetings, err = readGreetings(ctx, pool); err != nil {
 		return result{}, err
 	}
@@ -181,9 +151,10 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 	return res, nil
 }
 
-// runAll runs the router, the worker's safety net and the relay while work runs, then stops
+// runAll runs the router and the client's background (the relay; once the router runs, the
+// replay after deploy, the start-up catch-up and the safety net) while work runs, then stops
 // them and waits. If one of them stops by itself, work's context ends and runAll returns why.
-func runAll(ctx context.Context, router *message.Router, w *worker.Worker, rel *relay.Relay, work func(context.Context) error) error {
+func runAll(ctx context.Context, router *message.Router, client *nudge.Client, work func(context.Context) error) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	var wg sync.WaitGroup
 	defer func() {
@@ -198,15 +169,12 @@ func runAll(ctx context.Context, router *message.Router, w *worker.Worker, rel *
 		})
 	}
 	background("router", router.Run)
-	background("relay", rel.Run)
+	background("nudge", client.RunBackground)
 	select {
 	case <-router.Running():
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
-	// Once the router runs: replay dead letters (a fix just deployed heals with no command),
-	// catch up now, then every SafetyNetInterval.
-	background("worker", w.RunBackground)
 	if err := work(ctx); err != nil {
 		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, err) {
 			return fmt.Errorf("%w (%w)", err, cause)
@@ -220,23 +188,23 @@ func runAll(ctx context.Context, router *message.Router, w *worker.Worker, rel *
 // has handled them — the relay publishes a trigger, RabbitMQ delivers it to the projection's
 // handler on the router, and the handler catches the projection up — and until the relay has
 // published its last trigger, so none is in flight when the program stops.
-func greet(ctx context.Context, store *espostgres.Store, runner *projection.Runner, rel *relay.Relay) error {
+func greet(ctx context.Context, client *nudge.Client) error {
 	for _, name := range []string{"ann", "bob", "ann"} {
 		data, err := eventstore.NewEventData("Greeted", Greeted{Name: name})
 		if err != nil {
 			return err
 		}
-		if _, err := store.Append(ctx, "greeting-"+name, eventstore.Any, data); err != nil {
+		if _, err := client.Append(ctx, "greeting-"+name, eventstore.Any, data); err != nil {
 			return fmt.Errorf("append: %w", err)
 		}
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := runner.WaitCaughtUp(waitCtx, "greetings"); err != nil {
+	if err := client.WaitCaughtUp(waitCtx, "greetings"); err != nil {
 		return err
 	}
 	for pause := 5 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
-		st, err := rel.Status(waitCtx)
+		st, err := client.Relay().Status(waitCtx)
 		if err == nil && st.Condition() == projection.ConditionCaughtUp {
 			return nil
 		}
