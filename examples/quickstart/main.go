@@ -131,7 +131,7 @@ func run(ctx context.Context, out io.Writer) error {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- client.Run(runCtx) }()
-	defer func() { stop(); <-done }()
+	defer func() { stop(); _ = <-done }()
 	select {
 	case <-client.Worker().Running():
 	case err := <-done:
