@@ -109,7 +109,7 @@ func (m *readModels) snapshot() (tickets, closed, registeredStat, closedStat int
 	return len(m.tickets), closed, m.stats["registered"], m.stats["closed"]
 }
 
-func run(ctx context.Context, out io.Writer) error {
+func run(ctx context.Context, out io.Writer) (err error) {
 	say := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
 	logger := slog.New(slog.DiscardHandler) // the narration below tells the story
 
@@ -131,7 +131,10 @@ func run(ctx context.Context, out io.Writer) error {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- client.Run(runCtx) }()
-	defer func() { stop(); _ = <-done }()
+	defer func() {
+		stop()
+		err = errors.Join(err, <-done)
+	}()
 	select {
 	case <-client.Worker().Running():
 	case err := <-done:
