@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/channel/gochannel"
 	dlmemory "github.com/nudgeworks/nudge/deadletter/memory"
+	"github.com/nudgeworks/nudge/eventstore"
 	memstore "github.com/nudgeworks/nudge/eventstore/memory"
 	"github.com/nudgeworks/nudge/projection"
 	memproj "github.com/nudgeworks/nudge/projection/memory"
@@ -82,4 +84,48 @@ func runInBackground(ctx context.Context, run func(context.Context) error) <-cha
 	done := make(chan error, 1)
 	go func() { done <- run(ctx) }()
 	return done
+}
+
+// TestConfig: WithDefaults fills every default; a Config New cannot use is refused with an
+// error matching worker.ErrInvalidConfig that names what is wrong.
+func TestConfig(t *testing.T) {
+	t.Parallel()
+	cfg := worker.Config{}.WithDefaults()
+	require.Equal(t, worker.SafetyNetIntervalDefault, cfg.SafetyNetInterval)
+	require.Equal(t, worker.CloseTimeoutDefault, cfg.CloseTimeout)
+	require.Equal(t, worker.StallAfterDefault, cfg.StallAfter)
+	require.Equal(t, worker.HorizonWaitDefault, cfg.HorizonWait)
+	require.NotNil(t, cfg.Logger)
+	require.Equal(t, cfg.Retry, cfg.Retry.WithDefaults())
+
+	store := memstore.New(memstore.Config{})
+	backend, err := memproj.New(store, memproj.Config{})
+	require.NoError(t, err)
+	p, err := projection.New("alpha", projection.Config{}, projection.OnAnyIdempotent(func(context.Context, eventstore.Event) error { return nil }))
+	require.NoError(t, err)
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{}, p)
+	require.NoError(t, err)
+	ch := gochannel.New(gochannel.Config{})
+	t.Cleanup(func() { _ = ch.Close() })
+	dead := dlmemory.New(dlmemory.Config{})
+	good := worker.Config{Runner: runner, Channel: ch, DeadLetters: dead}
+	cases := map[string]struct {
+		change func(*worker.Config)
+		want   string
+	}{
+		"no dead letters":    {func(c *worker.Config) { c.DeadLetters = nil }, "DeadLetters"},
+		"no runner":          {func(c *worker.Config) { c.Runner = nil }, "Runner"},
+		"negative close":     {func(c *worker.Config) { c.CloseTimeout = -time.Second }, "must not be negative"},
+		"bad retry":          {func(c *worker.Config) { c.Retry.Multiplier = 0.5 }, "Retry"},
+		"unknown projection": {func(c *worker.Config) { c.Projections = []string{"beta"} }, "beta"},
+	}
+	for name, c := range cases {
+		cfg := good
+		c.change(&cfg)
+		_, err := worker.New(cfg)
+		require.ErrorIs(t, err, worker.ErrInvalidConfig, name)
+		require.ErrorContains(t, err, c.want, name)
+	}
+	_, err = worker.New(good)
+	require.NoError(t, err)
 }

@@ -15,6 +15,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -134,39 +135,49 @@ type Worker struct {
 	routers   []*message.Router
 }
 
-// New returns a worker. It connects to nothing until Run or Declare.
-func New(cfg Config) (*Worker, error) {
-	if cfg.Runner == nil || cfg.Channel == nil || cfg.DeadLetters == nil {
-		return nil, fmt.Errorf("%w: worker.New needs a Runner, a Channel and DeadLetters (deadletter/postgres, or deadletter/memory in tests)",
-			projection.ErrInvalidConfig)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.SafetyNetInterval == 0 {
-		cfg.SafetyNetInterval = SafetyNetIntervalDefault
-	}
+// ErrInvalidConfig is matched (errors.Is) by every error New returns for a Config it cannot use.
+var ErrInvalidConfig = errors.New("worker: invalid config")
+
+// WithDefaults returns cfg with every zero field that has a default set to it.
+func (cfg Config) WithDefaults() Config {
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	cfg.SafetyNetInterval = cmp.Or(cfg.SafetyNetInterval, SafetyNetIntervalDefault)
 	cfg.Retry = cfg.Retry.WithDefaults()
+	cfg.CloseTimeout = cmp.Or(cfg.CloseTimeout, CloseTimeoutDefault)
+	cfg.StallAfter = cmp.Or(cfg.StallAfter, StallAfterDefault)
+	cfg.HorizonPollInterval = cmp.Or(cfg.HorizonPollInterval, HorizonPollIntervalDefault)
+	cfg.HorizonWarnAfter = cmp.Or(cfg.HorizonWarnAfter, HorizonWarnAfterDefault)
+	cfg.HorizonWait = cmp.Or(cfg.HorizonWait, HorizonWaitDefault)
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults), as an error matching
+// ErrInvalidConfig.
+func (cfg Config) Validate() error {
+	if cfg.Runner == nil || cfg.Channel == nil || cfg.DeadLetters == nil {
+		return fmt.Errorf("%w: worker.New needs a Runner, a Channel and DeadLetters (deadletter/postgres, or deadletter/memory in tests)",
+			ErrInvalidConfig)
+	}
 	if err := cfg.Retry.Validate(); err != nil {
-		return nil, fmt.Errorf("worker: %w", err)
+		return fmt.Errorf("%w: Retry: %w", ErrInvalidConfig, err)
 	}
-	if cfg.CloseTimeout == 0 {
-		cfg.CloseTimeout = CloseTimeoutDefault
+	if cfg.CloseTimeout < 0 || cfg.StallAfter < 0 || cfg.HorizonWarnAfter < 0 || cfg.HorizonWait < 0 {
+		return fmt.Errorf("%w: CloseTimeout (%s), StallAfter (%s), HorizonWarnAfter (%s) and HorizonWait (%s) must not be negative",
+			ErrInvalidConfig, cfg.CloseTimeout, cfg.StallAfter, cfg.HorizonWarnAfter, cfg.HorizonWait)
 	}
-	if cfg.StallAfter == 0 {
-		cfg.StallAfter = StallAfterDefault
+	for _, name := range cfg.Projections {
+		if _, err := cfg.Runner.Projection(name); err != nil {
+			return fmt.Errorf("%w: Projections: %w", ErrInvalidConfig, err)
+		}
 	}
-	if cfg.HorizonPollInterval == 0 {
-		cfg.HorizonPollInterval = HorizonPollIntervalDefault
-	}
-	if cfg.HorizonWarnAfter == 0 {
-		cfg.HorizonWarnAfter = HorizonWarnAfterDefault
-	}
-	if cfg.HorizonWait == 0 {
-		cfg.HorizonWait = HorizonWaitDefault
-	}
-	if cfg.CloseTimeout < 0 {
-		return nil, fmt.Errorf("%w: worker CloseTimeout %s is negative", projection.ErrInvalidConfig, cfg.CloseTimeout)
+	return nil
+}
+
+// New returns a worker. It connects to nothing until Prepare or Run.
+func New(cfg Config) (*Worker, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	names := cfg.Projections
 	if len(names) == 0 {
@@ -175,9 +186,6 @@ func New(cfg Config) (*Worker, error) {
 	w := &Worker{cfg: cfg, names: slices.Clone(names), logger: cfg.Logger, stats: make(map[string]*counters, len(names)),
 		running: make(chan struct{})}
 	for _, name := range names {
-		if _, err := cfg.Runner.Projection(name); err != nil {
-			return nil, err
-		}
 		w.stats[name] = &counters{}
 	}
 	return w, nil
@@ -252,7 +260,7 @@ func (w *Worker) Prepare(ctx context.Context) error {
 // RunBackground waits until router runs before it replays dead letters.
 func (w *Worker) AddHandlers(router *message.Router) error {
 	if router == nil {
-		return fmt.Errorf("%w: worker.AddHandlers needs a router", projection.ErrInvalidConfig)
+		return fmt.Errorf("%w: worker.AddHandlers needs a router", ErrInvalidConfig)
 	}
 	w.routersMu.Lock()
 	w.routers = append(w.routers, router)
