@@ -170,31 +170,44 @@ type Metrics struct {
 	routers map[*message.Router]bool
 }
 
-// New returns Metrics with its batch metrics registered on cfg.Registerer. The scrape-time
-// metrics are added by WatchRunner, WatchWorker and WatchDeadLetters.
-func New(cfg Config) (*Metrics, error) {
-	if cfg.Registerer == nil {
-		return nil, fmt.Errorf("%w: Config.Registerer is nil; pass a registry of yours (prometheus.NewRegistry()) "+
-			"or prometheus.DefaultRegisterer", ErrInvalidConfig)
-	}
+// WithDefaults returns cfg with every zero field that has a default set to it.
+func (cfg Config) WithDefaults() Config {
 	cfg.Namespace = cmp.Or(cfg.Namespace, NamespaceDefault)
-	if !namespaceRE.MatchString(cfg.Namespace) {
-		return nil, fmt.Errorf("%w: namespace %q is not a Prometheus name (letters, digits and _, not starting with a digit)",
-			ErrInvalidConfig, cfg.Namespace)
-	}
 	if cfg.BatchDurationBuckets == nil {
 		cfg.BatchDurationBuckets = BatchDurationBucketsDefault()
 	}
-	if !slices.IsSorted(cfg.BatchDurationBuckets) || len(slices.Compact(slices.Clone(cfg.BatchDurationBuckets))) != len(cfg.BatchDurationBuckets) {
-		return nil, fmt.Errorf("%w: BatchDurationBuckets %v must increase strictly", ErrInvalidConfig, cfg.BatchDurationBuckets)
-	}
 	cfg.QueryTimeout = cmp.Or(cfg.QueryTimeout, QueryTimeoutDefault)
-	if cfg.QueryTimeout < 0 {
-		return nil, fmt.Errorf("%w: QueryTimeout %s is negative", ErrInvalidConfig, cfg.QueryTimeout)
-	}
 	cfg.CacheTTL = cmp.Or(cfg.CacheTTL, CacheTTLDefault)
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults), as an error matching
+// ErrInvalidConfig.
+func (cfg Config) Validate() error {
+	if cfg.Registerer == nil {
+		return fmt.Errorf("%w: Config.Registerer is nil; pass a registry of yours (prometheus.NewRegistry()) "+
+			"or prometheus.DefaultRegisterer", ErrInvalidConfig)
+	}
+	if !namespaceRE.MatchString(cfg.Namespace) {
+		return fmt.Errorf("%w: namespace %q is not a Prometheus name (letters, digits and _, not starting with a digit)",
+			ErrInvalidConfig, cfg.Namespace)
+	}
+	if !slices.IsSorted(cfg.BatchDurationBuckets) || len(slices.Compact(slices.Clone(cfg.BatchDurationBuckets))) != len(cfg.BatchDurationBuckets) {
+		return fmt.Errorf("%w: BatchDurationBuckets %v must increase strictly", ErrInvalidConfig, cfg.BatchDurationBuckets)
+	}
+	if cfg.QueryTimeout < 0 {
+		return fmt.Errorf("%w: QueryTimeout %s is negative", ErrInvalidConfig, cfg.QueryTimeout)
+	}
+	return nil
+}
+
+// New returns Metrics with its batch metrics registered on cfg.Registerer. The scrape-time
+// metrics are added by WatchRunner, WatchWorker and WatchDeadLetters.
+func New(cfg Config) (*Metrics, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	m := &Metrics{reg: cfg.Registerer, ns: cfg.Namespace, cfg: cfg, logger: cfg.Logger, routers: map[*message.Router]bool{}}
 	m.eventsProjected = prometheus.NewCounterVec(prometheus.CounterOpts{
