@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/nudgeworks/nudge/eventstore"
 )
 
@@ -114,11 +116,27 @@ func (r *Runner) Projection(name string) (*Projection, error) {
 // init hook. Run it at every start; it is idempotent.
 func (r *Runner) Init(ctx context.Context) error {
 	for _, name := range r.names {
-		if err := r.backend.Register(ctx, r.projections[name]); err != nil {
+		p := r.projections[name]
+		if err := r.backend.Register(ctx, p, hook("init", p, p.cfg.InitFunc)); err != nil {
 			return fmt.Errorf("projection %s: init: %w", name, err)
 		}
 	}
 	return nil
+}
+
+// hook returns the projection's hook fn (InitFunc, ResetFunc or DeleteFunc) as the backend
+// runs it, in the unit of work of the state change; nil when fn is nil. Its errors say which
+// hook failed.
+func hook(which string, p *Projection, fn func(context.Context, HookParams) error) HookFunc {
+	if fn == nil {
+		return nil
+	}
+	return func(ctx context.Context, tx pgx.Tx) error {
+		if err := fn(ctx, HookParams{Projection: p.name, Tx: tx}); err != nil {
+			return fmt.Errorf("%s hook: %w", which, err)
+		}
+		return nil
+	}
 }
 
 // Result sums up a CatchUp.
@@ -197,7 +215,7 @@ func (r *Runner) Reset(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := r.backend.Reset(ctx, p); err != nil {
+	if err := r.backend.Reset(ctx, p, hook("reset", p, p.cfg.ResetFunc)); err != nil {
 		return fmt.Errorf("projection %s: reset: %w", name, err)
 	}
 	r.mu.Lock()
@@ -243,7 +261,7 @@ func (r *Runner) Delete(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := r.backend.Delete(ctx, p); err != nil {
+	if err := r.backend.Delete(ctx, p, hook("delete", p, p.cfg.DeleteFunc)); err != nil {
 		return fmt.Errorf("projection %s: delete: %w", name, err)
 	}
 	r.mu.Lock()
