@@ -114,38 +114,52 @@ func ReplayTargets(ctx context.Context, store Store, f ReplayFilter) ([]string, 
 		return nil, err
 	}
 	targets := map[string]bool{}
+	collect := replayableOfList
 	if len(f.IDs) > 0 {
-		for _, id := range f.IDs {
-			rec, err := store.Get(ctx, id)
-			if err != nil {
-				if errors.Is(err, ErrNotFound) {
-					return nil, err
-				}
-				return nil, fmt.Errorf("deadletter: read record %d: %w", id, err)
-			}
-			if rec.Status.Replayable() {
-				targets[rec.Projection] = true
-			}
-		}
-	} else {
-		filter := Filter{Projection: f.Projection, Status: []Status{StatusFailed, StatusReplayed}, Limit: f.PageSize}
-		for {
-			page, err := store.List(ctx, filter)
-			if err != nil {
-				return nil, fmt.Errorf("deadletter: list records after ID %d: %w", filter.AfterID, err)
-			}
-			for _, rec := range page {
-				targets[rec.Projection] = true
-			}
-			if len(page) < f.PageSize {
-				break
-			}
-			filter.AfterID = page[len(page)-1].ID
-		}
+		collect = replayableOfIDs
+	}
+	if err := collect(ctx, store, f, targets); err != nil {
+		return nil, err
 	}
 	names := slices.Collect(maps.Keys(targets))
 	slices.Sort(names)
 	return names, nil
+}
+
+// replayableOfIDs adds to targets the projection of each record of f.IDs that can be replayed.
+func replayableOfIDs(ctx context.Context, store Store, f ReplayFilter, targets map[string]bool) error {
+	for _, id := range f.IDs {
+		rec, err := store.Get(ctx, id)
+		if err != nil {
+			if errors.Is(err, ErrNotFound) {
+				return err
+			}
+			return fmt.Errorf("deadletter: read record %d: %w", id, err)
+		}
+		if rec.Status.Replayable() {
+			targets[rec.Projection] = true
+		}
+	}
+	return nil
+}
+
+// replayableOfList adds to targets the projection of every replayable record of f.Projection
+// (every projection's when it is empty), listed page by page.
+func replayableOfList(ctx context.Context, store Store, f ReplayFilter, targets map[string]bool) error {
+	filter := Filter{Projection: f.Projection, Status: []Status{StatusFailed, StatusReplayed}, Limit: f.PageSize}
+	for {
+		page, err := store.List(ctx, filter)
+		if err != nil {
+			return fmt.Errorf("deadletter: list records after ID %d: %w", filter.AfterID, err)
+		}
+		for _, rec := range page {
+			targets[rec.Projection] = true
+		}
+		if len(page) < f.PageSize {
+			return nil
+		}
+		filter.AfterID = page[len(page)-1].ID
+	}
 }
 
 func validateReplayFilter(f *ReplayFilter) error {

@@ -7,15 +7,25 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/projection/internal/seal"
 )
 
 // Backend keeps projection positions and status, and runs batches as units of work. It is a
-// plug-in point with two implementations: projection/postgres (positions in the event store's
-// database, one transaction per batch) and projection/memory (for the memory event store). The
-// shared suite in projection/projectiontest checks both.
+// plug-in point of this module with two implementations: projection/postgres (positions in the
+// event store's database, one transaction per batch) and projection/memory (for the memory event
+// store). The shared suite in projection/projectiontest checks both.
+//
+// Backend is not for implementation outside this module: its contract changes with the runner,
+// and its Seal method takes a type only the module's packages can name (see
+// projection/internal/seal). Wrap one of the module's backends (embed it) to decorate it.
+//
+// A backend provides the units of work and the state changes; the runner runs the projection's
+// hooks (Config.InitFunc, ResetFunc, DeleteFunc), which a backend receives as a HookFunc and
+// runs inside the unit of the state change.
 type Backend interface {
-	// Register creates the projection's status row if it is missing and runs its init hook.
-	Register(ctx context.Context, p *Projection) error
+	// Register creates the projection's status row if it is missing and runs init (if not nil)
+	// in the same unit, holding the projection's lock.
+	Register(ctx context.Context, p *Projection, init HookFunc) error
 	// RunBatch runs fn in one unit of work that holds the projection's lock (in PostgreSQL: one
 	// transaction holding an advisory lock on the projection's name, which serialises every
 	// worker of the projection, in any process). If fn returns nil, the unit stores fn's Outcome and commits;
@@ -24,14 +34,14 @@ type Backend interface {
 	// RecordFailure stores a handler failure in the status row, in a unit of its own, unless
 	// the projection has meanwhile moved past the failing event.
 	RecordFailure(ctx context.Context, p *Projection, f Failure) error
-	// Reset runs the reset hook, sets the position to the start, the state to rebuilding and
-	// clears the counters and failure, in one unit.
-	Reset(ctx context.Context, p *Projection) error
+	// Reset runs hook (if not nil), then sets the position to the start, the state to
+	// rebuilding and clears the counters and failure, in one unit.
+	Reset(ctx context.Context, p *Projection, hook HookFunc) error
 	// SetState changes the state to to if the current state is one of from (any state when
 	// from is empty), and reports whether it changed.
 	SetState(ctx context.Context, p *Projection, to State, from ...State) (bool, error)
-	// Delete runs the delete hook and removes the status row, in one unit.
-	Delete(ctx context.Context, p *Projection) error
+	// Delete runs hook (if not nil), then removes the status row, in one unit.
+	Delete(ctx context.Context, p *Projection, hook HookFunc) error
 	// Status returns the status row with the lag fields computed against the store.
 	Status(ctx context.Context, p *Projection) (Status, error)
 
@@ -45,7 +55,15 @@ type Backend interface {
 	// without a crash, e.g. at shutdown), or at any position when at is nil (an operator replays
 	// a projection that was judged to crash the process).
 	EndAttempt(ctx context.Context, p *Projection, at *eventstore.Position) error
+
+	// Seal marks the backends of this module; it does nothing.
+	Seal(seal.Token)
 }
+
+// HookFunc is the runner's hook in a backend's unit of work (Register, Reset, Delete). tx is
+// the unit's transaction with the PostgreSQL backend, nil with the memory backend. An error
+// rolls the unit back, state change included, and is returned.
+type HookFunc func(ctx context.Context, tx pgx.Tx) error
 
 // Attempt is what StartAttempt knows about batches started at one position.
 type Attempt struct {

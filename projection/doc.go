@@ -27,6 +27,8 @@
 // reports state, position, lag in events and time and whether an open transaction holds the
 // projection back; Reset prepares a rebuild; Pause, Resume, Skip and Delete are the operator's actions. Any number of runners in
 // any number of processes may run one projection: the backend's lock serialises their batches.
+// The runner runs the projection's hooks, each in the backend's unit of work of the state change
+// it goes with. Backend is implemented by this module's backends only (see its doc).
 //
 // What makes a runner catch up is the caller's choice: package worker does it for triggers from
 // a broker (the usual mode), Poller does it on an adaptive interval without a broker, and

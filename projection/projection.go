@@ -125,48 +125,18 @@ func newProjection(name string, cfg Config, handlers ...Handler) (*Projection, e
 	if err := validateName(name); err != nil {
 		return nil, err
 	}
-	if cfg.BatchSize == 0 {
-		cfg.BatchSize = BatchSizeDefault
-	}
-	if cfg.BatchSize < 0 || cfg.BatchSize > eventstore.ReadLimitMax {
-		return nil, invalidConfig(name, "BatchSize %d out of range; use 1 to %d (0 means %d)", cfg.BatchSize, eventstore.ReadLimitMax, BatchSizeDefault)
-	}
-	if cfg.MaxBatchDuration == 0 {
-		cfg.MaxBatchDuration = MaxBatchDurationDefault
-	}
-	if cfg.CrashLoopLimit < 0 {
-		return nil, invalidConfig(name, "CrashLoopLimit %d is negative; 0 turns crash-loop detection off", cfg.CrashLoopLimit)
-	}
-	if cfg.MaxBatchDuration < 0 {
-		return nil, invalidConfig(name, "MaxBatchDuration %s is negative", cfg.MaxBatchDuration)
+	cfg, err := cfg.withDefaults(name)
+	if err != nil {
+		return nil, err
 	}
 	if len(handlers) == 0 {
 		return nil, invalidConfig(name, "no handlers; pass at least one projection.On or projection.OnIdempotent")
 	}
 	p := &Projection{name: name, cfg: cfg, handlers: make(map[string]Handler, len(handlers))}
-	for i, h := range handlers {
-		if h.eventType == anyType {
-			if h.handle == nil {
-				return nil, invalidConfig(name, "handler %d (any type) has a nil function", i)
-			}
-			if p.anyHandler != nil {
-				return nil, invalidConfig(name, "two handlers for any event type; combine them into one")
-			}
-			p.anyHandler = &handlers[i]
-			continue
+	for i := range handlers {
+		if err := p.add(handlers, i); err != nil {
+			return nil, err
 		}
-		if err := storecheck.EventType(h.eventType); err != nil {
-			return nil, invalidConfig(name, "handler %d: event type: %v", i, err)
-		}
-		if h.handle == nil {
-			return nil, invalidConfig(name, "handler %d for %s has a nil function", i, h.eventType)
-		}
-		if _, dup := p.handlers[h.eventType]; dup {
-			return nil, invalidConfig(name, "two handlers for event type %s; combine them into one", h.eventType)
-		}
-		p.handlers[h.eventType] = h
-		p.types = append(p.types, h.eventType)
-		p.transactional = p.transactional || h.transactional
 	}
 	slices.Sort(p.types)
 	if cfg.OmitPayloads && len(p.types) > 0 {
@@ -176,6 +146,54 @@ func newProjection(name string, cfg Config, handlers ...Handler) (*Projection, e
 		p.types = nil // read every event
 	}
 	return p, nil
+}
+
+// withDefaults returns cfg with its defaults filled in, or an error if a field is out of range.
+func (cfg Config) withDefaults(name string) (Config, error) {
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = BatchSizeDefault
+	}
+	if cfg.BatchSize < 0 || cfg.BatchSize > eventstore.ReadLimitMax {
+		return cfg, invalidConfig(name, "BatchSize %d out of range; use 1 to %d (0 means %d)", cfg.BatchSize, eventstore.ReadLimitMax, BatchSizeDefault)
+	}
+	if cfg.MaxBatchDuration == 0 {
+		cfg.MaxBatchDuration = MaxBatchDurationDefault
+	}
+	if cfg.CrashLoopLimit < 0 {
+		return cfg, invalidConfig(name, "CrashLoopLimit %d is negative; 0 turns crash-loop detection off", cfg.CrashLoopLimit)
+	}
+	if cfg.MaxBatchDuration < 0 {
+		return cfg, invalidConfig(name, "MaxBatchDuration %s is negative", cfg.MaxBatchDuration)
+	}
+	return cfg, nil
+}
+
+// add adds handlers[i] to the projection: the handler for its event type, or for any type.
+func (p *Projection) add(handlers []Handler, i int) error {
+	h := handlers[i]
+	if h.eventType == anyType {
+		if h.handle == nil {
+			return invalidConfig(p.name, "handler %d (any type) has a nil function", i)
+		}
+		if p.anyHandler != nil {
+			return invalidConfig(p.name, "two handlers for any event type; combine them into one")
+		}
+		p.anyHandler = &handlers[i]
+		return nil
+	}
+	if err := storecheck.EventType(h.eventType); err != nil {
+		return invalidConfig(p.name, "handler %d: event type: %v", i, err)
+	}
+	if h.handle == nil {
+		return invalidConfig(p.name, "handler %d for %s has a nil function", i, h.eventType)
+	}
+	if _, dup := p.handlers[h.eventType]; dup {
+		return invalidConfig(p.name, "two handlers for event type %s; combine them into one", h.eventType)
+	}
+	p.handlers[h.eventType] = h
+	p.types = append(p.types, h.eventType)
+	p.transactional = p.transactional || h.transactional
+	return nil
 }
 
 // Name returns the projection's name.

@@ -2,15 +2,13 @@ package projection
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/nudgeworks/nudge/eventstore"
 )
@@ -118,11 +116,27 @@ func (r *Runner) Projection(name string) (*Projection, error) {
 // init hook. Run it at every start; it is idempotent.
 func (r *Runner) Init(ctx context.Context) error {
 	for _, name := range r.names {
-		if err := r.backend.Register(ctx, r.projections[name]); err != nil {
+		p := r.projections[name]
+		if err := r.backend.Register(ctx, p, hook("init", p, p.cfg.InitFunc)); err != nil {
 			return fmt.Errorf("projection %s: init: %w", name, err)
 		}
 	}
 	return nil
+}
+
+// hook returns the projection's hook fn (InitFunc, ResetFunc or DeleteFunc) as the backend
+// runs it, in the unit of work of the state change; nil when fn is nil. Its errors say which
+// hook failed.
+func hook(which string, p *Projection, fn func(context.Context, HookParams) error) HookFunc {
+	if fn == nil {
+		return nil
+	}
+	return func(ctx context.Context, tx pgx.Tx) error {
+		if err := fn(ctx, HookParams{Projection: p.name, Tx: tx}); err != nil {
+			return fmt.Errorf("%s hook: %w", which, err)
+		}
+		return nil
+	}
 }
 
 // Result sums up a CatchUp.
@@ -159,175 +173,11 @@ func (r *Runner) CatchUp(ctx context.Context, name string) (Result, error) {
 	}
 	var res Result
 	for {
-		more, err := r.batch(ctx, p, p.cfg.BatchSize, &res)
+		more, err := r.step(ctx, p, &res)
 		if err != nil || !more {
 			return res, err
 		}
 	}
-}
-
-// errPaused rolls back a unit that found the projection paused.
-var errPaused = errors.New("projection paused")
-
-// batch runs one batch of at most limit events and reports whether more events may be
-// readable: it committed events and its read filled the batch. A read that came back short has
-// seen everything readable, so the catch-up ends without one more (empty) read; a short read
-// of a rebuilding projection also marks the rebuild done.
-func (r *Runner) batch(ctx context.Context, p *Projection, limit int, res *Result) (bool, error) {
-	var (
-		failed     *HandlerError
-		failedAt   int
-		handled    int
-		exhausted  bool // the read came back short and every event it returned was handled
-		committed  eventstore.Position
-		rebuilding bool
-		attempted  bool // a crash-loop attempt was recorded at committed
-		crashLoop  bool // failed is a crash-loop verdict
-		started    = r.now()
-	)
-	err := r.backend.RunBatch(ctx, p, func(ctx context.Context, u Unit) (Outcome, error) {
-		committed, rebuilding = u.Status.Position, u.Status.State == StateRebuilding
-		if u.Status.State == StatePaused {
-			return Outcome{}, errPaused
-		}
-		events, err := u.Read(ctx, u.Status.Position, eventstore.ReadOptions{Limit: limit, Types: p.types, OmitPayload: p.cfg.OmitPayloads})
-		if err != nil {
-			return Outcome{}, fmt.Errorf("projection %s: read events after %s: %w", p.name, u.Status.Position, err)
-		}
-		out := Outcome{Position: u.Status.Position, State: u.Status.State}
-		exhausted = len(events) < limit
-		if len(events) == 0 {
-			if u.Status.State == StateRebuilding {
-				out.State = StateRunning
-			}
-			return out, nil
-		}
-		if limit := p.cfg.CrashLoopLimit; limit > 0 {
-			var crashed bool
-			read := len(events)
-			events, crashed, err = r.watchCrashLoops(ctx, p, u.Status.Position, events, limit)
-			exhausted = exhausted && len(events) == read // one event at a time leaves the rest unread
-			if err != nil {
-				return Outcome{}, err
-			}
-			attempted = true
-			if crashed {
-				e := events[0]
-				failed, crashLoop = &HandlerError{Projection: p.name, EventID: e.ID, EventType: e.Type, StreamID: e.StreamID,
-					Position: e.Position, Err: &CrashLoopError{Starts: limit}}, true
-				return Outcome{}, failed
-			}
-		}
-		deadline := started.Add(p.cfg.MaxBatchDuration)
-		var queue Queue
-		for i := range events {
-			if i > 0 && r.now().After(deadline) {
-				events, exhausted = events[:i], false
-				break
-			}
-			if err := p.handleInBatch(ctx, u.Tx, &queue, events, i); err != nil {
-				return Outcome{}, r.failAt(err, events, &failed, &failedAt)
-			}
-		}
-		if err := p.sendQueue(ctx, u.Tx, &queue, events); err != nil {
-			return Outcome{}, r.failAt(err, events, &failed, &failedAt)
-		}
-		if p.cfg.FlushFunc != nil {
-			if err := p.cfg.FlushFunc(ctx, FlushParams{Projection: p.name, Tx: u.Tx, Events: events}); err != nil {
-				// A set-based flush cannot say which event it failed on: name the batch's first.
-				e := events[0]
-				failed, failedAt = &HandlerError{Projection: p.name, EventID: e.ID, EventType: e.Type, StreamID: e.StreamID, Position: e.Position,
-					Err: fmt.Errorf("flush hook: %w", err)}, 0
-				return Outcome{}, failed
-			}
-		}
-		handled = len(events)
-		out.Position = events[len(events)-1].Position
-		committed = out.Position
-		out.Processed = handled
-		if u.Status.State == StateFailing {
-			// The failing event is always the first after the position, so a batch that
-			// committed events has passed it: the fault is gone.
-			out.State, out.ClearFailure = StateRunning, true
-		}
-		if exhausted && u.Status.State == StateRebuilding {
-			out.State = StateRunning
-		}
-		return out, nil
-	})
-	if err == nil || errors.Is(err, errPaused) {
-		res.Position = committed
-		r.remember(p.name, committed, rebuilding)
-	}
-	if err != nil && attempted && !crashLoop {
-		// The batch rolled back without the process dying: it does not count as a crash.
-		endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		if endErr := r.backend.EndAttempt(endCtx, p, &committed); endErr != nil {
-			r.logger.WarnContext(ctx, "projection: could not clear a batch's start; it may count as a crash",
-				slog.String("projection", p.name), slog.Any("error", endErr))
-		}
-		cancel()
-	}
-	switch {
-	case err == nil:
-		if handled > 0 {
-			res.Events += handled
-			res.Batches++
-			took := r.now().Sub(started)
-			r.logger.DebugContext(ctx, "projection batch committed", slog.String("projection", p.name),
-				slog.Int("events", handled), slog.String("position", res.Position.String()), slog.Duration("took", took))
-			r.report(BatchReport{Projection: p.name, Events: handled, Took: took, Position: committed})
-		}
-		return handled > 0 && !exhausted, nil
-	case errors.Is(err, errPaused):
-		res.Paused = true
-		return false, nil
-	case ctx.Err() != nil:
-		// Shutting down: the batch rolled back and is not a failure of the projection's.
-		return false, ctx.Err()
-	case failed == nil:
-		r.report(BatchReport{Projection: p.name, Took: r.now().Sub(started), Position: committed, Err: err})
-		return false, err
-	}
-
-	// A handler failed: commit the events before the failing one, then record the failure.
-	if crashLoop {
-		r.logger.ErrorContext(ctx, "projection: the process keeps dying on an event; it is not handled again until a replay",
-			slog.String("projection", p.name), slog.String("event_id", failed.EventID.String()),
-			slog.String("event_type", failed.EventType), slog.String("position", failed.Position.String()))
-	}
-	if failedAt > 0 {
-		if _, err := r.batch(ctx, p, failedAt, res); err != nil {
-			return false, err
-		}
-	}
-	r.report(BatchReport{Projection: p.name, Took: r.now().Sub(started), Position: res.Position, Err: failed})
-	failure := Failure{
-		Event: eventstore.Event{ID: failed.EventID, Type: failed.EventType, StreamID: failed.StreamID, Position: failed.Position},
-		Err:   failed.Err,
-		At:    r.now(),
-	}
-	if err := r.backend.RecordFailure(ctx, p, failure); err != nil {
-		return false, errors.Join(failed, fmt.Errorf("projection %s: record the failure: %w", p.name, err))
-	}
-	r.logger.WarnContext(ctx, "projection failed on an event; position stays before it",
-		slog.String("projection", p.name), slog.String("event_id", failed.EventID.String()),
-		slog.String("event_type", failed.EventType), slog.String("position", failed.Position.String()),
-		slog.Any("error", failed.Err))
-	return false, failed
-}
-
-// failAt records the *HandlerError err as the batch's failure, with the index of its event.
-func (r *Runner) failAt(err error, events []eventstore.Event, failed **HandlerError, failedAt *int) error {
-	he := err.(*HandlerError) //nolint:errorlint // handleInBatch and sendQueue return *HandlerError itself.
-	*failed = he
-	for i := range events {
-		if events[i].ID == he.EventID {
-			*failedAt = i
-			break
-		}
-	}
-	return err
 }
 
 func (r *Runner) report(b BatchReport) {
@@ -365,7 +215,7 @@ func (r *Runner) Reset(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := r.backend.Reset(ctx, p); err != nil {
+	if err := r.backend.Reset(ctx, p, hook("reset", p, p.cfg.ResetFunc)); err != nil {
 		return fmt.Errorf("projection %s: reset: %w", name, err)
 	}
 	r.mu.Lock()
@@ -411,7 +261,7 @@ func (r *Runner) Delete(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := r.backend.Delete(ctx, p); err != nil {
+	if err := r.backend.Delete(ctx, p, hook("delete", p, p.cfg.DeleteFunc)); err != nil {
 		return fmt.Errorf("projection %s: delete: %w", name, err)
 	}
 	r.mu.Lock()
@@ -440,109 +290,6 @@ func (r *Runner) Statuses(ctx context.Context) ([]Status, error) {
 		out = append(out, st)
 	}
 	return out, nil
-}
-
-// SkipOptions says who skips an event and why.
-type SkipOptions struct {
-	// Reason is recorded with the skip. Required.
-	Reason string
-	// By names the operator or tool. Required.
-	By string
-	// Force skips the event even when the projection is not failing on it (it must still be
-	// the next event the projection would handle).
-	Force bool
-}
-
-// Skip moves the projection's position past exactly one event, eventID, without handling it:
-// an explicit operator action for an event that can never be handled. The event must be the
-// next one the projection would handle, and the one it is failing on unless opts.Force. In one
-// unit of work the projection's on-skip hook runs (SkipFunc), the position advances past the
-// event, the failure is cleared, the state returns to running (a paused projection stays
-// paused) and the skip is recorded with who, when and why. Refusals match ErrSkipRefused.
-func (r *Runner) Skip(ctx context.Context, name string, eventID uuid.UUID, opts SkipOptions) (eventstore.Event, error) {
-	p, err := r.Projection(name)
-	if err != nil {
-		return eventstore.Event{}, err
-	}
-	if strings.TrimSpace(opts.Reason) == "" || strings.TrimSpace(opts.By) == "" {
-		return eventstore.Event{}, fmt.Errorf("%w: projection %s: a skip needs a reason and who does it", ErrSkipRefused, name)
-	}
-	var skipped eventstore.Event
-	err = r.backend.RunBatch(ctx, p, func(ctx context.Context, u Unit) (Outcome, error) {
-		st := u.Status
-		if !opts.Force && (st.FailingEvent == nil || st.FailingEvent.ID != eventID) {
-			failing := "is not failing"
-			if st.FailingEvent != nil {
-				failing = "is failing on event " + st.FailingEvent.ID.String()
-			}
-			return Outcome{}, fmt.Errorf("%w: projection %s %s, not on %s; pass Force to skip another event", ErrSkipRefused, name, failing, eventID)
-		}
-		next, err := u.Read(ctx, st.Position, eventstore.ReadOptions{Limit: 1, Types: p.types})
-		if err != nil {
-			return Outcome{}, err
-		}
-		if len(next) == 0 || next[0].ID != eventID {
-			nextID := "nothing"
-			if len(next) > 0 {
-				nextID = "event " + next[0].ID.String()
-			}
-			return Outcome{}, fmt.Errorf("%w: event %s is not the next event of projection %s (next is %s); only that one can be skipped",
-				ErrSkipRefused, eventID, name, nextID)
-		}
-		skipped = next[0]
-		if fn := p.cfg.SkipFunc; fn != nil {
-			if err := fn(ctx, SkipParams{Projection: name, Tx: u.Tx, Event: skipped, Reason: opts.Reason, By: opts.By}); err != nil {
-				return Outcome{}, fmt.Errorf("projection %s: on-skip hook: %w", name, err)
-			}
-		}
-		state := StateRunning
-		if st.State == StatePaused || st.State == StateRebuilding {
-			state = st.State
-		}
-		return Outcome{
-			Position: skipped.Position, State: state, ClearFailure: true,
-			Skip: &SkipRecord{
-				Event: FailingEvent{Position: skipped.Position, ID: skipped.ID, Type: skipped.Type, StreamID: skipped.StreamID},
-				By:    opts.By, Reason: opts.Reason, At: r.now(), Forced: opts.Force,
-			},
-		}, nil
-	})
-	if err != nil {
-		return eventstore.Event{}, err
-	}
-	r.remember(name, skipped.Position, false)
-	r.logger.WarnContext(ctx, "projection skipped an event", slog.String("projection", name),
-		slog.String("event_id", skipped.ID.String()), slog.String("event_type", skipped.Type),
-		slog.String("position", skipped.Position.String()), slog.String("by", opts.By), slog.String("reason", opts.Reason))
-	return skipped, nil
-}
-
-// watchCrashLoops records that a batch of events starts after position at and decides what the
-// batch may do: all of events, only the first (the range where the process died is searched one
-// event at a time), or nothing, when the process died limit times on the first (crashed).
-func (r *Runner) watchCrashLoops(ctx context.Context, p *Projection, at eventstore.Position, events []eventstore.Event, limit int) ([]eventstore.Event, bool, error) {
-	att, err := r.backend.StartAttempt(ctx, p, at, eventstore.Position{})
-	if errors.Is(err, ErrAttemptNotRecorded) {
-		r.logger.WarnContext(ctx, "projection: crash-loop tracking skipped for a batch", slog.String("projection", p.name), slog.Any("error", err))
-		return events, false, nil
-	}
-	if err != nil {
-		return nil, false, fmt.Errorf("projection %s: record the batch's start: %w", p.name, err)
-	}
-	careful := !att.CarefulUntil.IsZero() && at.Less(att.CarefulUntil)
-	if att.Starts > limit && len(events) > 1 && !careful {
-		last := events[len(events)-1].Position
-		if att, err = r.backend.StartAttempt(ctx, p, at, last); err != nil {
-			return nil, false, fmt.Errorf("projection %s: record the batch's start: %w", p.name, err)
-		}
-		careful = true
-		r.logger.WarnContext(ctx, "projection: the process stopped during batches here; handling one event per batch to find the event",
-			slog.String("projection", p.name), slog.String("position", at.String()), slog.Int("starts", limit))
-	}
-	if careful {
-		events = events[:1]
-	}
-	return events, att.Starts > limit && len(events) == 1, nil
 }
 
 // ClearCrashLoop lets the projection handle again an event it was judged to die on (after a

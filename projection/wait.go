@@ -23,20 +23,10 @@ func (r *Runner) WaitCaughtUp(ctx context.Context, names ...string) error {
 		}
 	}
 	wait := 5 * time.Millisecond
-	var pending []string
 	for {
-		pending = pending[:0]
-		for _, name := range names {
-			st, err := r.Status(ctx, name)
-			if err != nil {
-				if ctx.Err() != nil {
-					break
-				}
-				return fmt.Errorf("projection %s: wait until caught up: %w", name, err)
-			}
-			if k := st.Condition(); k != ConditionCaughtUp {
-				pending = append(pending, fmt.Sprintf("%s %s (position %s, lag %d)", name, k, st.Position, st.LagEvents))
-			}
+		pending, err := r.notCaughtUp(ctx, names)
+		if err != nil {
+			return err
 		}
 		if len(pending) == 0 && ctx.Err() == nil {
 			return nil
@@ -48,4 +38,23 @@ func (r *Runner) WaitCaughtUp(ctx context.Context, names ...string) error {
 		}
 		wait = min(2*wait, 200*time.Millisecond)
 	}
+}
+
+// notCaughtUp says, for each of names that is not caught up, what it waits for. When ctx ends
+// it returns what it has seen so far, without an error.
+func (r *Runner) notCaughtUp(ctx context.Context, names []string) ([]string, error) {
+	var pending []string
+	for _, name := range names {
+		st, err := r.Status(ctx, name)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			return nil, fmt.Errorf("projection %s: wait until caught up: %w", name, err)
+		}
+		if k := st.Condition(); k != ConditionCaughtUp {
+			pending = append(pending, fmt.Sprintf("%s %s (position %s, lag %d)", name, k, st.Position, st.LagEvents))
+		}
+	}
+	return pending, nil
 }

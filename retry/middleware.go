@@ -239,35 +239,52 @@ func (s *steps) retry(h message.HandlerFunc) message.HandlerFunc {
 			giveUp := func(stop StopReason, ctxErr error) error {
 				return &GiveUpError{Stop: stop, Attempts: attempt, FirstFailure: first, LastFailure: now, Err: err, ContextErr: ctxErr}
 			}
-			if ctxErr := ctx.Err(); ctxErr != nil {
-				return nil, giveUp(StopCanceled, ctxErr)
+			delay, stop, ctxErr := s.next(ctx, err, attempt, now.Sub(start))
+			if stop != "" {
+				return nil, giveUp(stop, ctxErr)
 			}
-			if IsPermanent(err) {
-				return nil, giveUp(StopPermanent, nil)
-			}
-			if !s.cfg.ShouldRetryFunc(err) {
-				return nil, giveUp(StopNotRetryable, nil)
-			}
-			if attempt >= s.cfg.Policy.MaxAttempts {
-				return nil, giveUp(StopMaxAttempts, nil)
-			}
-			delay := s.cfg.Policy.Delay(attempt, s.cfg.RandFunc())
-			if limit := s.cfg.Policy.MaxElapsedTime; limit > 0 && now.Sub(start)+delay > limit {
-				return nil, giveUp(StopMaxElapsedTime, nil)
-			}
-			handler := message.HandlerNameFromCtx(ctx)
-			if s.cfg.OnRetryFunc != nil {
-				s.cfg.OnRetryFunc(RetryParams{Message: msg, Handler: handler, Attempt: attempt, Delay: delay, Err: err})
-			}
-			s.cfg.Logger.WarnContext(ctx, "handler failed; retrying",
-				slog.String("handler", handler), slog.String("message_uuid", msg.UUID),
-				slog.Int("attempt", attempt), slog.Int("max_attempts", s.cfg.Policy.MaxAttempts),
-				slog.Duration("delay", delay), slog.Any("error", err))
+			s.announce(ctx, msg, attempt, delay, err)
 			if sleepErr := s.cfg.SleepFunc(ctx, delay); sleepErr != nil {
 				return nil, giveUp(StopCanceled, sleepErr)
 			}
 		}
 	}
+}
+
+// next decides what follows the failed attempt number attempt, elapsed after the first began:
+// the delay before the next attempt, or why the step gives up (with the context's error when
+// it ended).
+func (s *steps) next(ctx context.Context, err error, attempt int, elapsed time.Duration) (time.Duration, StopReason, error) {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return 0, StopCanceled, ctxErr
+	}
+	if IsPermanent(err) {
+		return 0, StopPermanent, nil
+	}
+	if !s.cfg.ShouldRetryFunc(err) {
+		return 0, StopNotRetryable, nil
+	}
+	if attempt >= s.cfg.Policy.MaxAttempts {
+		return 0, StopMaxAttempts, nil
+	}
+	delay := s.cfg.Policy.Delay(attempt, s.cfg.RandFunc())
+	if limit := s.cfg.Policy.MaxElapsedTime; limit > 0 && elapsed+delay > limit {
+		return 0, StopMaxElapsedTime, nil
+	}
+	return delay, "", nil
+}
+
+// announce tells OnRetryFunc and the log that attempt failed with err and the next one follows
+// after delay.
+func (s *steps) announce(ctx context.Context, msg *message.Message, attempt int, delay time.Duration, err error) {
+	handler := message.HandlerNameFromCtx(ctx)
+	if s.cfg.OnRetryFunc != nil {
+		s.cfg.OnRetryFunc(RetryParams{Message: msg, Handler: handler, Attempt: attempt, Delay: delay, Err: err})
+	}
+	s.cfg.Logger.WarnContext(ctx, "handler failed; retrying",
+		slog.String("handler", handler), slog.String("message_uuid", msg.UUID),
+		slog.Int("attempt", attempt), slog.Int("max_attempts", s.cfg.Policy.MaxAttempts),
+		slog.Duration("delay", delay), slog.Any("error", err))
 }
 
 // deadLetter is the dead-letter step.

@@ -337,11 +337,12 @@ func parseURL(raw string) (amqp091.URI, error) {
 	return uri, nil
 }
 
-// connect dials the shared connection, retrying until the start-up deadline.
-func (c *Channel) connect(ctx context.Context) error {
+// connectionConfig is the config of the shared connection: named, dialled through c.dialer,
+// reconnecting with watermill-amqp's backoff up to ReconnectMaxInterval.
+func (c *Channel) connectionConfig() amqp.ConnectionConfig {
 	props := amqp091.NewConnectionProperties()
 	props.SetClientConnectionName(c.cfg.ConnectionName)
-	connCfg := amqp.ConnectionConfig{
+	return amqp.ConnectionConfig{
 		AmqpURI:    c.cfg.URL,
 		AmqpConfig: &amqp091.Config{Properties: props, Dial: c.dialer.dial},
 		Reconnect: &amqp.ReconnectConfig{
@@ -351,6 +352,11 @@ func (c *Channel) connect(ctx context.Context) error {
 			BackoffMaxInterval:         c.cfg.ReconnectMaxInterval,
 		},
 	}
+}
+
+// connect dials the shared connection, retrying until the start-up deadline.
+func (c *Channel) connect(ctx context.Context) error {
+	connCfg := c.connectionConfig()
 	redacted := redact.URL(c.cfg.URL)
 	started := time.Now()
 	deadline := started.Add(c.cfg.StartupTimeout)

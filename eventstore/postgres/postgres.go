@@ -188,7 +188,43 @@ func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 	return res, s.translate(err)
 }
 
+// appendTx appends events in two round trips: the first locks the stream and looks for an
+// earlier append of the same events, the second inserts them.
 func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expected eventstore.ExpectedVersion, events []eventstore.EventData) (eventstore.AppendResult, error) {
+	st, err := s.lockStream(ctx, tx, streamID, events)
+	if err != nil {
+		return eventstore.AppendResult{}, err
+	}
+	if len(st.found) > 0 {
+		if err := storecheck.Repeat(streamID, events, st.found); err != nil {
+			return eventstore.AppendResult{}, err
+		}
+		return eventstore.AppendResult{Events: st.found, StreamVersion: st.found[len(st.found)-1].StreamVersion, Idempotent: true}, nil
+	}
+	if !expected.Check(st.version) {
+		return eventstore.AppendResult{}, &eventstore.WrongExpectedVersionError{StreamID: streamID, Expected: expected, Actual: st.version}
+	}
+	if st.exists && st.lastTx > st.ownTx {
+		return eventstore.AppendResult{}, &eventstore.ConflictError{StreamID: streamID, Reason: eventstore.ConflictStreamOrder}
+	}
+	return s.insertEvents(ctx, tx, streamID, st.version, events)
+}
+
+// lockedStream is what an append learns in its first round trip.
+type lockedStream struct {
+	exists  bool
+	version int64
+	lastTx  uint64 // the transaction of the stream's last append
+	ownTx   uint64 // the append's own transaction
+	exempt  bool   // the transaction is exempt from the horizon
+	// found are stored events with the IDs of the events to append.
+	found []eventstore.Event
+}
+
+// lockStream locks the stream's row (if the stream exists) and reads its state and whether the
+// transaction is exempt from the horizon (then it fails with ErrExempt); in the same round
+// trip, it looks for stored events with the IDs of events.
+func (s *Store) lockStream(ctx context.Context, tx pgx.Tx, streamID string, events []eventstore.EventData) (lockedStream, error) {
 	// IDs travel as [16]byte: pgx encodes those natively, while uuid.UUID would go through
 	// its text form.
 	var ids [][16]byte
@@ -197,74 +233,40 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 			ids = append(ids, e.ID)
 		}
 	}
-
-	// Lock the stream's row (if the stream exists) and read its state and whether the
-	// transaction is exempt from the horizon; in the same round trip, look for stored events
-	// with the given ids.
 	var (
-		version  int64
-		lastTx   uint64
-		ownTx    uint64
-		exists   bool
-		exempt   bool
-		found    []eventstore.Event
-		batch    pgx.Batch
-		lockErr  error
-		foundErr error
+		st    lockedStream
+		batch pgx.Batch
 	)
 	batch.Queue(s.sql.lockStream, streamID).QueryRow(func(row pgx.Row) error {
 		var v *int64
 		var last *uint64
-		lockErr = row.Scan(&exempt, &v, &last, &ownTx)
+		err := row.Scan(&st.exempt, &v, &last, &st.ownTx)
 		if v != nil && last != nil {
-			exists, version, lastTx = true, *v, *last
+			st.exists, st.version, st.lastTx = true, *v, *last
 		}
-		return lockErr
+		return err
 	})
 	if len(ids) > 0 {
 		batch.Queue(s.sql.eventsByID, ids).Query(func(rows pgx.Rows) error {
-			found, foundErr = collectEvents(rows, len(ids))
-			return foundErr
+			var err error
+			st.found, err = collectEvents(rows, len(ids))
+			return err
 		})
 	}
 	if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
-		return eventstore.AppendResult{}, err
+		return st, err
 	}
-	if exempt {
-		return eventstore.AppendResult{}, fmt.Errorf("append to %q: %w", streamID, ErrExempt)
+	if st.exempt {
+		return st, fmt.Errorf("append to %q: %w", streamID, ErrExempt)
 	}
+	return st, nil
+}
 
-	if len(found) > 0 {
-		if err := storecheck.Repeat(streamID, events, found); err != nil {
-			return eventstore.AppendResult{}, err
-		}
-		return eventstore.AppendResult{Events: found, StreamVersion: found[len(found)-1].StreamVersion, Idempotent: true}, nil
-	}
-	if !expected.Check(version) {
-		return eventstore.AppendResult{}, &eventstore.WrongExpectedVersionError{StreamID: streamID, Expected: expected, Actual: version}
-	}
-	if exists && lastTx > ownTx {
-		return eventstore.AppendResult{}, &eventstore.ConflictError{StreamID: streamID, Reason: eventstore.ConflictStreamOrder}
-	}
-
+// insertEvents inserts events as the stream's versions after version and returns them stored.
+func (s *Store) insertEvents(ctx context.Context, tx pgx.Tx, streamID string, version int64, events []eventstore.EventData) (eventstore.AppendResult, error) {
 	n := len(events)
-	newIDs := make([][16]byte, n)
-	types := make([]string, n)
-	payloads := make([]string, n)
-	metadata := make([]*string, n)
-	for i, e := range events {
-		newIDs[i] = e.ID
-		if e.ID == uuid.Nil {
-			newIDs[i] = uuid.Must(uuid.NewV7())
-		}
-		types[i] = e.Type
-		payloads[i] = string(e.Payload)
-		if e.Metadata != nil {
-			m := string(e.Metadata)
-			metadata[i] = &m
-		}
-	}
-	rows, err := tx.Query(ctx, s.sql.insertEvents, streamID, version, newIDs, types, payloads, metadata)
+	ids, types, payloads, metadata := insertColumns(events)
+	rows, err := tx.Query(ctx, s.sql.insertEvents, streamID, version, ids, types, payloads, metadata)
 	if err != nil {
 		return eventstore.AppendResult{}, conflictOn(err, streamID)
 	}
@@ -275,7 +277,7 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 			return eventstore.AppendResult{}, fmt.Errorf("postgres: append to %q returned more rows than the %d events it wrote", streamID, n)
 		}
 		e := eventstore.Event{
-			ID:            newIDs[i],
+			ID:            ids[i],
 			StreamID:      streamID,
 			StreamVersion: version + int64(i) + 1,
 			Type:          types[i],
@@ -295,6 +297,26 @@ func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 		return eventstore.AppendResult{}, fmt.Errorf("postgres: append to %q wrote %d events, want %d", streamID, len(res.Events), n)
 	}
 	return res, nil
+}
+
+// insertColumns returns the columns of the insert statement for events; an event without an ID
+// gets a new UUIDv7.
+func insertColumns(events []eventstore.EventData) (ids [][16]byte, types, payloads []string, metadata []*string) {
+	n := len(events)
+	ids, types, payloads, metadata = make([][16]byte, n), make([]string, n), make([]string, n), make([]*string, n)
+	for i, e := range events {
+		ids[i] = e.ID
+		if e.ID == uuid.Nil {
+			ids[i] = uuid.Must(uuid.NewV7())
+		}
+		types[i] = e.Type
+		payloads[i] = string(e.Payload)
+		if e.Metadata != nil {
+			m := string(e.Metadata)
+			metadata[i] = &m
+		}
+	}
+	return ids, types, payloads, metadata
 }
 
 // ErrExempt is returned by AppendTx in a transaction exempt from the read horizon (see

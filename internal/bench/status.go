@@ -192,7 +192,7 @@ func registerStatusProjections(ctx context.Context, f *fixture) ([]*projection.P
 		if err != nil {
 			return nil, err
 		}
-		if err := f.backend.Register(ctx, p); err != nil {
+		if err := f.backend.Register(ctx, p, nil); err != nil { // no init hook
 			return nil, fmt.Errorf("register %s: %w", name, err)
 		}
 		ps = append(ps, p)

@@ -139,40 +139,51 @@ func wellFormed(raw string) (*url.URL, bool) {
 // secretsOf returns the texts of raw that must not appear in a message, longest first, and
 // whether raw was understood (a URL, a key=value string, or text with user information).
 func secretsOf(raw string) ([]string, bool) {
-	var secrets []string
-	known := true
-	switch u, ok := wellFormed(raw); {
+	secrets, known, ok := passwordsOf(raw)
+	if !ok {
+		return nil, false
+	}
+	for _, m := range passwordParam.FindAllStringSubmatch(raw, -1) {
+		secrets = append(secrets, m[2])
+	}
+	secrets = withEncodings(secrets)
+	secrets = slices.DeleteFunc(secrets, func(s string) bool { return s == "" || s == Mask })
+	slices.SortFunc(secrets, func(a, b string) int { return cmp.Compare(len(b), len(a)) })
+	return slices.Compact(secrets), known
+}
+
+// passwordsOf returns the passwords of raw's key=value pairs or user information, each with
+// the pieces a driver may cut it into, and whether raw was understood (known). ok is false when
+// a password can be cut in too many ways: then the message must be withheld.
+func passwordsOf(raw string) (secrets []string, known, ok bool) {
+	switch u, isURL := wellFormed(raw); {
 	case isDSN(raw):
-		var complete bool
-		if _, secrets, complete = maskDSN(raw); !complete {
-			return nil, false
+		_, secrets, complete := maskDSN(raw)
+		return secrets, true, complete
+	case isURL:
+		if _, set := u.User.Password(); !set {
+			return nil, true, true
 		}
-	case ok:
-		if _, set := u.User.Password(); set {
-			// A password with an unencoded '@' or ':' may be cut there by a driver, or have
-			// been meant to end there.
-			pieces, ok := spanPieces(rawPassword(raw))
-			if !ok {
-				return nil, false
-			}
-			secrets = append(secrets, pieces...)
-		}
+		// A password with an unencoded '@' or ':' may be cut there by a driver, or have
+		// been meant to end there.
+		pieces, ok := spanPieces(rawPassword(raw))
+		return pieces, true, ok
 	default:
 		_, spans := maskMalformed(raw)
 		for _, s := range spans {
 			pieces, ok := spanPieces(s)
 			if !ok {
-				return nil, false // too many ways to cut it: withhold the message
+				return nil, false, false // too many ways to cut it
 			}
 			secrets = append(secrets, pieces...)
 		}
 		_, err := url.Parse(raw)
-		known = err == nil || len(spans) > 0
+		return secrets, err == nil || len(spans) > 0, true
 	}
-	for _, m := range passwordParam.FindAllStringSubmatch(raw, -1) {
-		secrets = append(secrets, m[2])
-	}
-	// A driver may show a password decoded, or encode it again.
+}
+
+// withEncodings adds to secrets the forms a driver may show them in: decoded, or encoded again.
+func withEncodings(secrets []string) []string {
 	for _, s := range slices.Clone(secrets) {
 		if plain, err := url.PathUnescape(s); err == nil && plain != s {
 			secrets = append(secrets, plain)
@@ -181,9 +192,7 @@ func secretsOf(raw string) ([]string, bool) {
 	for _, s := range slices.Clone(secrets) {
 		secrets = append(secrets, url.QueryEscape(s), url.PathEscape(s))
 	}
-	secrets = slices.DeleteFunc(secrets, func(s string) bool { return s == "" || s == Mask })
-	slices.SortFunc(secrets, func(a, b string) int { return cmp.Compare(len(b), len(a)) })
-	return slices.Compact(secrets), known
+	return secrets
 }
 
 // rawPassword is the password of a well-formed URL as written in raw (percent-encoded or not).

@@ -15,6 +15,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 	memstore "github.com/nudgeworks/nudge/eventstore/memory"
 	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/projection/internal/seal"
 )
 
 // Backend is the in-memory projection.Backend, safe for concurrent use.
@@ -87,7 +88,7 @@ func (b *Backend) locked(ctx context.Context, name string, fn func(r *row) error
 }
 
 // Register implements projection.Backend.
-func (b *Backend) Register(ctx context.Context, p *projection.Projection) error {
+func (b *Backend) Register(ctx context.Context, p *projection.Projection, init projection.HookFunc) error {
 	if p.Transactional() {
 		return fmt.Errorf("projection %s: %w: use projection.OnIdempotent handlers with the memory backend, or the PostgreSQL backend",
 			p.Name(), projection.ErrNeedsTransaction)
@@ -100,13 +101,23 @@ func (b *Backend) Register(ctx context.Context, p *projection.Projection) error 
 		}
 	}
 	b.mu.Unlock()
-	if fn := p.Config().InitFunc; fn != nil {
-		return b.locked(ctx, p.Name(), func(*row) error {
-			return fn(ctx, projection.HookParams{Projection: p.Name()})
-		})
+	if init == nil {
+		return nil
 	}
-	return nil
+	return b.locked(ctx, p.Name(), func(*row) error { return init(ctx, nil) })
 }
+
+// runHook runs the runner's hook, if any, before the state change: a failing hook leaves the
+// status as it was. There is no transaction to give it.
+func runHook(ctx context.Context, hook projection.HookFunc) error {
+	if hook == nil {
+		return nil
+	}
+	return hook(ctx, nil)
+}
+
+// Seal implements projection.Backend.
+func (*Backend) Seal(seal.Token) {}
 
 // RunBatch implements projection.Backend.
 func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn projection.BatchFunc) error {
@@ -163,12 +174,10 @@ func (b *Backend) RecordFailure(ctx context.Context, p *projection.Projection, f
 }
 
 // Reset implements projection.Backend.
-func (b *Backend) Reset(ctx context.Context, p *projection.Projection) error {
+func (b *Backend) Reset(ctx context.Context, p *projection.Projection, hook projection.HookFunc) error {
 	return b.locked(ctx, p.Name(), func(r *row) error {
-		if fn := p.Config().ResetFunc; fn != nil {
-			if err := fn(ctx, projection.HookParams{Projection: p.Name()}); err != nil {
-				return fmt.Errorf("reset hook: %w", err)
-			}
+		if err := runHook(ctx, hook); err != nil {
+			return err
 		}
 		now := b.now()
 		r.update(func(st *projection.Status) {
@@ -196,15 +205,8 @@ func (b *Backend) SetState(ctx context.Context, p *projection.Projection, to pro
 }
 
 // Delete implements projection.Backend.
-func (b *Backend) Delete(ctx context.Context, p *projection.Projection) error {
-	err := b.locked(ctx, p.Name(), func(*row) error {
-		if fn := p.Config().DeleteFunc; fn != nil {
-			if err := fn(ctx, projection.HookParams{Projection: p.Name()}); err != nil {
-				return fmt.Errorf("delete hook: %w", err)
-			}
-		}
-		return nil
-	})
+func (b *Backend) Delete(ctx context.Context, p *projection.Projection, hook projection.HookFunc) error {
+	err := b.locked(ctx, p.Name(), func(*row) error { return runHook(ctx, hook) })
 	if err != nil {
 		return err
 	}

@@ -44,6 +44,7 @@ import (
 	"github.com/nudgeworks/nudge/internal/pgmigrate"
 	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/projection/internal/seal"
 )
 
 // Backend is the PostgreSQL projection.Backend. It is safe for concurrent use.
@@ -146,7 +147,7 @@ func (b *Backend) lock(ctx context.Context, tx pgx.Tx, name string) (projection.
 // writes them only when they changed. A database without the backend's tables is an error
 // matching projection.ErrNotMigrated, one without the event store's tables an error matching
 // eventstore.ErrNotMigrated.
-func (b *Backend) Register(ctx context.Context, p *projection.Projection) error {
+func (b *Backend) Register(ctx context.Context, p *projection.Projection, init projection.HookFunc) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error {
 		var storeReady bool
 		if err := tx.QueryRow(ctx, b.sql.eventsExist).Scan(&storeReady); err != nil {
@@ -161,14 +162,20 @@ func (b *Backend) Register(ctx context.Context, p *projection.Projection) error 
 		if _, err := tx.Exec(ctx, b.sql.register, p.Name(), p.Types()); err != nil {
 			return err
 		}
-		if fn := p.Config().InitFunc; fn != nil {
-			if err := fn(ctx, projection.HookParams{Projection: p.Name(), Tx: tx}); err != nil {
-				return fmt.Errorf("init hook: %w", err)
-			}
-		}
-		return nil
+		return runHook(ctx, tx, init)
 	})
 }
+
+// runHook runs the runner's hook, if any, in tx.
+func runHook(ctx context.Context, tx pgx.Tx, hook projection.HookFunc) error {
+	if hook == nil {
+		return nil
+	}
+	return hook(ctx, tx)
+}
+
+// Seal implements projection.Backend.
+func (*Backend) Seal(seal.Token) {}
 
 // RunBatch implements projection.Backend.
 func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn projection.BatchFunc) error {
@@ -220,15 +227,13 @@ func (b *Backend) RecordFailure(ctx context.Context, p *projection.Projection, f
 }
 
 // Reset implements projection.Backend.
-func (b *Backend) Reset(ctx context.Context, p *projection.Projection) error {
+func (b *Backend) Reset(ctx context.Context, p *projection.Projection, hook projection.HookFunc) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error {
 		if _, err := b.lock(ctx, tx, p.Name()); err != nil {
 			return err
 		}
-		if fn := p.Config().ResetFunc; fn != nil {
-			if err := fn(ctx, projection.HookParams{Projection: p.Name(), Tx: tx}); err != nil {
-				return fmt.Errorf("reset hook: %w", err)
-			}
+		if err := runHook(ctx, tx, hook); err != nil {
+			return err
 		}
 		_, err := tx.Exec(ctx, b.sql.reset, p.Name())
 		return err
@@ -254,15 +259,13 @@ func (b *Backend) SetState(ctx context.Context, p *projection.Projection, to pro
 }
 
 // Delete implements projection.Backend.
-func (b *Backend) Delete(ctx context.Context, p *projection.Projection) error {
+func (b *Backend) Delete(ctx context.Context, p *projection.Projection, hook projection.HookFunc) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error {
 		if _, err := b.lock(ctx, tx, p.Name()); err != nil {
 			return err
 		}
-		if fn := p.Config().DeleteFunc; fn != nil {
-			if err := fn(ctx, projection.HookParams{Projection: p.Name(), Tx: tx}); err != nil {
-				return fmt.Errorf("delete hook: %w", err)
-			}
+		if err := runHook(ctx, tx, hook); err != nil {
+			return err
 		}
 		_, err := tx.Exec(ctx, b.sql.delete, p.Name())
 		return err

@@ -48,110 +48,133 @@ func newStatements(schema, horizon string) statements {
 	}
 	r := strings.NewReplacer("{projections}", table("nudge_projections"), "{events}", table("nudge_events"), "{skips}", table("nudge_projection_skips"),
 		"{columns}", statusColumns, "{class}", lockClass, "{schema}", schema, "{horizon}", horizon, "{window}", strconv.Itoa(lagWindow))
-	return statements{
-		eventsExist: r.Replace(`SELECT to_regclass('{events}') IS NOT NULL`),
-		lock:        r.Replace(`SELECT pg_advisory_xact_lock({class}, hashtext('{schema}.' || $1))`),
-		register: r.Replace(`INSERT INTO {projections} AS p (name, event_types) VALUES ($1, $2)
-			ON CONFLICT (name) DO UPDATE SET event_types = EXCLUDED.event_types
-			WHERE p.event_types IS DISTINCT FROM EXCLUDED.event_types`),
-		selectStatus:    r.Replace(`SELECT {columns} ` + statusFrom + ` WHERE p.name = $1`),
-		selectAllStatus: r.Replace(`SELECT {columns} ` + statusFrom + ` ORDER BY p.name`),
-		recordSkip: r.Replace(`INSERT INTO {skips} (projection, event_id, event_type, stream_id, transaction_id, global_position,
-				skipped_by, reason, forced, skipped_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`),
-		advance: r.Replace(`UPDATE {projections} SET
-				transaction_id = $2, global_position = $3, events_processed = events_processed + $4, state = $5,
-				last_error = CASE WHEN $6 THEN NULL ELSE last_error END,
-				failing_transaction_id = CASE WHEN $6 THEN NULL ELSE failing_transaction_id END,
-				failing_global_position = CASE WHEN $6 THEN NULL ELSE failing_global_position END,
-				failing_event_id = CASE WHEN $6 THEN NULL ELSE failing_event_id END,
-				failing_event_type = CASE WHEN $6 THEN NULL ELSE failing_event_type END,
-				failing_stream_id = CASE WHEN $6 THEN NULL ELSE failing_stream_id END,
-				attempts = CASE WHEN $6 THEN 0 ELSE attempts END,
-				first_failed_at = CASE WHEN $6 THEN NULL ELSE first_failed_at END,
-				last_failed_at = CASE WHEN $6 THEN NULL ELSE last_failed_at END,
-				attempt_transaction_id = NULL, attempt_global_position = NULL, attempt_starts = 0,
-				careful_transaction_id = CASE WHEN ($2::xid8, $3::bigint) >= (careful_transaction_id, careful_global_position)
-					THEN NULL ELSE careful_transaction_id END,
-				careful_global_position = CASE WHEN ($2::xid8, $3::bigint) >= (careful_transaction_id, careful_global_position)
-					THEN NULL ELSE careful_global_position END,
-				updated_at = now()
-			WHERE name = $1`),
-		// $4: extend the careful range to ($5, $6) and restart the count.
-		startAttempt: r.Replace(`UPDATE {projections} SET
-				attempt_starts = CASE
-					WHEN $4 THEN 1
-					WHEN (attempt_transaction_id, attempt_global_position) IS NOT DISTINCT FROM ($2::xid8, $3::bigint) THEN attempt_starts + 1
-					ELSE 1 END,
-				attempt_transaction_id = $2, attempt_global_position = $3,
-				careful_transaction_id = CASE WHEN $4 THEN $5::xid8 ELSE careful_transaction_id END,
-				careful_global_position = CASE WHEN $4 THEN $6::bigint ELSE careful_global_position END
-			WHERE name = $1
-			RETURNING attempt_starts, coalesce(careful_transaction_id, '0'), coalesce(careful_global_position, 0)`),
-		// $2 NULL: at any position.
-		endAttempt: r.Replace(`UPDATE {projections} SET attempt_transaction_id = NULL, attempt_global_position = NULL, attempt_starts = 0
-			WHERE name = $1 AND attempt_starts > 0
-				AND ($2::xid8 IS NULL OR (attempt_transaction_id, attempt_global_position) = ($2::xid8, $3::bigint))`),
-		// Recorded only while the position is still before the failing event: another worker
-		// may have handled it meanwhile.
-		recordFailure: r.Replace(`UPDATE {projections} SET
-				state = CASE WHEN state = 'paused' THEN 'paused' ELSE 'failing' END,
-				attempts = CASE WHEN failing_event_id = $4 THEN attempts + 1 ELSE 1 END,
-				first_failed_at = CASE WHEN failing_event_id = $4 THEN first_failed_at ELSE $8 END,
-				last_failed_at = $8, last_error = $7,
-				failing_transaction_id = $2, failing_global_position = $3, failing_event_id = $4,
-				failing_event_type = $5, failing_stream_id = $6, updated_at = now()
-			WHERE name = $1 AND (transaction_id, global_position) < ($2::xid8, $3::bigint)`),
-		reset: r.Replace(`UPDATE {projections} SET
-				transaction_id = '0', global_position = 0, state = 'rebuilding', events_processed = 0,
-				last_error = NULL, failing_transaction_id = NULL, failing_global_position = NULL,
-				failing_event_id = NULL, failing_event_type = NULL, failing_stream_id = NULL, attempts = 0,
-				first_failed_at = NULL, last_failed_at = NULL, rebuild_started_at = now(), updated_at = now(),
-				attempt_transaction_id = NULL, attempt_global_position = NULL, attempt_starts = 0,
-				careful_transaction_id = NULL, careful_global_position = NULL
-			WHERE name = $1`),
-		setState: r.Replace(`UPDATE {projections} SET state = $2, updated_at = now() WHERE name = $1`),
-		delete:   r.Replace(`DELETE FROM {projections} WHERE name = $1`),
-		// The store's head; the projection's readable lag counted in a window of at most
-		// lagWindow events after its position — in read order for a projection of every type,
-		// else per type through the type index, so the window holds only its own events and
-		// the work is bounded whatever the backlog and the mix of types; the window's last
-		// global position, from which the rest is estimated; and whether committed events of
-		// its types wait behind the horizon. The horizon is compared as a scalar subquery, so
-		// it is an index condition (a join with h would walk the index from its start). The
-		// statement is prepared, and PostgreSQL may plan it once for every parameter value: the
-		// per-type window bounds the type index's own key from both sides (type and position
-		// above, type and horizon below: together, that type only), which no other index can
-		// serve, and "held" compares the newest transaction id (of each type) with the horizon,
-		// so that no plan falls back to a scan of the table or of every type.
-		lag: r.Replace(`WITH h AS MATERIALIZED (SELECT {horizon} AS xmin),
-			head AS (
-				SELECT e.transaction_id, e.global_position FROM {events} e
-				WHERE e.transaction_id < (SELECT xmin FROM h) ORDER BY e.transaction_id DESC, e.global_position DESC LIMIT 1
-			),
-			win AS MATERIALIZED (
-				(SELECT e.transaction_id, e.global_position, e.recorded_at FROM {events} e
-				WHERE $3::text[] IS NULL AND (e.transaction_id, e.global_position) > ($1::xid8, $2::bigint)
-					AND e.transaction_id < (SELECT xmin FROM h)
-				ORDER BY e.transaction_id, e.global_position LIMIT {window})
-				UNION ALL
-				(SELECT w.transaction_id, w.global_position, w.recorded_at FROM unnest($3::text[]) t(type), LATERAL (
-					SELECT e.transaction_id, e.global_position, e.recorded_at FROM {events} e
-					WHERE (e.event_type, e.transaction_id, e.global_position) > (t.type, $1::xid8, $2::bigint)
-						AND (e.event_type, e.transaction_id) < (t.type, (SELECT xmin FROM h))
-					ORDER BY e.event_type, e.transaction_id, e.global_position LIMIT {window}) w
-				ORDER BY w.transaction_id, w.global_position LIMIT {window})
-			),
-			lag AS (SELECT count(*) AS events, min(global_position) AS first, max(global_position) AS last, min(recorded_at) AS oldest FROM win),
-			held AS (
-				SELECT coalesce(CASE WHEN $3::text[] IS NULL
-					THEN (SELECT max(e.transaction_id) FROM {events} e)
-					ELSE (SELECT max((SELECT max(e.transaction_id) FROM {events} e WHERE e.event_type = t.type)) FROM unnest($3::text[]) t(type))
-					END >= (SELECT xmin FROM h), false) AS held
-			)
-			SELECT coalesce((SELECT transaction_id FROM head), '0'::xid8), coalesce((SELECT global_position FROM head), 0),
-				lag.events, coalesce(lag.first, 0), coalesce(lag.last, 0), extract(epoch FROM clock_timestamp() - lag.oldest)::float8, held.held
-			FROM lag, held`),
-	}
+	var s statements
+	s.addMigrationSQL(r)
+	s.addStatusSQL(r)
+	s.addWriteSQL(r)
+	s.addAttemptSQL(r)
+	return s
+}
+
+// addMigrationSQL adds the statement of Migrate: whether the store's table exists (the
+// conditions view is the driver core's, package postgres).
+func (s *statements) addMigrationSQL(r *strings.Replacer) {
+	s.eventsExist = r.Replace(`SELECT to_regclass('{events}') IS NOT NULL`)
+}
+
+// addStatusSQL adds the statements that lock, register and read a projection's status row,
+// and compute its lag.
+func (s *statements) addStatusSQL(r *strings.Replacer) {
+	s.lock = r.Replace(`SELECT pg_advisory_xact_lock({class}, hashtext('{schema}.' || $1))`)
+	s.register = r.Replace(`INSERT INTO {projections} AS p (name, event_types) VALUES ($1, $2)
+		ON CONFLICT (name) DO UPDATE SET event_types = EXCLUDED.event_types
+		WHERE p.event_types IS DISTINCT FROM EXCLUDED.event_types`)
+	s.selectStatus = r.Replace(`SELECT {columns} ` + statusFrom + ` WHERE p.name = $1`)
+	s.selectAllStatus = r.Replace(`SELECT {columns} ` + statusFrom + ` ORDER BY p.name`)
+	// The store's head; the projection's readable lag counted in a window of at most
+	// lagWindow events after its position — in read order for a projection of every type,
+	// else per type through the type index, so the window holds only its own events and
+	// the work is bounded whatever the backlog and the mix of types; the window's last
+	// global position, from which the rest is estimated; and whether committed events of
+	// its types wait behind the horizon. The horizon is compared as a scalar subquery, so
+	// it is an index condition (a join with h would walk the index from its start). The
+	// statement is prepared, and PostgreSQL may plan it once for every parameter value: the
+	// per-type window bounds the type index's own key from both sides (type and position
+	// above, type and horizon below: together, that type only), which no other index can
+	// serve, and "held" compares the newest transaction id (of each type) with the horizon,
+	// so that no plan falls back to a scan of the table or of every type.
+	s.lag = r.Replace(`WITH h AS MATERIALIZED (SELECT {horizon} AS xmin),
+		head AS (
+			SELECT e.transaction_id, e.global_position FROM {events} e
+			WHERE e.transaction_id < (SELECT xmin FROM h) ORDER BY e.transaction_id DESC, e.global_position DESC LIMIT 1
+		),
+		win AS MATERIALIZED (
+			(SELECT e.transaction_id, e.global_position, e.recorded_at FROM {events} e
+			WHERE $3::text[] IS NULL AND (e.transaction_id, e.global_position) > ($1::xid8, $2::bigint)
+				AND e.transaction_id < (SELECT xmin FROM h)
+			ORDER BY e.transaction_id, e.global_position LIMIT {window})
+			UNION ALL
+			(SELECT w.transaction_id, w.global_position, w.recorded_at FROM unnest($3::text[]) t(type), LATERAL (
+				SELECT e.transaction_id, e.global_position, e.recorded_at FROM {events} e
+				WHERE (e.event_type, e.transaction_id, e.global_position) > (t.type, $1::xid8, $2::bigint)
+					AND (e.event_type, e.transaction_id) < (t.type, (SELECT xmin FROM h))
+				ORDER BY e.event_type, e.transaction_id, e.global_position LIMIT {window}) w
+			ORDER BY w.transaction_id, w.global_position LIMIT {window})
+		),
+		lag AS (SELECT count(*) AS events, min(global_position) AS first, max(global_position) AS last, min(recorded_at) AS oldest FROM win),
+		held AS (
+			SELECT coalesce(CASE WHEN $3::text[] IS NULL
+				THEN (SELECT max(e.transaction_id) FROM {events} e)
+				ELSE (SELECT max((SELECT max(e.transaction_id) FROM {events} e WHERE e.event_type = t.type)) FROM unnest($3::text[]) t(type))
+				END >= (SELECT xmin FROM h), false) AS held
+		)
+		SELECT coalesce((SELECT transaction_id FROM head), '0'::xid8), coalesce((SELECT global_position FROM head), 0),
+			lag.events, coalesce(lag.first, 0), coalesce(lag.last, 0), extract(epoch FROM clock_timestamp() - lag.oldest)::float8, held.held
+		FROM lag, held`)
+}
+
+// addWriteSQL adds the statements that change a projection's status row: a batch's outcome, a
+// skip, a failure, a reset, a state change, a deletion.
+func (s *statements) addWriteSQL(r *strings.Replacer) {
+	s.advance = r.Replace(`UPDATE {projections} SET
+			transaction_id = $2, global_position = $3, events_processed = events_processed + $4, state = $5,
+			last_error = CASE WHEN $6 THEN NULL ELSE last_error END,
+			failing_transaction_id = CASE WHEN $6 THEN NULL ELSE failing_transaction_id END,
+			failing_global_position = CASE WHEN $6 THEN NULL ELSE failing_global_position END,
+			failing_event_id = CASE WHEN $6 THEN NULL ELSE failing_event_id END,
+			failing_event_type = CASE WHEN $6 THEN NULL ELSE failing_event_type END,
+			failing_stream_id = CASE WHEN $6 THEN NULL ELSE failing_stream_id END,
+			attempts = CASE WHEN $6 THEN 0 ELSE attempts END,
+			first_failed_at = CASE WHEN $6 THEN NULL ELSE first_failed_at END,
+			last_failed_at = CASE WHEN $6 THEN NULL ELSE last_failed_at END,
+			attempt_transaction_id = NULL, attempt_global_position = NULL, attempt_starts = 0,
+			careful_transaction_id = CASE WHEN ($2::xid8, $3::bigint) >= (careful_transaction_id, careful_global_position)
+				THEN NULL ELSE careful_transaction_id END,
+			careful_global_position = CASE WHEN ($2::xid8, $3::bigint) >= (careful_transaction_id, careful_global_position)
+				THEN NULL ELSE careful_global_position END,
+			updated_at = now()
+		WHERE name = $1`)
+	s.recordSkip = r.Replace(`INSERT INTO {skips} (projection, event_id, event_type, stream_id, transaction_id, global_position,
+			skipped_by, reason, forced, skipped_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`)
+	// Recorded only while the position is still before the failing event: another worker
+	// may have handled it meanwhile.
+	s.recordFailure = r.Replace(`UPDATE {projections} SET
+			state = CASE WHEN state = 'paused' THEN 'paused' ELSE 'failing' END,
+			attempts = CASE WHEN failing_event_id = $4 THEN attempts + 1 ELSE 1 END,
+			first_failed_at = CASE WHEN failing_event_id = $4 THEN first_failed_at ELSE $8 END,
+			last_failed_at = $8, last_error = $7,
+			failing_transaction_id = $2, failing_global_position = $3, failing_event_id = $4,
+			failing_event_type = $5, failing_stream_id = $6, updated_at = now()
+		WHERE name = $1 AND (transaction_id, global_position) < ($2::xid8, $3::bigint)`)
+	s.reset = r.Replace(`UPDATE {projections} SET
+			transaction_id = '0', global_position = 0, state = 'rebuilding', events_processed = 0,
+			last_error = NULL, failing_transaction_id = NULL, failing_global_position = NULL,
+			failing_event_id = NULL, failing_event_type = NULL, failing_stream_id = NULL, attempts = 0,
+			first_failed_at = NULL, last_failed_at = NULL, rebuild_started_at = now(), updated_at = now(),
+			attempt_transaction_id = NULL, attempt_global_position = NULL, attempt_starts = 0,
+			careful_transaction_id = NULL, careful_global_position = NULL
+		WHERE name = $1`)
+	s.setState = r.Replace(`UPDATE {projections} SET state = $2, updated_at = now() WHERE name = $1`)
+	s.delete = r.Replace(`DELETE FROM {projections} WHERE name = $1`)
+}
+
+// addAttemptSQL adds the statements of crash-loop tracking: a batch's start and its end.
+func (s *statements) addAttemptSQL(r *strings.Replacer) {
+	// $4: extend the careful range to ($5, $6) and restart the count.
+	s.startAttempt = r.Replace(`UPDATE {projections} SET
+			attempt_starts = CASE
+				WHEN $4 THEN 1
+				WHEN (attempt_transaction_id, attempt_global_position) IS NOT DISTINCT FROM ($2::xid8, $3::bigint) THEN attempt_starts + 1
+				ELSE 1 END,
+			attempt_transaction_id = $2, attempt_global_position = $3,
+			careful_transaction_id = CASE WHEN $4 THEN $5::xid8 ELSE careful_transaction_id END,
+			careful_global_position = CASE WHEN $4 THEN $6::bigint ELSE careful_global_position END
+		WHERE name = $1
+		RETURNING attempt_starts, coalesce(careful_transaction_id, '0'), coalesce(careful_global_position, 0)`)
+	// $2 NULL: at any position.
+	s.endAttempt = r.Replace(`UPDATE {projections} SET attempt_transaction_id = NULL, attempt_global_position = NULL, attempt_starts = 0
+		WHERE name = $1 AND attempt_starts > 0
+			AND ($2::xid8 IS NULL OR (attempt_transaction_id, attempt_global_position) = ($2::xid8, $3::bigint))`)
 }
 
 // scanStatus reads a row of statusColumns: the status without lag fields, and the event types

@@ -48,6 +48,7 @@ func Run(t *testing.T, newEnv NewEnvFunc) {
 		{"CancelledMidBatch", testCancelled},
 		{"LagAndStatus", testLag},
 		{"HooksAndDelete", testHooks},
+		{"FailingHookChangesNothing", testFailingHooks},
 		{"UnknownAndUnregistered", testUnknown},
 		{"SkipOneEvent", testSkip},
 	}
@@ -498,6 +499,42 @@ func testHooks(t *testing.T, env Env) {
 	fr, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, failing)
 	require.NoError(t, err)
 	require.ErrorContains(t, fr.Init(ctx), "no permission to create table")
+}
+
+// testFailingHooks: the runner runs the hooks in the backend's unit of the state change, with
+// the projection's name; a failing reset or delete hook leaves the status as it was and says
+// which hook failed.
+func testFailingHooks(t *testing.T, env Env) {
+	ctx := context.Background()
+	AppendN(t, env.Store, 0, 10, "A")
+	var named []string
+	var mu sync.Mutex
+	fail := func(ctx context.Context, p projection.HookParams) error {
+		mu.Lock()
+		defer mu.Unlock()
+		named = append(named, p.Projection)
+		return errors.New("read model is locked")
+	}
+	p := mustProjection(t, "unhookable", projection.Config{ResetFunc: fail, DeleteFunc: fail},
+		projection.OnIdempotent("A", NewRecorder().Handle))
+	r := newRunner(t, env, p)
+	_, err := r.CatchUp(ctx, "unhookable")
+	require.NoError(t, err)
+	before, err := r.Status(ctx, "unhookable")
+	require.NoError(t, err)
+
+	err = r.Reset(ctx, "unhookable")
+	require.ErrorContains(t, err, "projection unhookable: reset: reset hook: read model is locked")
+	err = r.Delete(ctx, "unhookable")
+	require.ErrorContains(t, err, "projection unhookable: delete: delete hook: read model is locked")
+	require.Equal(t, []string{"unhookable", "unhookable"}, named)
+
+	after, err := r.Status(ctx, "unhookable")
+	require.NoError(t, err, "the status row is still there")
+	require.Equal(t, before.Position, after.Position)
+	require.Equal(t, projection.StateRunning, after.State)
+	require.Equal(t, int64(10), after.EventsProcessed)
+	require.Equal(t, before.Position, r.CommittedPosition("unhookable"))
 }
 
 func testUnknown(t *testing.T, env Env) {

@@ -1,0 +1,314 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/nudgeworks/nudge/eventstore"
+)
+
+// errPaused rolls back a unit that found the projection paused.
+var errPaused = errors.New("projection paused")
+
+// step runs one batch of a catch-up and reports whether more events may be readable. When a
+// handler fails, the batch rolls back; step then commits the events before the failing one in
+// a batch of their own (the good prefix), so the position stops right before it, and records
+// the failure. The good prefix may fail in turn, on an earlier event: then that failure is the
+// one recorded, and its own good prefix is committed first.
+func (r *Runner) step(ctx context.Context, p *Projection, res *Result) (bool, error) {
+	var failing *batch
+	for limit := p.cfg.BatchSize; ; limit = failing.failedAt {
+		b := r.newBatch(p, limit)
+		more, err := b.run(ctx, res)
+		if !b.failedOnEvent {
+			if failing != nil && err == nil {
+				break // the good prefix committed (or the projection was paused meanwhile)
+			}
+			return more, err
+		}
+		failing = b
+		if b.failedAt == 0 {
+			break // no good prefix
+		}
+	}
+	return false, failing.recordFailure(ctx, res)
+}
+
+// batch is one batch of a catch-up: at most limit events read after the projection's committed
+// position and handled in one unit of work (one PostgreSQL transaction), which commits them
+// together with the new position. Its steps: read, the crash-loop guard, handle, flush, then
+// commit; a batch that failed on an event rolls back and records the failure after its good
+// prefix is committed (Runner.step).
+type batch struct {
+	r       *Runner
+	p       *Projection
+	limit   int
+	started time.Time
+
+	// committed is the projection's position after the unit: the one it found, or the last
+	// event's of a batch that handled events.
+	committed eventstore.Position
+	// rebuilding: the unit found the projection rebuilding.
+	rebuilding bool
+	// exhausted: the read came back short and every event it returned was handled, so
+	// everything readable has been read.
+	exhausted bool
+	// attempted: a crash-loop attempt was recorded at the position the unit found.
+	attempted bool
+	// handled is the number of events the batch handled (and committed, if the unit did).
+	handled int
+
+	// failed is the event a handler, the flush hook or the crash-loop guard failed on, and
+	// failedAt its index among the events read.
+	failed   *HandlerError
+	failedAt int
+	// crashLoop: failed is a crash-loop verdict.
+	crashLoop bool
+	// failedOnEvent: the batch ended because of failed (not because the context ended first).
+	failedOnEvent bool
+}
+
+func (r *Runner) newBatch(p *Projection, limit int) *batch {
+	return &batch{r: r, p: p, limit: limit, started: r.now()}
+}
+
+// run runs the batch's unit of work and sums up its result in res. It reports whether more
+// events may be readable: the batch committed events and its read filled the batch. A read that
+// came back short has seen everything readable, so the catch-up ends without one more (empty)
+// read. A batch that failed on an event sets failedOnEvent and returns its *HandlerError,
+// recorded nowhere yet.
+func (b *batch) run(ctx context.Context, res *Result) (bool, error) {
+	err := b.r.backend.RunBatch(ctx, b.p, b.unit)
+	if err == nil || errors.Is(err, errPaused) {
+		res.Position = b.committed
+		b.r.remember(b.p.name, b.committed, b.rebuilding)
+	}
+	if err != nil && b.attempted && !b.crashLoop {
+		b.endAttempt(ctx)
+	}
+	switch {
+	case err == nil:
+		return b.committedEvents(ctx, res), nil
+	case errors.Is(err, errPaused):
+		res.Paused = true
+		return false, nil
+	case ctx.Err() != nil:
+		// Shutting down: the batch rolled back and is not a failure of the projection's.
+		return false, ctx.Err()
+	case b.failed == nil:
+		b.r.report(BatchReport{Projection: b.p.name, Took: b.r.now().Sub(b.started), Position: b.committed, Err: err})
+		return false, err
+	}
+	b.failedOnEvent = true
+	return false, b.failed
+}
+
+// unit is the batch's work inside the backend's unit of work, which commits the Outcome it
+// returns, or rolls back on an error.
+func (b *batch) unit(ctx context.Context, u Unit) (Outcome, error) {
+	st := u.Status
+	b.committed, b.rebuilding = st.Position, st.State == StateRebuilding
+	if st.State == StatePaused {
+		return Outcome{}, errPaused
+	}
+	events, err := b.read(ctx, u)
+	if err != nil {
+		return Outcome{}, err
+	}
+	if len(events) == 0 {
+		out := Outcome{Position: st.Position, State: st.State}
+		if b.rebuilding {
+			out.State = StateRunning // a rebuild that reached the head is done
+		}
+		return out, nil
+	}
+	if events, err = b.guardCrashLoop(ctx, st.Position, events); err != nil {
+		return Outcome{}, err
+	}
+	if events, err = b.handle(ctx, u.Tx, events); err != nil {
+		return Outcome{}, err
+	}
+	if err := b.flush(ctx, u.Tx, events); err != nil {
+		return Outcome{}, err
+	}
+	return b.outcome(st, events), nil
+}
+
+// read reads the batch's events after the position the unit found.
+func (b *batch) read(ctx context.Context, u Unit) ([]eventstore.Event, error) {
+	events, err := u.Read(ctx, u.Status.Position, eventstore.ReadOptions{Limit: b.limit, Types: b.p.types, OmitPayload: b.p.cfg.OmitPayloads})
+	if err != nil {
+		return nil, fmt.Errorf("projection %s: read events after %s: %w", b.p.name, u.Status.Position, err)
+	}
+	b.exhausted = len(events) < b.limit
+	return events, nil
+}
+
+// guardCrashLoop records the batch's start, when crash-loop detection is on, and returns the
+// events the batch may handle: all, only the first (in a range where the process died), or
+// none, with a crash-loop verdict as the batch's failure.
+func (b *batch) guardCrashLoop(ctx context.Context, at eventstore.Position, events []eventstore.Event) ([]eventstore.Event, error) {
+	limit := b.p.cfg.CrashLoopLimit
+	if limit <= 0 {
+		return events, nil
+	}
+	read := len(events)
+	events, crashed, err := b.r.watchCrashLoops(ctx, b.p, at, events, limit)
+	b.exhausted = b.exhausted && len(events) == read // one event at a time leaves the rest unread
+	if err != nil {
+		return nil, err
+	}
+	b.attempted = true
+	if crashed {
+		b.failed, b.crashLoop = b.p.handlerError(events[0], &CrashLoopError{Starts: limit}), true
+		return nil, b.failed
+	}
+	return events, nil
+}
+
+// watchCrashLoops records that a batch of events starts after position at and decides what the
+// batch may do: all of events, only the first (the range where the process died is searched one
+// event at a time), or nothing, when the process died limit times on the first (crashed).
+func (r *Runner) watchCrashLoops(ctx context.Context, p *Projection, at eventstore.Position, events []eventstore.Event, limit int) ([]eventstore.Event, bool, error) {
+	att, err := r.backend.StartAttempt(ctx, p, at, eventstore.Position{})
+	if errors.Is(err, ErrAttemptNotRecorded) {
+		r.logger.WarnContext(ctx, "projection: crash-loop tracking skipped for a batch", slog.String("projection", p.name), slog.Any("error", err))
+		return events, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("projection %s: record the batch's start: %w", p.name, err)
+	}
+	careful := !att.CarefulUntil.IsZero() && at.Less(att.CarefulUntil)
+	if att.Starts > limit && len(events) > 1 && !careful {
+		last := events[len(events)-1].Position
+		if att, err = r.backend.StartAttempt(ctx, p, at, last); err != nil {
+			return nil, false, fmt.Errorf("projection %s: record the batch's start: %w", p.name, err)
+		}
+		careful = true
+		r.logger.WarnContext(ctx, "projection: the process stopped during batches here; handling one event per batch to find the event",
+			slog.String("projection", p.name), slog.String("position", at.String()), slog.Int("starts", limit))
+	}
+	if careful {
+		events = events[:1]
+	}
+	return events, att.Starts > limit && len(events) == 1, nil
+}
+
+// handle runs the handlers on events in order and sends the statements they queued. Once the
+// batch has taken MaxBatchDuration it stops before the next event (the first always runs). It
+// returns the events it handled.
+func (b *batch) handle(ctx context.Context, tx pgx.Tx, events []eventstore.Event) ([]eventstore.Event, error) {
+	deadline := b.started.Add(b.p.cfg.MaxBatchDuration)
+	var queue Queue
+	for i := range events {
+		if i > 0 && b.r.now().After(deadline) {
+			events, b.exhausted = events[:i], false
+			break
+		}
+		if err := b.p.handleInBatch(ctx, tx, &queue, events, i); err != nil {
+			return nil, b.failAt(err, events)
+		}
+	}
+	if err := b.p.sendQueue(ctx, tx, &queue, events); err != nil {
+		return nil, b.failAt(err, events)
+	}
+	return events, nil
+}
+
+// failAt records the *HandlerError err as the batch's failure, with the index of its event.
+func (b *batch) failAt(err error, events []eventstore.Event) error {
+	he := err.(*HandlerError) //nolint:errorlint // handleInBatch and sendQueue return *HandlerError itself.
+	b.failed = he
+	for i := range events {
+		if events[i].ID == he.EventID {
+			b.failedAt = i
+			break
+		}
+	}
+	return err
+}
+
+// flush runs the flush hook on the handled events.
+func (b *batch) flush(ctx context.Context, tx pgx.Tx, events []eventstore.Event) error {
+	fn := b.p.cfg.FlushFunc
+	if fn == nil {
+		return nil
+	}
+	if err := fn(ctx, FlushParams{Projection: b.p.name, Tx: tx, Events: events}); err != nil {
+		// A set-based flush cannot say which event it failed on: name the batch's first.
+		b.failed, b.failedAt = b.p.handlerError(events[0], fmt.Errorf("flush hook: %w", err)), 0
+		return b.failed
+	}
+	return nil
+}
+
+// outcome is what the unit commits for the handled events, found in the state st.
+func (b *batch) outcome(st Status, events []eventstore.Event) Outcome {
+	out := Outcome{Position: events[len(events)-1].Position, State: st.State, Processed: len(events)}
+	b.handled, b.committed = len(events), out.Position
+	if st.State == StateFailing {
+		// The failing event is always the first after the position, so a batch that
+		// committed events has passed it: the fault is gone.
+		out.State, out.ClearFailure = StateRunning, true
+	}
+	if b.exhausted && st.State == StateRebuilding {
+		out.State = StateRunning
+	}
+	return out
+}
+
+// committedEvents sums up a committed batch in res, logs and reports it, and reports whether
+// more events may be readable.
+func (b *batch) committedEvents(ctx context.Context, res *Result) bool {
+	if b.handled == 0 {
+		return false
+	}
+	res.Events += b.handled
+	res.Batches++
+	took := b.r.now().Sub(b.started)
+	b.r.logger.DebugContext(ctx, "projection batch committed", slog.String("projection", b.p.name),
+		slog.Int("events", b.handled), slog.String("position", res.Position.String()), slog.Duration("took", took))
+	b.r.report(BatchReport{Projection: b.p.name, Events: b.handled, Took: took, Position: b.committed})
+	return !b.exhausted
+}
+
+// endAttempt forgets the batch's crash-loop attempt: it rolled back without the process dying,
+// which does not count as a crash.
+func (b *batch) endAttempt(ctx context.Context) {
+	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := b.r.backend.EndAttempt(endCtx, b.p, &b.committed); err != nil {
+		b.r.logger.WarnContext(ctx, "projection: could not clear a batch's start; it may count as a crash",
+			slog.String("projection", b.p.name), slog.Any("error", err))
+	}
+}
+
+// recordFailure reports the batch's failure and records it in the projection's status, once
+// the good prefix is committed (res.Position), and returns it.
+func (b *batch) recordFailure(ctx context.Context, res *Result) error {
+	failed := b.failed
+	if b.crashLoop {
+		b.r.logger.ErrorContext(ctx, "projection: the process keeps dying on an event; it is not handled again until a replay",
+			slog.String("projection", b.p.name), slog.String("event_id", failed.EventID.String()),
+			slog.String("event_type", failed.EventType), slog.String("position", failed.Position.String()))
+	}
+	b.r.report(BatchReport{Projection: b.p.name, Took: b.r.now().Sub(b.started), Position: res.Position, Err: failed})
+	failure := Failure{
+		Event: eventstore.Event{ID: failed.EventID, Type: failed.EventType, StreamID: failed.StreamID, Position: failed.Position},
+		Err:   failed.Err,
+		At:    b.r.now(),
+	}
+	if err := b.r.backend.RecordFailure(ctx, b.p, failure); err != nil {
+		return errors.Join(failed, fmt.Errorf("projection %s: record the failure: %w", b.p.name, err))
+	}
+	b.r.logger.WarnContext(ctx, "projection failed on an event; position stays before it",
+		slog.String("projection", b.p.name), slog.String("event_id", failed.EventID.String()),
+		slog.String("event_type", failed.EventType), slog.String("position", failed.Position.String()),
+		slog.Any("error", failed.Err))
+	return failed
+}
