@@ -34,8 +34,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/nudgeworks/nudge/eventstore"
 )
 
@@ -52,16 +50,6 @@ const (
 	ErrorMaxBytes = 4096
 )
 
-// FailingEvent names the event a projection failed on.
-type FailingEvent struct {
-	// Position is the event's position in the store's read order.
-	Position eventstore.Position
-	// ID is the event's id. Entries fold by it.
-	ID uuid.UUID
-	// Type is the event's type.
-	Type string
-}
-
 // Entry is one dead-lettered delivery of a trigger, as a worker writes it.
 type Entry struct {
 	// Projection is the projection the trigger was delivered to. Required; a valid projection
@@ -77,8 +65,8 @@ type Entry struct {
 	// Error says why the trigger was dead-lettered. Text longer than ErrorMaxBytes is cut.
 	Error string
 	// FailingEvent is the event the projection failed on; nil when the trigger itself was
-	// invalid. Its ID must be set.
-	FailingEvent *FailingEvent
+	// invalid. Its ID must be set; entries fold by it.
+	FailingEvent *eventstore.EventRef
 	// Attempts is how often this delivery was tried. Defaults to 1.
 	Attempts int
 	// At is when the delivery was given up. Defaults to the time of the Add.
@@ -103,7 +91,7 @@ type Record struct {
 	// Error is the latest entry's error.
 	Error string
 	// FailingEvent is the event the projection failed on; nil for an invalid trigger.
-	FailingEvent *FailingEvent
+	FailingEvent *eventstore.EventRef
 	// Attempts is the sum of the folded entries' attempts.
 	Attempts int
 	// Count is how many entries (deliveries) folded into this record.

@@ -27,10 +27,11 @@ func Example() {
 	ctx := context.Background()
 	store := memory.New(memory.Config{})
 	at := time.Date(2021, 3, 4, 5, 0, 0, 0, time.UTC)
-	poison := &deadletter.FailingEvent{
-		Position: eventstore.Position{TransactionID: 7414, GlobalPosition: 1203},
+	poison := &eventstore.EventRef{
 		ID:       uuid.MustParse("0190d6c2-7a4e-7b8a-9c1d-2e3f4a5b6c7d"),
 		Type:     "TicketWasRegistered",
+		StreamID: "ticket-42",
+		Position: eventstore.Position{TransactionID: 7414, GlobalPosition: 1203},
 	}
 	for i := range 3 {
 		_, err := store.Add(ctx, deadletter.Entry{

@@ -15,13 +15,14 @@ import (
 
 	"github.com/nudgeworks/nudge/deadletter"
 	dlmemory "github.com/nudgeworks/nudge/deadletter/memory"
+	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/metrics"
 )
 
 func addDeadLetter(t testing.TB, s deadletter.Store, projection string) deadletter.Record {
 	t.Helper()
 	rec, err := s.Add(context.Background(), deadletter.Entry{Projection: projection, MessageUUID: uuid.NewString(),
-		Error: "boom", FailingEvent: &deadletter.FailingEvent{ID: uuid.New(), Type: "Poison"}})
+		Error: "boom", FailingEvent: &eventstore.EventRef{ID: uuid.New(), Type: "Poison"}})
 	require.NoError(t, err)
 	return rec
 }

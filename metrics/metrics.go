@@ -262,7 +262,7 @@ func (m *Metrics) ObserveBatch(b projection.BatchReport) {
 		m.eventsProjected.WithLabelValues(b.Projection).Add(float64(b.Events))
 	case errors.As(b.Err, &he):
 		outcome = OutcomeFailed
-		m.handlerFailures.WithLabelValues(b.Projection, he.EventType).Inc()
+		m.handlerFailures.WithLabelValues(b.Projection, he.Event.Type).Inc()
 	case errors.Is(b.Err, projection.ErrHandler):
 		outcome = OutcomeFailed
 		m.handlerFailures.WithLabelValues(b.Projection, "").Inc()

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/testlog"
 	"github.com/nudgeworks/nudge/metrics"
 	"github.com/nudgeworks/nudge/projection"
@@ -144,7 +145,7 @@ func TestObserveBatch(t *testing.T) {
 	m.ObserveBatch(projection.BatchReport{Projection: "a", Events: 7, Took: 3 * time.Millisecond})
 	m.ObserveBatch(projection.BatchReport{Projection: "a", Events: 2, Took: 40 * time.Millisecond})
 	m.ObserveBatch(projection.BatchReport{Projection: "a", Took: 2 * time.Second,
-		Err: &projection.HandlerError{Projection: "a", EventID: uuid.New(), EventType: "Poison", Err: errors.New("boom")}})
+		Err: &projection.HandlerError{Projection: "a", Event: eventstore.EventRef{ID: uuid.New(), Type: "Poison"}, Err: errors.New("boom")}})
 	m.ObserveBatch(projection.BatchReport{Projection: "a", Took: 20 * time.Second, Err: fmt.Errorf("wrapped: %w", projection.ErrHandler)})
 	m.ObserveBatch(projection.BatchReport{Projection: "b", Took: time.Millisecond, Err: errors.New("connection refused")})
 

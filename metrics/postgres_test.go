@@ -123,7 +123,7 @@ func TestMetricsOnPostgreSQL(t *testing.T) {
 	var rec deadletter.Record
 	for range 2 {
 		rec, err = dead.Add(ctx, deadletter.Entry{Projection: "tickets", MessageUUID: "m-1", Error: "poisoned",
-			FailingEvent: &deadletter.FailingEvent{ID: poison.Events[0].ID, Type: "Poison", Position: poison.Last()}})
+			FailingEvent: &eventstore.EventRef{ID: poison.Events[0].ID, Type: "Poison", Position: poison.Last()}})
 		require.NoError(t, err)
 	}
 	require.Equal(t, 2, rec.Count)

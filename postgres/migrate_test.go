@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -37,6 +38,15 @@ var legacySteps = []step{
 	{Component: "deadletter", Version: 1, Name: "create_dead_letters"},
 	{Component: "channel", Version: 1, Name: "create_channel_tables"},
 }
+
+// newSteps are the migrations added since: a legacy database runs them at its next Migrate.
+var newSteps = []step{
+	{Component: "deadletter", Version: 2, Name: "add_dead_letter_stream"},
+}
+
+// allSteps are every component's migrations, in the order of postgres.Components, then by
+// version.
+var allSteps = slices.Concat(legacySteps[:7], newSteps, legacySteps[7:])
 
 // allTables are the tables and views Migrate creates with every component.
 var allTables = []string{"nudge_channel_dead_letters", "nudge_channel_subscriptions", "nudge_channel_triggers", "nudge_dead_letters",
@@ -93,7 +103,7 @@ func TestMigrateTwice(t *testing.T) {
 			db := pgtest.New(t)
 			require.NoError(t, postgres.Migrate(ctx, db.Pool, schema))
 			first := recorded(t, db, schema)
-			require.Equal(t, legacySteps, withoutTimes(first))
+			require.Equal(t, allSteps, withoutTimes(first))
 			require.Equal(t, allTables, tables(t, db, schema))
 
 			require.NoError(t, postgres.Migrate(ctx, db.Pool, schema), "a second run finds nothing to do")
@@ -111,7 +121,7 @@ func TestMigrateOneComponentThenAll(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, "", postgres.ComponentDeadLetters))
-	require.Equal(t, legacySteps[6:7], withoutTimes(recorded(t, db, "")))
+	require.Equal(t, allSteps[6:8], withoutTimes(recorded(t, db, "")))
 	require.Equal(t, []string{"nudge_dead_letters", "nudge_schema_migrations"}, tables(t, db, ""))
 
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, "", postgres.ComponentProjections))
@@ -123,7 +133,7 @@ func TestMigrateOneComponentThenAll(t *testing.T) {
 	before := recorded(t, db, "")
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, ""))
 	after := recorded(t, db, "")
-	require.Equal(t, legacySteps, withoutTimes(after))
+	require.Equal(t, allSteps, withoutTimes(after))
 	require.Equal(t, before, after[:len(before)], "the components migrated before are not migrated again")
 	require.Equal(t, allTables, tables(t, db, ""))
 }
@@ -164,7 +174,7 @@ func TestMigrateConcurrently(t *testing.T) {
 			for _, err := range errs {
 				require.NoError(t, err)
 			}
-			require.Equal(t, legacySteps, withoutTimes(recorded(t, db, schema)))
+			require.Equal(t, allSteps, withoutTimes(recorded(t, db, schema)))
 			require.Equal(t, allTables, tables(t, db, schema))
 		})
 	}
@@ -172,7 +182,8 @@ func TestMigrateConcurrently(t *testing.T) {
 
 // TestMigrateLegacyDatabase: a database that the components' own migrators migrated before
 // the driver core existed — their tables created, their steps recorded — migrates again with
-// nothing to do. (Running any step again would fail: its CREATE TABLE finds the table.)
+// only the migrations added since to do (newSteps). (Running any legacy step again would fail:
+// its CREATE TABLE finds the table.) Rows written before keep their data.
 func TestMigrateLegacyDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -196,11 +207,23 @@ func TestMigrateLegacyDatabase(t *testing.T) {
 			s.Component, s.Version, s.Name, then)
 		require.NoError(t, err)
 	}
+	_, err = db.Pool.Exec(ctx, `INSERT INTO nudge_dead_letters (projection, message_uuid, payload, error,
+		failing_event_id, failing_event_type, attempts, first_failed_at, last_failed_at)
+		VALUES ('tickets', 'm-1', '', 'boom', gen_random_uuid(), 'TicketWasRegistered', 1, now(), now())`)
+	require.NoError(t, err)
 	before := recorded(t, db, "")
 
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, ""))
-	require.Equal(t, before, recorded(t, db, ""), "nothing ran again")
+	after := recorded(t, db, "")
+	require.Equal(t, allSteps, withoutTimes(after))
+	isNew := func(s step) bool {
+		return slices.Contains(newSteps, step{Component: s.Component, Version: s.Version, Name: s.Name})
+	}
+	require.Equal(t, before, slices.DeleteFunc(after, isNew), "no legacy step ran again")
 	require.Equal(t, allTables, tables(t, db, ""), "the view is replaced as at every Migrate")
+	var stream *string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT failing_stream_id FROM nudge_dead_letters WHERE message_uuid = 'm-1'`).Scan(&stream))
+	require.Nil(t, stream, "a dead letter from before has no stream")
 }
 
 // TestMigrateTxIsTheCallersTransaction: MigrateTx's work is undone with the caller's

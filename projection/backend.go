@@ -104,7 +104,7 @@ type Outcome struct {
 
 // SkipRecord is an event an operator skipped.
 type SkipRecord struct {
-	Event  FailingEvent
+	Event  eventstore.EventRef
 	By     string
 	Reason string
 	At     time.Time
@@ -114,7 +114,10 @@ type SkipRecord struct {
 
 // Failure is a handler failure to record.
 type Failure struct {
-	Event eventstore.Event
-	Err   error
-	At    time.Time
+	// Event is the event the handler failed on.
+	Event eventstore.EventRef
+	// Err is the handler's error; its text becomes Status.LastError.
+	Err error
+	// At is when the failure happened.
+	At time.Time
 }

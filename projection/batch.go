@@ -225,7 +225,7 @@ func (b *batch) failAt(err error, events []eventstore.Event) error {
 	he := err.(*HandlerError) //nolint:errorlint // handleInBatch and sendQueue return *HandlerError itself.
 	b.failed = he
 	for i := range events {
-		if events[i].ID == he.EventID {
+		if events[i].ID == he.Event.ID {
 			b.failedAt = i
 			break
 		}
@@ -294,21 +294,16 @@ func (b *batch) recordFailure(ctx context.Context, res *Result) error {
 	failed := b.failed
 	if b.crashLoop {
 		b.r.logger.ErrorContext(ctx, "projection: the process keeps dying on an event; it is not handled again until a replay",
-			slog.String("projection", b.p.name), slog.String("event_id", failed.EventID.String()),
-			slog.String("event_type", failed.EventType), slog.String("position", failed.Position.String()))
+			slog.String("projection", b.p.name), slog.String("event_id", failed.Event.ID.String()),
+			slog.String("event_type", failed.Event.Type), slog.String("position", failed.Event.Position.String()))
 	}
 	b.r.report(BatchReport{Projection: b.p.name, Took: b.r.now().Sub(b.started), Position: res.Position, Err: failed})
-	failure := Failure{
-		Event: eventstore.Event{ID: failed.EventID, Type: failed.EventType, StreamID: failed.StreamID, Position: failed.Position},
-		Err:   failed.Err,
-		At:    b.r.now(),
-	}
-	if err := b.r.backend.RecordFailure(ctx, b.p, failure); err != nil {
+	if err := b.r.backend.RecordFailure(ctx, b.p, Failure{Event: failed.Event, Err: failed.Err, At: b.r.now()}); err != nil {
 		return errors.Join(failed, fmt.Errorf("projection %s: record the failure: %w", b.p.name, err))
 	}
 	b.r.logger.WarnContext(ctx, "projection failed on an event; position stays before it",
-		slog.String("projection", b.p.name), slog.String("event_id", failed.EventID.String()),
-		slog.String("event_type", failed.EventType), slog.String("position", failed.Position.String()),
+		slog.String("projection", b.p.name), slog.String("event_id", failed.Event.ID.String()),
+		slog.String("event_type", failed.Event.Type), slog.String("position", failed.Event.Position.String()),
 		slog.Any("error", failed.Err))
 	return failed
 }

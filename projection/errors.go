@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/google/uuid"
-
 	"github.com/nudgeworks/nudge/eventstore"
 )
 
@@ -61,17 +59,17 @@ var (
 // CatchUp after it has committed the events before this one and recorded the failure in the
 // projection's status. It matches ErrHandler and unwraps to the handler's error.
 type HandlerError struct {
+	// Projection is the projection whose handler failed.
 	Projection string
-	EventID    uuid.UUID
-	EventType  string
-	StreamID   string
-	Position   eventstore.Position
-	Err        error
+	// Event is the event the handler failed on.
+	Event eventstore.EventRef
+	// Err is the handler's error.
+	Err error
 }
 
 func (e *HandlerError) Error() string {
 	return fmt.Sprintf("projection %s: handling event %s (type %s, stream %q, position %s): %v",
-		e.Projection, e.EventID, e.EventType, e.StreamID, e.Position, e.Err)
+		e.Projection, e.Event.ID, e.Event.Type, e.Event.StreamID, e.Event.Position, e.Err)
 }
 
 // Is makes errors.Is(err, ErrHandler) true.

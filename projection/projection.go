@@ -264,5 +264,5 @@ func (p *Projection) sendQueue(ctx context.Context, tx pgx.Tx, q *Queue, events 
 }
 
 func (p *Projection) handlerError(e eventstore.Event, err error) *HandlerError {
-	return &HandlerError{Projection: p.name, EventID: e.ID, EventType: e.Type, StreamID: e.StreamID, Position: e.Position, Err: err}
+	return &HandlerError{Projection: p.name, Event: e.Ref(), Err: err}
 }

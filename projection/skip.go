@@ -115,7 +115,7 @@ func skipOutcome(st Status, e eventstore.Event, opts SkipOptions, at time.Time) 
 	return Outcome{
 		Position: e.Position, State: state, ClearFailure: true,
 		Skip: &SkipRecord{
-			Event: FailingEvent{Position: e.Position, ID: e.ID, Type: e.Type, StreamID: e.StreamID},
+			Event: e.Ref(),
 			By:    opts.By, Reason: opts.Reason, At: at, Forced: opts.Force,
 		},
 	}

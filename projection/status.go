@@ -3,8 +3,6 @@ package projection
 import (
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/nudgeworks/nudge/eventstore"
 )
 
@@ -19,7 +17,7 @@ type Status struct {
 	// LastError is the error of the most recent failure, empty when running normally.
 	LastError string
 	// FailingEvent is the event the projection stopped at; nil unless failing.
-	FailingEvent *FailingEvent
+	FailingEvent *eventstore.EventRef
 	// Attempts counts the recorded failures on FailingEvent.
 	Attempts       int
 	FirstFailureAt time.Time
@@ -52,14 +50,6 @@ type Status struct {
 	// Holder is the open transaction that holds the projection back, when HeldByHorizon is
 	// true and the backend can name it (PostgreSQL); nil otherwise.
 	Holder *eventstore.HorizonHolder
-}
-
-// FailingEvent names the event a projection failed on.
-type FailingEvent struct {
-	Position eventstore.Position
-	ID       uuid.UUID
-	Type     string
-	StreamID string
 }
 
 // CaughtUp reports whether the projection has nothing readable left to do. It may still fail,

@@ -298,7 +298,7 @@ func (w *Worker) deadLetter(name string, msg *message.Message, cause error) erro
 		Error: cause.Error(), At: time.Now()}
 	var he *projection.HandlerError
 	if errors.As(cause, &he) {
-		entry.FailingEvent = &deadletter.FailingEvent{Position: he.Position, ID: he.EventID, Type: he.EventType}
+		entry.FailingEvent = &he.Event
 	}
 	var gaveUp *retry.GiveUpError
 	if errors.As(cause, &gaveUp) {
@@ -311,8 +311,8 @@ func (w *Worker) deadLetter(name string, msg *message.Message, cause error) erro
 	w.stats[name].deadLettered.Add(1)
 	attrs := []any{slog.Int64("dead_letter_id", rec.ID), slog.Int("count", rec.Count), slog.Any("error", cause)}
 	if he != nil {
-		attrs = append(attrs, slog.String("event_id", he.EventID.String()), slog.String("event_type", he.EventType),
-			slog.String("position", he.Position.String()))
+		attrs = append(attrs, slog.String("event_id", he.Event.ID.String()), slog.String("event_type", he.Event.Type),
+			slog.String("position", he.Event.Position.String()))
 	}
 	log.WarnContext(msg.Context(), "trigger dead-lettered", attrs...)
 	return nil

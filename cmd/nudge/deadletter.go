@@ -134,14 +134,14 @@ func (c *cli) deadletterList(ctx context.Context, args []string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPROJECTION\tSTATUS\tCOUNT\tATTEMPTS\tEVENT TYPE\tEVENT ID\tPOSITION\tLAST FAILURE\tERROR")
+	fmt.Fprintln(tw, "ID\tPROJECTION\tSTATUS\tCOUNT\tATTEMPTS\tEVENT TYPE\tEVENT ID\tSTREAM\tPOSITION\tLAST FAILURE\tERROR")
 	for _, r := range recs {
-		evType, evID, evPos := "-", "-", "-"
+		evType, evID, evStream, evPos := "-", "-", "-", "-"
 		if e := r.FailingEvent; e != nil {
-			evType, evID, evPos = e.Type, e.ID.String(), e.Position.String()
+			evType, evID, evStream, evPos = terminalSafe(e.Type), e.ID.String(), streamText(e.StreamID), e.Position.String()
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Projection, r.Status, r.Count, r.Attempts,
-			evType, evID, evPos, r.LastFailedAt.Format(time.RFC3339), truncate(r.Error, errorColumnWidth))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Projection, r.Status, r.Count, r.Attempts,
+			evType, evID, evStream, evPos, r.LastFailedAt.Format(time.RFC3339), truncate(r.Error, errorColumnWidth))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -358,7 +358,7 @@ type recordJSON struct {
 	Status        string            `json:"status"`
 	Count         int               `json:"count"`
 	Attempts      int               `json:"attempts"`
-	FailingEvent  *eventJSON        `json:"failing_event"`
+	FailingEvent  *eventRefJSON     `json:"failing_event"`
 	Error         string            `json:"error"`
 	MessageUUID   string            `json:"message_uuid"`
 	Payload       string            `json:"payload,omitempty"`
@@ -375,21 +375,13 @@ type recordJSON struct {
 	UpdatedAt     time.Time         `json:"updated_at"`
 }
 
-type eventJSON struct {
-	ID       string `json:"id"`
-	Type     string `json:"type"`
-	Position string `json:"position"`
-}
-
 func toJSON(r deadletter.Record) recordJSON {
 	out := recordJSON{
 		ID: r.ID, Projection: r.Projection, Status: string(r.Status), Count: r.Count, Attempts: r.Attempts,
 		Error: r.Error, MessageUUID: r.MessageUUID, Metadata: r.Metadata,
 		FirstFailedAt: r.FirstFailedAt, LastFailedAt: r.LastFailedAt, Replays: r.Replays,
 		ReplayedBy: r.ReplayedBy, ResolvedBy: r.ResolvedBy, ResolveNote: r.ResolveNote, UpdatedAt: r.UpdatedAt,
-	}
-	if e := r.FailingEvent; e != nil {
-		out.FailingEvent = &eventJSON{ID: e.ID.String(), Type: e.Type, Position: e.Position.String()}
+		FailingEvent: toEventRefJSON(r.FailingEvent),
 	}
 	if utf8.Valid(r.Payload) {
 		out.Payload = string(r.Payload)
@@ -427,8 +419,9 @@ func writeRecord(w io.Writer, r deadletter.Record) error {
 	line("count", strconv.Itoa(r.Count))
 	line("attempts", strconv.Itoa(r.Attempts))
 	if e := r.FailingEvent; e != nil {
-		line("failing event type", e.Type)
+		line("failing event type", terminalSafe(e.Type))
 		line("failing event id", e.ID.String())
+		line("failing event stream", streamText(e.StreamID))
 		line("failing event position", e.Position.String())
 	} else {
 		line("failing event", "- (the trigger itself was invalid)")

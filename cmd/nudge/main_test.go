@@ -90,7 +90,7 @@ func newFixture(t *testing.T) *fixture {
 			Projection: "orders", MessageUUID: uuid.NewString(), Payload: []byte(`{"projection":"orders"}`),
 			Metadata: map[string]string{"k": "v"},
 			Error:    "handler failed: " + strings.Repeat("boom ", 30),
-			FailingEvent: &deadletter.FailingEvent{ID: f.events[i], Type: "OrderBad",
+			FailingEvent: &eventstore.EventRef{ID: f.events[i], Type: "OrderBad", StreamID: fmt.Sprintf("order-%d", i+1),
 				Position: eventstore.Position{TransactionID: 700, GlobalPosition: int64(40 + i)}},
 			Attempts: 3, At: at.Add(time.Duration(i) * time.Minute),
 		})
@@ -110,10 +110,10 @@ func TestList(t *testing.T) {
 	require.Equal(t, 0, res.code, res.stderr)
 	lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
 	require.Len(t, lines, 4, res.stdout)
-	require.Regexp(t, `^ID\s+PROJECTION\s+STATUS\s+COUNT\s+ATTEMPTS\s+EVENT TYPE\s+EVENT ID\s+POSITION\s+LAST FAILURE\s+ERROR$`, lines[0])
-	require.Regexp(t, `^1\s+orders\s+failed\s+1\s+3\s+OrderBad\s+`+f.events[0].String()+`\s+700/40\s+2025-03-01T12:00:00Z\s+handler failed: boom`, lines[1])
+	require.Regexp(t, `^ID\s+PROJECTION\s+STATUS\s+COUNT\s+ATTEMPTS\s+EVENT TYPE\s+EVENT ID\s+STREAM\s+POSITION\s+LAST FAILURE\s+ERROR$`, lines[0])
+	require.Regexp(t, `^1\s+orders\s+failed\s+1\s+3\s+OrderBad\s+`+f.events[0].String()+`\s+order-1\s+700/40\s+2025-03-01T12:00:00Z\s+handler failed: boom`, lines[1])
 	require.True(t, strings.HasSuffix(lines[1], "…"), "a long error is truncated: %q", lines[1])
-	require.Regexp(t, `^3\s+invoices\s+failed\s+1\s+1\s+-\s+-\s+-\s+`, lines[3])
+	require.Regexp(t, `^3\s+invoices\s+failed\s+1\s+1\s+-\s+-\s+-\s+-\s+`, lines[3])
 
 	res = runCLI(t, f.env, "deadletter", "list", "--projection", "invoices", "--status", "failed")
 	require.Equal(t, 0, res.code, res.stderr)
@@ -132,7 +132,8 @@ func TestList(t *testing.T) {
 	require.InDelta(t, 1, recs[0]["id"], 0)
 	require.Equal(t, "orders", recs[0]["projection"])
 	require.Equal(t, "failed", recs[0]["status"])
-	require.Equal(t, map[string]any{"id": f.events[0].String(), "type": "OrderBad", "position": "700/40"}, recs[0]["failing_event"])
+	require.Equal(t, map[string]any{"id": f.events[0].String(), "type": "OrderBad", "stream_id": "order-1", "position": "700/40"},
+		recs[0]["failing_event"], "the failing event has the shape of nudge status's")
 	require.Contains(t, res.stderr, "showing the first 2")
 }
 
@@ -144,7 +145,7 @@ func TestShow(t *testing.T) {
 	require.Equal(t, 0, res.code, res.stderr)
 	for _, want := range []string{
 		"id:", "projection:             orders", "status:                 failed", "attempts:               3",
-		"failing event id:       " + f.events[0].String(), "failing event position: 700/40",
+		"failing event id:       " + f.events[0].String(), "failing event stream:   order-1", "failing event position: 700/40",
 		`payload:                {"projection":"orders"}`, "metadata k:             v", "replays:                0",
 	} {
 		require.Contains(t, res.stdout, want)
@@ -421,11 +422,11 @@ func TestSkip(t *testing.T) {
 	// The failing event: skipped through Runner.Skip; its dead letter is resolved, the
 	// projection's others are not.
 	dead, err := f.store.Add(ctx, deadletter.Entry{Projection: "orders", MessageUUID: "m-skip", Error: "cannot", At: time.Now(),
-		FailingEvent: &deadletter.FailingEvent{ID: evs[2].ID, Type: evs[2].Type, Position: evs[2].Position}})
+		FailingEvent: &eventstore.EventRef{ID: evs[2].ID, Type: evs[2].Type, StreamID: evs[2].StreamID, Position: evs[2].Position}})
 	require.NoError(t, err)
 	res = runCLI(t, f.env, "skip", "--direct", "orders", "--event", evs[2].ID.String(), "--reason", "bad data", "--by", "dave")
 	require.Equal(t, 0, res.code, res.stderr)
-	require.Contains(t, res.stdout, "skipped event "+evs[2].ID.String()+" (type OrderBad")
+	require.Contains(t, res.stdout, fmt.Sprintf("skipped event %s (type OrderBad, stream %q, position %s)", evs[2].ID, evs[2].StreamID, evs[2].Position))
 	require.Contains(t, res.stdout, "state running, position "+evs[2].Position.String())
 	require.Contains(t, res.stdout, fmt.Sprintf("resolved dead letter %d (it failed on the skipped event), so no worker replays it", dead.ID))
 	require.Contains(t, res.stderr, "on-skip hook")
@@ -578,7 +579,7 @@ func TestSkipThroughWorker(t *testing.T) {
 	}, waitCLI, 10*time.Millisecond, "the worker runs the projection into its failing event")
 
 	dead, err := f.store.Add(ctx, deadletter.Entry{Projection: "orders", MessageUUID: "m-skip", Error: "cannot", At: time.Now(),
-		FailingEvent: &deadletter.FailingEvent{ID: bad.ID, Type: bad.Type, Position: bad.Position}})
+		FailingEvent: &eventstore.EventRef{ID: bad.ID, Type: bad.Type, StreamID: bad.StreamID, Position: bad.Position}})
 	require.NoError(t, err)
 	_, err = f.store.MarkReplayed(ctx, []int64{dead.ID}, "ops", time.Time{})
 	require.NoError(t, err)

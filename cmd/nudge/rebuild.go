@@ -226,7 +226,7 @@ func (w *rebuildWait) failed(st projection.Status) error {
 	event := "an event"
 	skip := ""
 	if e := st.FailingEvent; e != nil {
-		event = fmt.Sprintf("event %s (type %s, stream %q, position %s)", e.ID, e.Type, e.StreamID, e.Position)
+		event = eventRefText(*e)
 		skip = fmt.Sprintf(", or skip the event ('nudge skip %s --event %s --reason …')", w.name, e.ID)
 	}
 	done, total := st.Progress()

@@ -132,8 +132,7 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("skipped, but could not read the status of projection %s: %w", target, err)
 	}
-	fmt.Fprintf(c.stdout, "skipped event %s (type %s, stream %s, position %s) of projection %s\n",
-		skipped.ID, skipped.Type, skipped.StreamID, skipped.Position, target)
+	fmt.Fprintf(c.stdout, "skipped %s of projection %s\n", eventRefText(skipped.Ref()), target)
 	fmt.Fprintf(c.stdout, "projection %s: state %s, position %s\n", target, after.State, after.Position)
 	fmt.Fprintln(c.stderr, skipHookNote)
 	return c.resolveSkipped(ctx, pool, target, req)
@@ -239,8 +238,7 @@ func (c *cli) skipThroughWorker(ctx context.Context, pool *pgxpool.Pool, runner 
 			return fmt.Errorf("read the status of projection %s: %w", name, err)
 		}
 		if k := after.LastSkip; k != nil && k.Event.ID == req.EventID {
-			fmt.Fprintf(c.stdout, "skipped event %s (type %s, stream %s, position %s) of projection %s, by its worker (on-skip hook included)\n",
-				k.Event.ID, k.Event.Type, k.Event.StreamID, k.Event.Position, name)
+			fmt.Fprintf(c.stdout, "skipped %s of projection %s, by its worker (on-skip hook included)\n", eventRefText(k.Event), name)
 			fmt.Fprintf(c.stdout, "projection %s: state %s, position %s\n", name, after.State, after.Position)
 			return nil
 		}

@@ -275,7 +275,7 @@ func writeStatusTable(w io.Writer, rows []statusRow) error {
 	for _, r := range rows {
 		failing := "-"
 		if e := r.FailingEvent; e != nil {
-			failing = fmt.Sprintf("%s %s at %s", e.ID, e.Type, e.Position)
+			failing = fmt.Sprintf("%s %s at %s", e.ID, terminalSafe(e.Type), e.Position)
 		}
 		dead := "?"
 		if r.deadLetters != nil {
@@ -367,7 +367,7 @@ type statusJSON struct {
 	OldestOpenTransactionSeconds float64       `json:"oldest_open_transaction_seconds"`
 	Holder                       *holderJSON   `json:"holder"`
 	LagEstimated                 bool          `json:"lag_estimated"`
-	FailingEvent                 *failingJSON  `json:"failing_event"`
+	FailingEvent                 *eventRefJSON `json:"failing_event"`
 	LastError                    string        `json:"last_error"`
 	Attempts                     int           `json:"attempts"`
 	FirstFailureAt               *time.Time    `json:"first_failure_at"`
@@ -413,13 +413,6 @@ func toHolderJSON(h *eventstore.HorizonHolder) *holderJSON {
 	return out
 }
 
-type failingJSON struct {
-	ID       string `json:"id"`
-	Type     string `json:"type"`
-	StreamID string `json:"stream_id"`
-	Position string `json:"position"`
-}
-
 type rebuildJSON struct {
 	Done    int64   `json:"done"`
 	Total   int64   `json:"total"`
@@ -445,13 +438,10 @@ func toStatusJSON(r statusRow) statusJSON {
 		HeldByHorizon: st.HeldByHorizon, Holder: toHolderJSON(st.Holder), LagEstimated: st.LagEstimated,
 		LastError: st.LastError, Attempts: st.Attempts, DeadLetters: r.deadLetters, UpdatedAt: st.UpdatedAt.UTC(),
 		FirstFailureAt: utcOrNil(st.FirstFailureAt), LastFailureAt: utcOrNil(st.LastFailureAt),
-		RebuildStartedAt: utcOrNil(st.RebuildStartedAt),
+		RebuildStartedAt: utcOrNil(st.RebuildStartedAt), FailingEvent: toEventRefJSON(st.FailingEvent),
 	}
 	if st.Holder != nil {
 		out.OldestOpenTransactionSeconds = st.Holder.Age.Seconds()
-	}
-	if e := st.FailingEvent; e != nil {
-		out.FailingEvent = &failingJSON{ID: e.ID.String(), Type: e.Type, StreamID: e.StreamID, Position: e.Position.String()}
 	}
 	if st.State == projection.StateRebuilding {
 		done, total := st.Progress()

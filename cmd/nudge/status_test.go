@@ -114,7 +114,7 @@ func newStatusFixture(t *testing.T) *statusFixture {
 		bad := res.Events[i]
 		rec, err := f.store.Add(ctx, deadletter.Entry{Projection: "failing", MessageUUID: "m-" + strconv.FormatBool(resolved),
 			Payload: []byte(`{"v":1}`), Error: "cannot take C", Attempts: 5, At: time.Now(),
-			FailingEvent: &deadletter.FailingEvent{ID: bad.ID, Type: bad.Type, Position: bad.Position}})
+			FailingEvent: &eventstore.EventRef{ID: bad.ID, Type: bad.Type, StreamID: bad.StreamID, Position: bad.Position}})
 		require.NoError(t, err)
 		if resolved {
 			require.NoError(t, f.store.Resolve(ctx, rec.ID, "ops", "", time.Time{}))

@@ -35,6 +35,7 @@ func Run(t *testing.T, newStore NewStoreFunc) {
 		{"AddAndGet", testAddAndGet},
 		{"DefaultsAndTextCleaning", testDefaults},
 		{"FoldsRepeatedFailuresOfOneEvent", testFold},
+		{"FoldFillsAMissingStream", testFoldFillsStream},
 		{"NewRecordAfterResolve", testNewRecordAfterResolve},
 		{"InvalidTriggersFoldByMessageUUID", testInvalidTriggersFold},
 		{"ListFiltersAndPaging", testList},
@@ -70,10 +71,11 @@ func EventEntry(projection string, id uuid.UUID, at time.Time) deadletter.Entry 
 		Payload:     fmt.Appendf(nil, `{"v":1,"pos":"7/%d","at":"2021-03-04T05:06:07Z","reason":"append"}`, at.Unix()%1000),
 		Metadata:    map[string]string{trigger.MetadataKey: "1"},
 		Error:       "projection " + projection + ": handler failed on " + id.String(),
-		FailingEvent: &deadletter.FailingEvent{
+		FailingEvent: &eventstore.EventRef{
 			Position: eventstore.Position{TransactionID: 1<<40 + 7, GlobalPosition: 4242},
 			ID:       id,
 			Type:     "TicketWasRegistered",
+			StreamID: "ticket-" + id.String(),
 		},
 		Attempts: 3,
 		At:       at,
@@ -207,10 +209,11 @@ func testAddAndGet(t *testing.T, s deadletter.Store) {
 		Payload:     []byte{0, 1, 0xff, '{', 0},
 		Metadata:    map[string]string{trigger.MetadataKey: "1", "x-trace": "abc"},
 		Error:       "projection tickets: handling event: boom",
-		FailingEvent: &deadletter.FailingEvent{
+		FailingEvent: &eventstore.EventRef{
 			Position: eventstore.Position{TransactionID: 1<<40 + 7, GlobalPosition: 1234},
 			ID:       eventID,
 			Type:     "TicketWasRegistered",
+			StreamID: "ticket-1",
 		},
 		Attempts: 5,
 		At:       Base().Add(789 * time.Nanosecond).In(time.FixedZone("CET", 3600)),
@@ -272,6 +275,13 @@ func testDefaults(t *testing.T, s deadletter.Store) {
 	require.Equal(t, "bad byte \uFFFD here", r.Error, "invalid UTF-8 is replaced")
 	require.Equal(t, map[string]string{"k": "v\uFFFD"}, r.Metadata)
 
+	bad := add(t, s, deadletter.Entry{
+		Projection: "tickets", MessageUUID: "m-3",
+		FailingEvent: &eventstore.EventRef{ID: uuid.New(), Type: "Ticket\x00Closed", StreamID: "ticket\xff-1"},
+	})
+	require.Equal(t, "TicketClosed", bad.FailingEvent.Type, "the failing event's text is cleaned too")
+	require.Equal(t, "ticket\uFFFD-1", bad.FailingEvent.StreamID)
+
 	long := add(t, s, deadletter.Entry{Projection: "tickets", MessageUUID: "m-2", Error: strings.Repeat("é", deadletter.ErrorMaxBytes)})
 	require.LessOrEqual(t, len(long.Error), deadletter.ErrorMaxBytes+len("…"))
 	require.True(t, strings.HasSuffix(long.Error, "é…"), "a long error is cut on a character boundary")
@@ -280,6 +290,26 @@ func testDefaults(t *testing.T, s deadletter.Store) {
 	empty := add(t, s, deadletter.Entry{Projection: "tickets", MessageUUID: "m-3", Metadata: map[string]string{}, Payload: []byte{}})
 	require.Nil(t, empty.Metadata)
 	require.Nil(t, empty.Payload)
+}
+
+// testFoldFillsStream: a record without the failing event's stream (written before dead
+// letters kept it) takes the stream of the next delivery that names it, and keeps it.
+func testFoldFillsStream(t *testing.T, s deadletter.Store) {
+	noStream := EventEntry("tickets", uuid.New(), Base())
+	noStream.FailingEvent.StreamID = ""
+	r := add(t, s, noStream)
+	require.Empty(t, r.FailingEvent.StreamID)
+
+	withStream := EventEntry("tickets", noStream.FailingEvent.ID, Base())
+	r = add(t, s, withStream)
+	require.Equal(t, 2, r.Count)
+	require.Equal(t, withStream.FailingEvent.StreamID, r.FailingEvent.StreamID)
+
+	later := EventEntry("tickets", noStream.FailingEvent.ID, Base())
+	later.FailingEvent.StreamID = "another"
+	r = add(t, s, later)
+	require.Equal(t, 3, r.Count)
+	require.Equal(t, withStream.FailingEvent.StreamID, r.FailingEvent.StreamID, "a known stream is kept")
 }
 
 func testFold(t *testing.T, s deadletter.Store) {
@@ -865,7 +895,7 @@ func testBadInput(t *testing.T, s deadletter.Store) {
 		_, err := s.Add(ctx, e)
 		require.ErrorIs(t, err, deadletter.ErrInvalidInput, name)
 	}
-	_, err := s.Add(ctx, deadletter.Entry{Projection: "tickets", FailingEvent: &deadletter.FailingEvent{}})
+	_, err := s.Add(ctx, deadletter.Entry{Projection: "tickets", FailingEvent: &eventstore.EventRef{}})
 	require.ErrorContains(t, err, "leave FailingEvent nil")
 	require.Empty(t, All(t, s), "a refused entry writes nothing")
 

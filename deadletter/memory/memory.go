@@ -66,6 +66,9 @@ func (s *Store) Add(ctx context.Context, e deadletter.Entry) (deadletter.Record,
 	if id, ok := s.open[key]; ok {
 		r := s.records[id]
 		r.MessageUUID, r.Payload, r.Metadata, r.Error = e.MessageUUID, e.Payload, e.Metadata, e.Error
+		if r.FailingEvent != nil && r.FailingEvent.StreamID == "" {
+			r.FailingEvent.StreamID = e.FailingEvent.StreamID // kept once known, as in PostgreSQL
+		}
 		r.Attempts += e.Attempts
 		r.Count++
 		if e.At.Before(r.FirstFailedAt) {

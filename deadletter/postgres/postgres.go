@@ -6,7 +6,7 @@
 // open dead letters per projection and failing event:
 //
 //	SELECT id, projection, status, count, attempts, last_failed_at,
-//	       failing_event_type, failing_event_id, error
+//	       failing_event_type, failing_event_id, failing_stream_id, error
 //	FROM nudge_dead_letters
 //	WHERE status <> 'resolved'
 //	ORDER BY projection, id;

@@ -73,7 +73,7 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 	var versions int
 	require.NoError(t, db.Pool.QueryRow(ctx,
 		`SELECT count(*) FROM ops.nudge_schema_migrations WHERE component = 'deadletter'`).Scan(&versions))
-	require.Equal(t, 1, versions)
+	require.Equal(t, 2, versions)
 }
 
 func TestMissingTableSaysToMigrate(t *testing.T) {
@@ -203,6 +203,7 @@ func TestPlainSQL(t *testing.T) {
 	var (
 		id                            int64
 		projection, status, eventType string
+		streamID                      string
 		count, attempts               int
 		lastFailedAt                  time.Time
 		eventID                       uuid.UUID
@@ -211,13 +212,13 @@ func TestPlainSQL(t *testing.T) {
 	)
 	require.NoError(t, db.Pool.QueryRow(ctx, `
 		SELECT id, projection, status, count, attempts, last_failed_at,
-		       failing_event_type, failing_event_id, error,
+		       failing_event_type, failing_event_id, failing_stream_id, error,
 		       failing_transaction_id::text || '/' || failing_global_position,
 		       metadata->>'nudge_trigger', convert_from(payload, 'UTF8'), fold_key
 		FROM nudge_dead_letters
 		WHERE status <> 'resolved' AND failing_event_id IS NOT NULL
 		ORDER BY projection, id`).Scan(&id, &projection, &status, &count, &attempts, &lastFailedAt,
-		&eventType, &eventID, &errText, &pos, &marker, &payload, &foldKey))
+		&eventType, &eventID, &streamID, &errText, &pos, &marker, &payload, &foldKey))
 	require.Equal(t, r.ID, id)
 	require.Equal(t, "tickets", projection)
 	require.Equal(t, "failed", status)
@@ -226,6 +227,7 @@ func TestPlainSQL(t *testing.T) {
 	require.True(t, lastFailedAt.Equal(deadlettertest.Base()))
 	require.Equal(t, "TicketWasRegistered", eventType)
 	require.Equal(t, event, eventID)
+	require.Equal(t, e.FailingEvent.StreamID, streamID)
 	require.Equal(t, e.Error, errText)
 	require.Equal(t, e.FailingEvent.Position.String(), pos, "the position reads like eventstore.Position.String")
 	require.Equal(t, "1", marker)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/deadletter/internal/clean"
+	"github.com/nudgeworks/nudge/eventstore"
 )
 
 // statements are the store's SQL with the table name qualified by the configured schema.
@@ -26,7 +27,7 @@ type statements struct {
 }
 
 const recordColumns = `id, projection, message_uuid, payload, metadata, error,
-	failing_transaction_id, failing_global_position, failing_event_id, failing_event_type,
+	failing_transaction_id, failing_global_position, failing_event_id, failing_event_type, failing_stream_id,
 	attempts, count, first_failed_at, last_failed_at, status,
 	coalesce(replayed_by, ''), replayed_at, replays,
 	coalesce(resolved_by, ''), resolved_at, coalesce(resolve_note, ''), updated_at`
@@ -43,12 +44,13 @@ func newStatements(schema string) statements {
 		// status <> 'resolved' turns a second delivery for an open record into an update of it,
 		// atomically, however many workers dead-letter the same event at once.
 		add: r.Replace(`INSERT INTO {table} AS d (projection, message_uuid, payload, metadata, error,
-				failing_transaction_id, failing_global_position, failing_event_id, failing_event_type,
+				failing_transaction_id, failing_global_position, failing_event_id, failing_event_type, failing_stream_id,
 				attempts, first_failed_at, last_failed_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)
 			ON CONFLICT (projection, fold_key) WHERE status <> 'resolved' DO UPDATE SET
 				message_uuid = EXCLUDED.message_uuid, payload = EXCLUDED.payload,
 				metadata = EXCLUDED.metadata, error = EXCLUDED.error,
+				failing_stream_id = coalesce(nullif(d.failing_stream_id, ''), EXCLUDED.failing_stream_id),
 				attempts = d.attempts + EXCLUDED.attempts, count = d.count + 1,
 				first_failed_at = least(d.first_failed_at, EXCLUDED.first_failed_at),
 				last_failed_at = greatest(d.last_failed_at, EXCLUDED.last_failed_at),
@@ -114,9 +116,10 @@ func (s statements) listQuery(f deadletter.Filter) (string, []any) {
 
 // addArgs are the arguments of the add statement for a normalised entry.
 func addArgs(e deadletter.Entry) []any {
-	var failTx, failPos, failID, failType any
+	var failTx, failPos, failID, failType, failStream any
 	if fe := e.FailingEvent; fe != nil {
-		failTx, failPos, failID, failType = fe.Position.TransactionID, fe.Position.GlobalPosition, [16]byte(fe.ID), fe.Type
+		failTx, failPos, failID = fe.Position.TransactionID, fe.Position.GlobalPosition, [16]byte(fe.ID)
+		failType, failStream = fe.Type, fe.StreamID
 	}
 	md := e.Metadata
 	if md == nil {
@@ -126,7 +129,7 @@ func addArgs(e deadletter.Entry) []any {
 	if payload == nil {
 		payload = []byte{}
 	}
-	return []any{e.Projection, e.MessageUUID, payload, md, e.Error, failTx, failPos, failID, failType, e.Attempts, e.At}
+	return []any{e.Projection, e.MessageUUID, payload, md, e.Error, failTx, failPos, failID, failType, failStream, e.Attempts, e.At}
 }
 
 // scanRecord reads a row of recordColumns.
@@ -137,14 +140,14 @@ func scanRecord(row pgx.Row) (deadletter.Record, error) {
 		failTx                             *uint64
 		failPos                            *int64
 		failID                             *[16]byte
-		failType                           *string
+		failType, failStream               *string
 		replayedAt, resolvedAt             *time.Time
 		payload                            []byte
 		metadata                           map[string]string
 		firstFailed, lastFailed, updatedAt time.Time
 	)
 	if err := row.Scan(&r.ID, &r.Projection, &r.MessageUUID, &payload, &metadata, &r.Error,
-		&failTx, &failPos, &failID, &failType, &r.Attempts, &r.Count, &firstFailed, &lastFailed, &status,
+		&failTx, &failPos, &failID, &failType, &failStream, &r.Attempts, &r.Count, &firstFailed, &lastFailed, &status,
 		&r.ReplayedBy, &replayedAt, &r.Replays, &r.ResolvedBy, &resolvedAt, &r.ResolveNote, &updatedAt); err != nil {
 		return deadletter.Record{}, err
 	}
@@ -159,7 +162,7 @@ func scanRecord(row pgx.Row) (deadletter.Record, error) {
 		r.Metadata = metadata
 	}
 	if failID != nil {
-		r.FailingEvent = &deadletter.FailingEvent{ID: uuid.UUID(*failID), Type: deref(failType)}
+		r.FailingEvent = &eventstore.EventRef{ID: uuid.UUID(*failID), Type: deref(failType), StreamID: deref(failStream)}
 		r.FailingEvent.Position.TransactionID, r.FailingEvent.Position.GlobalPosition = deref(failTx), deref(failPos)
 	}
 	r.FirstFailedAt, r.LastFailedAt, r.UpdatedAt = firstFailed.UTC(), lastFailed.UTC(), updatedAt.UTC()

@@ -166,7 +166,7 @@ func (b *Backend) RecordFailure(ctx context.Context, p *projection.Projection, f
 			} else {
 				st.Attempts, st.FirstFailureAt = 1, f.At
 			}
-			st.FailingEvent = &projection.FailingEvent{Position: e.Position, ID: e.ID, Type: e.Type, StreamID: e.StreamID}
+			st.FailingEvent = &e
 			st.LastError, st.LastFailureAt, st.UpdatedAt = f.Err.Error(), f.At, b.now()
 		})
 		return nil

@@ -74,7 +74,7 @@ func TestQueuedHandlers(t *testing.T) {
 	require.ErrorContains(t, err, "value too long")
 	var he *projection.HandlerError
 	require.ErrorAs(t, err, &he)
-	require.Equal(t, positions[136], he.Position, "the failure names the event whose statement failed")
+	require.Equal(t, positions[136], he.Event.Position, "the failure names the event whose statement failed")
 	require.Equal(t, 136, res.Events, "the events before it are committed")
 	require.Equal(t, []string{"136"}, dumpTable(t, e.db.Pool, `SELECT count(*) FROM queued_list`))
 	st, err := r.Status(ctx, "queued_list")

@@ -86,7 +86,7 @@ func TestBatchSemanticsWithSQLReadModel(t *testing.T) {
 	require.ErrorContains(t, err, "value too long")
 	var he *projection.HandlerError
 	require.ErrorAs(t, err, &he)
-	require.Equal(t, positions[749], he.Position)
+	require.Equal(t, positions[749], he.Event.Position)
 	require.Equal(t, 749, res.Events)
 
 	var count, maxN int
@@ -107,7 +107,7 @@ func TestBatchSemanticsWithSQLReadModel(t *testing.T) {
 	require.Equal(t, "TicketWasRegistered", failingType)
 	st, err := r.Status(ctx, "ticket_list")
 	require.NoError(t, err)
-	require.Equal(t, he.EventID, st.FailingEvent.ID)
+	require.Equal(t, he.Event.ID, st.FailingEvent.ID)
 	require.Equal(t, positions[748], st.Position)
 
 	_, err = e.db.Pool.Exec(ctx, `ALTER TABLE ticket_list ALTER COLUMN label TYPE varchar(100)`)

@@ -202,7 +202,7 @@ func scanStatus(row pgx.Row) (projection.Status, []string, error) {
 	}
 	if skipID != nil {
 		st.LastSkip = &projection.SkipRecord{
-			Event: projection.FailingEvent{ID: *skipID, Type: deref(skipType), StreamID: deref(skipStream),
+			Event: eventstore.EventRef{ID: *skipID, Type: deref(skipType), StreamID: deref(skipStream),
 				Position: eventstore.Position{TransactionID: deref(skipTx), GlobalPosition: deref(skipPos)}},
 			By: deref(skipBy), Reason: deref(skipReason), Forced: deref(skipForced), At: deref(skipAt),
 		}
@@ -212,7 +212,7 @@ func scanStatus(row pgx.Row) (projection.Status, []string, error) {
 		return st, nil, err
 	}
 	if failID != nil {
-		st.FailingEvent = &projection.FailingEvent{ID: *failID, Type: deref(failType), StreamID: deref(failStream)}
+		st.FailingEvent = &eventstore.EventRef{ID: *failID, Type: deref(failType), StreamID: deref(failStream)}
 		if failTx != nil && failPos != nil {
 			st.FailingEvent.Position.TransactionID, st.FailingEvent.Position.GlobalPosition = *failTx, *failPos
 		}

@@ -63,7 +63,7 @@ func NormalizeEntry(e deadletter.Entry, now time.Time) (deadletter.Entry, error)
 	}
 	if e.FailingEvent != nil {
 		fe := *e.FailingEvent
-		fe.Type = clean.Text(fe.Type)
+		fe.Type, fe.StreamID = clean.Text(fe.Type), clean.Text(fe.StreamID)
 		e.FailingEvent = &fe
 	}
 	return e, nil

@@ -10,13 +10,14 @@ import (
 
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/deadletter/internal/dlstore"
+	"github.com/nudgeworks/nudge/eventstore"
 )
 
 func TestFoldKey(t *testing.T) {
 	t.Parallel()
 	id := uuid.MustParse("0190d6c2-7a4e-7b8a-9c1d-2e3f4a5b6c7d")
 	require.Equal(t, "0190d6c2-7a4e-7b8a-9c1d-2e3f4a5b6c7d",
-		dlstore.FoldKey(deadletter.Entry{MessageUUID: "m-1", FailingEvent: &deadletter.FailingEvent{ID: id}}),
+		dlstore.FoldKey(deadletter.Entry{MessageUUID: "m-1", FailingEvent: &eventstore.EventRef{ID: id}}),
 		"a failing event folds by its id, whatever the message")
 	require.Equal(t, "message:m-1", dlstore.FoldKey(deadletter.Entry{MessageUUID: "m-1"}))
 	require.Equal(t, "message:", dlstore.FoldKey(deadletter.Entry{}))
