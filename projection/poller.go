@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nudgeworks/nudge/internal/backoff"
 )
 
 // Defaults for PollerConfig.
@@ -138,7 +140,10 @@ func (p *Poller) Wake() {
 }
 
 func (p *Poller) poll(ctx context.Context, name string) {
-	idle, failing := p.cfg.MinInterval, p.cfg.MinInterval
+	// While idle the wait doubles from MinInterval (its first is twice it), while failing from
+	// MinInterval; work resets both.
+	idle := backoff.Exponential{Initial: min(2*p.cfg.MinInterval, p.cfg.MaxInterval), Max: p.cfg.MaxInterval}
+	failing := backoff.Exponential{Initial: p.cfg.MinInterval, Max: p.cfg.MaxFailureInterval}
 	proj, _ := p.runner.Projection(name) // NewPoller checked the name
 	batch := proj.Config().BatchSize
 	timer := time.NewTimer(0)
@@ -158,17 +163,19 @@ func (p *Poller) poll(ctx context.Context, name string) {
 		var next time.Duration
 		switch {
 		case err != nil:
-			next, failing = failing, min(2*failing, p.cfg.MaxFailureInterval)
-			idle = p.cfg.MinInterval
+			next = failing.Next()
+			idle.Reset()
 			if !errors.Is(err, ErrHandler) { // handler failures are logged by the runner
 				p.cfg.Logger.ErrorContext(ctx, "projection catch-up failed", slog.String("projection", name),
 					slog.Any("error", err), slog.Duration("retry_in", next))
 			}
 		case res.Events > 0:
-			next, idle, failing = p.busyInterval(res.Events, batch), p.cfg.MinInterval, p.cfg.MinInterval
+			next = p.busyInterval(res.Events, batch)
+			idle.Reset()
+			failing.Reset()
 		default:
-			idle = min(2*idle, p.cfg.MaxInterval)
-			next, failing = idle, p.cfg.MinInterval
+			next = idle.Next()
+			failing.Reset()
 		}
 		if p.cfg.AfterPollFunc != nil {
 			p.cfg.AfterPollFunc(PollParams{Projection: name, Result: res, Err: err, Next: next})

@@ -87,6 +87,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/internal/redact"
 	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/trigger"
@@ -367,7 +368,7 @@ func (c *Channel) connect(ctx context.Context) error {
 	c.dialer.setDeadline(deadline)
 	defer c.dialer.setDeadline(time.Time{})
 
-	wait := startupBackoffInitial
+	backOff := backoff.Exponential{Initial: startupBackoffInitial, Max: startupBackoffMax}
 	for attempt := 1; ; attempt++ {
 		conn, err := amqp.NewConnection(connCfg, c.wlog)
 		if err == nil {
@@ -396,17 +397,11 @@ func (c *Channel) connect(ctx context.Context) error {
 			}
 			return cerr
 		}
-		wait = min(wait, remaining)
+		wait := min(backOff.Next(), remaining)
 		c.log.Warn("amqp: RabbitMQ not reachable, retrying", slog.String("url", redacted),
 			slog.Int("attempt", attempt), slog.Duration("retry_in", wait),
 			slog.Duration("gives_up_in", remaining.Round(time.Millisecond)), slog.String("error", msg))
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-		case <-timer.C:
-		}
-		wait = min(2*wait, startupBackoffMax)
+		_ = backoff.Sleep(ctx, wait) // an ended ctx is seen by the next attempt's checks
 	}
 }
 

@@ -34,7 +34,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -44,6 +43,7 @@ import (
 	"github.com/jackc/puddle/v2"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/internal/pgmigrate"
 	"github.com/nudgeworks/nudge/internal/storecheck"
 	"github.com/nudgeworks/nudge/postgres"
@@ -153,6 +153,8 @@ func (s *Store) Append(ctx context.Context, streamID string, expected eventstore
 // for command handlers that call AppendTx, so a conflict is retried like Append retries it; fn
 // must be safe to run more than once.
 func (s *Store) RunInTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	// Back off a little, with jitter, so two racing appenders do not race again.
+	wait := backoff.Exponential{Initial: 3 * time.Millisecond, Max: 50 * time.Millisecond, Multiplier: 1.5, Jitter: 0.6}
 	for attempt := 1; ; attempt++ {
 		err := s.translate(pgx.BeginFunc(ctx, s.db, fn))
 		if err == nil {
@@ -161,12 +163,8 @@ func (s *Store) RunInTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 		if !errors.Is(err, eventstore.ErrConflict) || attempt >= s.attempts {
 			return err
 		}
-		// Back off a little, with jitter, so two racing appenders do not race again.
-		pause := time.Duration(attempt) * time.Duration(1+rand.IntN(5)) * time.Millisecond
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(pause):
+		if err := backoff.Sleep(ctx, wait.Next()); err != nil {
+			return err
 		}
 	}
 }
