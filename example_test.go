@@ -44,6 +44,7 @@ func Example() {
 	_ = client.Migrate(ctx)
 	done := make(chan error)
 	go func() { done <- client.Run(ctx) }()
+	<-client.Worker().Running() // the projection is registered: WaitCaughtUp can tell
 
 	for _, id := range []string{"t-1", "t-2", "t-3"} {
 		data, _ := eventstore.NewEventData("TicketWasRegistered", TicketWasRegistered{ID: id})
