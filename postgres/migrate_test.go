@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -38,8 +39,11 @@ var legacySteps = []step{
 	{Component: "channel", Version: 1, Name: "create_channel_tables"},
 }
 
+// allSteps are every step Migrate records: legacySteps, then the migrations added since.
+var allSteps = append(slices.Clip(legacySteps), step{Component: "channel", Version: 2, Name: "drop_channel_dead_letters"})
+
 // allTables are the tables and views Migrate creates with every component.
-var allTables = []string{"nudge_channel_dead_letters", "nudge_channel_subscriptions", "nudge_channel_triggers", "nudge_dead_letters",
+var allTables = []string{"nudge_channel_subscriptions", "nudge_channel_triggers", "nudge_dead_letters",
 	"nudge_events", "nudge_projection_conditions", "nudge_projection_skips", "nudge_projections", "nudge_schema_migrations", "nudge_streams"}
 
 // recorded returns the rows of nudge_schema_migrations in schema, in the order of
@@ -93,7 +97,7 @@ func TestMigrateTwice(t *testing.T) {
 			db := pgtest.New(t)
 			require.NoError(t, postgres.Migrate(ctx, db.Pool, schema))
 			first := recorded(t, db, schema)
-			require.Equal(t, legacySteps, withoutTimes(first))
+			require.Equal(t, allSteps, withoutTimes(first))
 			require.Equal(t, allTables, tables(t, db, schema))
 
 			require.NoError(t, postgres.Migrate(ctx, db.Pool, schema), "a second run finds nothing to do")
@@ -123,7 +127,7 @@ func TestMigrateOneComponentThenAll(t *testing.T) {
 	before := recorded(t, db, "")
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, ""))
 	after := recorded(t, db, "")
-	require.Equal(t, legacySteps, withoutTimes(after))
+	require.Equal(t, allSteps, withoutTimes(after))
 	require.Equal(t, before, after[:len(before)], "the components migrated before are not migrated again")
 	require.Equal(t, allTables, tables(t, db, ""))
 }
@@ -164,15 +168,16 @@ func TestMigrateConcurrently(t *testing.T) {
 			for _, err := range errs {
 				require.NoError(t, err)
 			}
-			require.Equal(t, legacySteps, withoutTimes(recorded(t, db, schema)))
+			require.Equal(t, allSteps, withoutTimes(recorded(t, db, schema)))
 			require.Equal(t, allTables, tables(t, db, schema))
 		})
 	}
 }
 
 // TestMigrateLegacyDatabase: a database that the components' own migrators migrated before
-// the driver core existed — their tables created, their steps recorded — migrates again with
-// nothing to do. (Running any step again would fail: its CREATE TABLE finds the table.)
+// the driver core existed — their tables created, their steps recorded — runs none of those
+// steps again (running any would fail: its CREATE TABLE finds the table), only the ones added
+// since: the channel's dead-letter table goes, with what it held.
 func TestMigrateLegacyDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -198,9 +203,14 @@ func TestMigrateLegacyDatabase(t *testing.T) {
 	}
 	before := recorded(t, db, "")
 
+	_, err = db.Pool.Exec(ctx, `INSERT INTO nudge_channel_dead_letters (uuid, payload) VALUES ('dead-1', 'poison')`)
+	require.NoError(t, err, "a dead letter the channel kept before it had no dead-letter topic")
+
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, ""))
-	require.Equal(t, before, recorded(t, db, ""), "nothing ran again")
-	require.Equal(t, allTables, tables(t, db, ""), "the view is replaced as at every Migrate")
+	after := recorded(t, db, "")
+	require.Equal(t, before, after[:len(before)], "nothing ran again")
+	require.Equal(t, allSteps, withoutTimes(after), "only the migrations added since ran")
+	require.Equal(t, allTables, tables(t, db, ""), "the view is replaced as at every Migrate; the channel's dead-letter table is gone")
 }
 
 // TestMigrateTxIsTheCallersTransaction: MigrateTx's work is undone with the caller's

@@ -6,12 +6,9 @@
 //
 //	exchange  p + "nudge.triggers"              fanout; every trigger is published here
 //	queue     p + "nudge.triggers_" + name      one per projection, bound to the exchange
-//	queue     p + "nudge.dead_letters"          the dead-letter topic, only once it is used
 //
-// The dead-letter queue is declared when a message is first published to DeadLetterTopic (or
-// DeadLetterSubscriber subscribes), not by Declare: a worker with a durable dead-letter store
-// (worker.Config.DeadLetters) never publishes there, and a queue nobody writes or reads would
-// only puzzle whoever looks at the broker.
+// Nothing else: dead letters go to a worker's dead-letter store (worker.Config.DeadLetters),
+// never to the broker.
 //
 // Declare creates the queues and bindings of the projections it is given: the broker drops a
 // trigger published to the fanout exchange when no queue is bound to it, so declare every
@@ -222,21 +219,16 @@ type Config struct {
 
 // Channel is the RabbitMQ channel. Its methods are safe for concurrent use.
 type Channel struct {
-	cfg             Config
-	log             *slog.Logger
-	wlog            watermill.LoggerAdapter
-	dialer          *dialer
-	conn            *amqp.ConnectionWrapper
-	pubConfig       amqp.Config
-	slots           chan *amqp.Publisher // PublishChannels entries; nil: to be created
-	triggerTopic    string
-	deadLetterTopic string
+	cfg          Config
+	log          *slog.Logger
+	wlog         watermill.LoggerAdapter
+	dialer       *dialer
+	conn         *amqp.ConnectionWrapper
+	pubConfig    amqp.Config
+	slots        chan *amqp.Publisher // PublishChannels entries; nil: to be created
+	triggerTopic string
 
 	declared sync.Map // projection name → struct{}: its queue is declared
-	// deadLettersDeclared is set once the dead-letter queue is declared; deadLettersMu
-	// serialises the declaring.
-	deadLettersDeclared atomic.Bool
-	deadLettersMu       sync.Mutex
 
 	mu     sync.Mutex
 	closed bool
@@ -276,12 +268,11 @@ func New(ctx context.Context, cfg Config) (*Channel, error) {
 	log = log.With(slog.String("channel", "amqp"))
 
 	c := &Channel{
-		cfg:             cfg,
-		log:             log,
-		wlog:            queueLogger{watermill.NewSlogLogger(log), cfg.Prefix + channel.TriggerTopic + "_"},
-		dialer:          &dialer{timeout: dialTimeout},
-		triggerTopic:    cfg.Prefix + channel.TriggerTopic,
-		deadLetterTopic: cfg.Prefix + channel.DeadLetterTopic,
+		cfg:          cfg,
+		log:          log,
+		wlog:         queueLogger{watermill.NewSlogLogger(log), cfg.Prefix + channel.TriggerTopic + "_"},
+		dialer:       &dialer{timeout: dialTimeout},
+		triggerTopic: cfg.Prefix + channel.TriggerTopic,
 	}
 	if uri.ConnectionTimeout > 0 {
 		c.dialer.timeout = time.Duration(uri.ConnectionTimeout) * time.Millisecond
@@ -519,7 +510,7 @@ func (c *Channel) newSubscriber(cfg amqp.Config, log watermill.LoggerAdapter) (*
 }
 
 // Declare implements channel.Channel: it declares the exchange and each projection's queue
-// bound to it. The dead-letter queue is declared on first use (see the package documentation).
+// bound to it.
 func (c *Channel) Declare(ctx context.Context, projections ...string) error {
 	for _, projection := range projections {
 		if err := name.Validate(projection); err != nil {
@@ -534,23 +525,6 @@ func (c *Channel) Declare(ctx context.Context, projections ...string) error {
 			return err
 		}
 	}
-	return nil
-}
-
-// declareDeadLetters declares the dead-letter queue, once per Channel.
-func (c *Channel) declareDeadLetters() error {
-	if c.deadLettersDeclared.Load() {
-		return nil
-	}
-	c.deadLettersMu.Lock()
-	defer c.deadLettersMu.Unlock()
-	if c.deadLettersDeclared.Load() {
-		return nil
-	}
-	if err := c.initialize(amqp.NewDurableQueueConfig(""), c.deadLetterTopic, c.deadLetterTopic, c.wlog); err != nil {
-		return err
-	}
-	c.deadLettersDeclared.Store(true)
 	return nil
 }
 
@@ -710,14 +684,8 @@ func (c *Channel) publish(ctx context.Context, topic string, msg *message.Messag
 // publisher is the message.Publisher of Channel.Publisher.
 type publisher struct{ c *Channel }
 
-// Publish publishes each message with its own context; the first message to the dead-letter
-// topic declares its queue.
+// Publish publishes each message with its own context.
 func (p publisher) Publish(topic string, msgs ...*message.Message) error {
-	if topic == p.c.deadLetterTopic && len(msgs) > 0 {
-		if err := p.c.declareDeadLetters(); err != nil {
-			return err
-		}
-	}
 	for _, msg := range msgs {
 		if err := p.c.publish(msg.Context(), topic, msg); err != nil {
 			return err
@@ -745,19 +713,9 @@ func (c *Channel) Subscriber(projection string) (message.Subscriber, string, err
 
 // Publisher implements channel.Channel. It publishes through the same pool of confirmed
 // channels as Publish, each message with its own context: to the fanout exchange for the
-// trigger topic, and for any other topic (DeadLetterTopic, a projection's queue) through the
-// default exchange to the queue of that name, which must exist (the dead-letter queue is
-// declared before the first message to it). Its Close does nothing; Close closes it.
+// trigger topic, and for any other topic (a projection's queue, QueueName) through the default
+// exchange to the queue of that name, which must exist. Its Close does nothing; Close closes it.
 func (c *Channel) Publisher() message.Publisher { return publisher{c} }
-
-// DeadLetterTopic implements channel.Channel: Config.Prefix + channel.DeadLetterTopic.
-func (c *Channel) DeadLetterTopic() string { return c.deadLetterTopic }
-
-// DeadLetterSubscriber implements channel.Channel: a new subscriber of the dead-letter queue,
-// which its Subscribe declares.
-func (c *Channel) DeadLetterSubscriber() (message.Subscriber, error) {
-	return c.newSubscriber(amqp.NewDurableQueueConfig(""), c.wlog)
-}
 
 // Durable implements channel.Channel: queues and messages are durable.
 func (c *Channel) Durable() bool { return true }

@@ -82,12 +82,6 @@ func (c *Channel) Subscriber(projection string) (message.Subscriber, string, err
 // Publisher implements channel.Channel.
 func (c *Channel) Publisher() message.Publisher { return c.pubsub }
 
-// DeadLetterTopic implements channel.Channel.
-func (c *Channel) DeadLetterTopic() string { return channel.DeadLetterTopic }
-
-// DeadLetterSubscriber implements channel.Channel.
-func (c *Channel) DeadLetterSubscriber() (message.Subscriber, error) { return c.pubsub, nil }
-
 // Durable implements channel.Channel: GoChannel keeps nothing.
 func (c *Channel) Durable() bool { return false }
 

@@ -11,12 +11,11 @@
 //
 // # Tables and topics
 //
-// Declare creates three tables (embedded migrations, component "channel", in Config.Schema):
+// Declare creates two tables (embedded migrations, component "channel", in Config.Schema):
 //
 //   - nudge_channel_subscriptions, the registry of declared projections;
 //   - nudge_channel_triggers, one queue for the triggers of every projection, with a
-//     projection column and an index on (projection, offset);
-//   - nudge_channel_dead_letters, for channel.DeadLetterTopic.
+//     projection column and an index on (projection, offset).
 //
 // Publish fans out at publish time, in one statement: INSERT … SELECT from the registry gives
 // every declared projection its own row, including projections declared only by other
@@ -25,7 +24,7 @@
 // watermill-sql's PostgreSQLQueueSchema maps to the shared table with the where clause
 // projection = $1. Projection names reach SQL only as query arguments, after
 // name.Validate; Config.Schema is checked by New. Payloads are BYTEA, so raw
-// publishes (dead letters, replays) may carry any bytes. A projection that is deleted for good
+// publishes may carry any bytes. A projection that is deleted for good
 // should be removed with Undeclare, or publishers keep queueing triggers for it.
 //
 // # No row locks while a handler runs
@@ -446,13 +445,6 @@ func (c *Channel) Subscriber(projection string) (message.Subscriber, string, err
 	return sub, projectionTopic(projection), nil
 }
 
-// DeadLetterSubscriber implements channel.Channel. Dead letters are deleted when acked. Like
-// triggers they are read without row locks, so two processes consuming dead letters may both
-// receive one: store them keyed by the message's UUID.
-func (c *Channel) DeadLetterSubscriber() (message.Subscriber, error) {
-	return c.newSubscriber(slog.String("topic", channel.DeadLetterTopic))
-}
-
 func (c *Channel) newSubscriber(attr slog.Attr) (*wmsql.Subscriber, error) {
 	ackDeadline := c.cfg.AckDeadline
 	log := c.log.With(attr)
@@ -484,8 +476,7 @@ func (c *Channel) newSubscriber(attr slog.Attr) (*wmsql.Subscriber, error) {
 
 // Publisher implements channel.Channel. It publishes raw messages to channel.TriggerTopic
 // (every declared projection), to a projection's topic (Subscriber returns it; the message is
-// dropped if the projection is not declared) or to channel.DeadLetterTopic; payloads may be
-// any bytes. Its Close does nothing: Channel.Close ends it, so a router that closes its
+// dropped if the projection is not declared); payloads may be any bytes. Its Close does nothing: Channel.Close ends it, so a router that closes its
 // handlers' publishers cannot close the channel under its other users.
 func (c *Channel) Publisher() message.Publisher { return publisher{c} }
 
@@ -502,9 +493,6 @@ func (p publisher) Publish(topic string, msgs ...*message.Message) error {
 }
 
 func (publisher) Close() error { return nil }
-
-// DeadLetterTopic implements channel.Channel.
-func (c *Channel) DeadLetterTopic() string { return channel.DeadLetterTopic }
 
 // Durable implements channel.Channel: triggers wait in PostgreSQL until a consumer acks them.
 func (c *Channel) Durable() bool { return true }

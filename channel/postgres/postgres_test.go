@@ -281,7 +281,7 @@ func TestSchema(t *testing.T) {
 	require.NoError(t, err)
 	tables, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	require.Equal(t, []string{"nudge_channel_dead_letters", "nudge_channel_subscriptions", "nudge_channel_triggers", "nudge_schema_migrations"}, tables)
+	require.Equal(t, []string{"nudge_channel_subscriptions", "nudge_channel_triggers", "nudge_schema_migrations"}, tables)
 	var inPublic int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'`).Scan(&inPublic))
 	require.Zero(t, inPublic)
