@@ -345,3 +345,29 @@ func TestPrepare(t *testing.T) {
 		return client.Worker().Stats("ticket_list").Received == 1 && seen()["nudge_worker_triggers_received_total"]
 	}, eventually, 10*time.Millisecond, "the append's trigger waited for Run's handler, and its counters are measured")
 }
+
+// TestWaitCaughtUpBeforeRun: WaitCaughtUp called before Run has registered the projections
+// waits for them (a projection no worker has started is not caught up) instead of failing.
+func TestWaitCaughtUpBeforeRun(t *testing.T) {
+	t.Parallel()
+	list, err := projection.New("ticket_list", projection.Config{},
+		projection.OnIdempotent("TicketRegistered", func(context.Context, projection.Event[ticketRegistered]) error { return nil }))
+	require.NoError(t, err)
+	ch := gochannel.New(gochannel.Config{})
+	t.Cleanup(func() { _ = ch.Close() })
+	client, err := nudge.NewInMemory(nudge.Config{Channel: ch, Projections: []*projection.Projection{list}, Logger: testlog.New(t)})
+	require.NoError(t, err)
+	short, cancelShort := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancelShort()
+	err = client.WaitCaughtUp(short)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "ticket_list not registered yet")
+
+	waited := make(chan error, 1)
+	go func() { waited <- client.WaitCaughtUp(testwait.Context(t, time.Minute)) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- client.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	require.NoError(t, <-waited)
+}
