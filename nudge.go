@@ -110,7 +110,10 @@ func NewInMemory(cfg Config) (*Client, error) {
 	if cfg.Triggers == TriggersInTransaction {
 		return nil, fmt.Errorf("%w: Triggers %q needs PostgreSQL: use New", ErrInvalidConfig, cfg.Triggers)
 	}
-	store := esmemory.New(esmemory.Config{Limits: cfg.Limits})
+	store, err := esmemory.New(esmemory.Config{Limits: cfg.Limits})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	backend, err := pjmemory.New(store, pjmemory.Config{})
 	if err != nil {
 		return nil, err

@@ -29,7 +29,7 @@ import (
 func Example() {
 	ctx := context.Background()
 	logger := slog.New(slog.DiscardHandler)
-	store := esmemory.New(esmemory.Config{})
+	store, _ := esmemory.New(esmemory.Config{})
 	backend, _ := pjmemory.New(store, pjmemory.Config{})
 	list, _ := projection.New("ticket_list", projection.Config{},
 		projection.OnIdempotent("TicketWasRegistered", func(context.Context, projection.Event[ticket]) error { return nil }))

@@ -81,10 +81,11 @@ func (p Policy) WithDefaults() Policy {
 	return p
 }
 
-// ErrInvalidPolicy matches every error Validate returns.
-var ErrInvalidPolicy = errors.New("retry: invalid policy")
+// ErrInvalidConfig is matched (errors.Is) by every error Policy.Validate, Config.Validate and
+// Middleware return for a Policy or Config they cannot use.
+var ErrInvalidConfig = errors.New("retry: invalid config")
 
-// PolicyError is a Policy field that cannot work. It matches ErrInvalidPolicy.
+// PolicyError is a Policy field that cannot work. It matches ErrInvalidConfig.
 type PolicyError struct {
 	// Field is the Policy field, e.g. "Jitter".
 	Field string
@@ -98,8 +99,8 @@ func (e *PolicyError) Error() string {
 	return fmt.Sprintf("retry: invalid policy: %s is %s; %s", e.Field, e.Value, e.Rule)
 }
 
-// Is makes errors.Is(err, ErrInvalidPolicy) true.
-func (e *PolicyError) Is(target error) bool { return target == ErrInvalidPolicy }
+// Is makes errors.Is(err, ErrInvalidConfig) true.
+func (e *PolicyError) Is(target error) bool { return target == ErrInvalidConfig }
 
 // Validate reports every field of p that cannot work, as *PolicyError values joined with
 // errors.Join; nil if p is usable. It checks p as it is: call it on p.WithDefaults() unless

@@ -31,7 +31,7 @@ func ExampleWorker_AddHandlers() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	quiet := slog.New(slog.DiscardHandler)
-	store := esmemory.New(esmemory.Config{})
+	store, _ := esmemory.New(esmemory.Config{})
 	backend, _ := pjmemory.New(store, pjmemory.Config{})
 
 	var (

@@ -23,7 +23,8 @@ import (
 // Run while one runs (ErrAlreadyRunning) and run again once it has returned.
 func TestRunTwice(t *testing.T) {
 	t.Parallel()
-	store := memstore.New(memstore.Config{})
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
 	backend, err := memproj.New(store, memproj.Config{})
 	require.NoError(t, err)
 	p, err := projection.New("twice", projection.Config{},
@@ -98,7 +99,8 @@ func TestConfig(t *testing.T) {
 	require.NotNil(t, cfg.Logger)
 	require.Equal(t, cfg.Retry, cfg.Retry.WithDefaults())
 
-	store := memstore.New(memstore.Config{})
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
 	backend, err := memproj.New(store, memproj.Config{})
 	require.NoError(t, err)
 	p, err := projection.New("alpha", projection.Config{}, projection.OnAnyIdempotent(func(context.Context, eventstore.Event) error { return nil }))

@@ -40,7 +40,7 @@
 // backoff for up to Config.StartupTimeout (or Config.StartupAttempts), logging each failed
 // attempt (the URL's password redacted), then fails with a *ConnectError that says what to
 // check. A refused login (user, password or vhost) is not retried. A Config that New refuses
-// is a *ConfigError naming the field.
+// is a *ConfigError naming the field (matching ErrInvalidConfig).
 //
 // Once connected, a lost connection is re-established in the background, forever, with
 // backoff from 500 ms up to Config.ReconnectMaxInterval; subscriptions resume by themselves.
@@ -127,7 +127,11 @@ var ErrClosed = errors.New("amqp: channel is closed")
 // trigger. Nothing was sent.
 var ErrNotDeclared = errors.New("amqp: projection not declared")
 
-// ConfigError is a Config that New refuses. Problem says what is wrong with the field and what
+// ErrInvalidConfig is matched (errors.Is) by every error New and Config.Validate return for a
+// Config they cannot use; each is a *ConfigError naming the field.
+var ErrInvalidConfig = errors.New("amqp: invalid config")
+
+// ConfigError is a Config that New refuses; it matches ErrInvalidConfig. Problem says what is wrong with the field and what
 // to do, without naming the field, so that a program can put the name of its own setting (a
 // command-line flag, say) in front of it.
 type ConfigError struct {
@@ -139,6 +143,9 @@ type ConfigError struct {
 }
 
 func (e *ConfigError) Error() string { return "amqp: Config." + e.Field + " " + e.Problem }
+
+// Is makes errors.Is(err, ErrInvalidConfig) true.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
 
 // ConnectError is New's failure to connect to RabbitMQ.
 type ConnectError struct {
@@ -243,28 +250,12 @@ var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]*$`)
 // New connects to RabbitMQ and returns the channel. It retries the first connection for up to
 // cfg.StartupTimeout (or until ctx ends), then fails.
 func New(ctx context.Context, cfg Config) (*Channel, error) {
-	if cfg.URL == "" {
-		return nil, &ConfigError{Field: "URL", Problem: "is required, e.g. amqp://guest:guest@localhost:5672/"}
-	}
-	uri, err := parseURL(cfg.URL)
+	cfg = cfg.WithDefaults()
+	uri, err := cfg.validate()
 	if err != nil {
 		return nil, err
 	}
-	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, ConnectionNameDefault)
-	cfg.StartupTimeout = cmp.Or(cfg.StartupTimeout, StartupTimeoutDefault)
-	cfg.PublishChannels = cmp.Or(cfg.PublishChannels, PublishChannelsDefault)
-	cfg.ReconnectMaxInterval = cmp.Or(cfg.ReconnectMaxInterval, ReconnectMaxIntervalDefault)
-	if problem := prefixProblem(cfg.Prefix); problem != "" {
-		return nil, &ConfigError{Field: "Prefix", Problem: problem}
-	}
-	if cfg.StartupTimeout < 0 || cfg.StartupAttempts < 0 || cfg.PublishChannels < 0 || cfg.ReconnectMaxInterval < 0 {
-		return nil, errors.New("amqp: Config.StartupTimeout, StartupAttempts, PublishChannels and ReconnectMaxInterval " +
-			"must not be negative (0 means the default)")
-	}
 	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	log = log.With(slog.String("channel", "amqp"))
 
 	c := &Channel{
@@ -292,6 +283,55 @@ func New(ctx context.Context, cfg Config) (*Channel, error) {
 		c.slots <- pub
 	}
 	return c, nil
+}
+
+// WithDefaults returns cfg with every zero field that has a default set to it.
+func (cfg Config) WithDefaults() Config {
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, ConnectionNameDefault)
+	cfg.StartupTimeout = cmp.Or(cfg.StartupTimeout, StartupTimeoutDefault)
+	cfg.PublishChannels = cmp.Or(cfg.PublishChannels, PublishChannelsDefault)
+	cfg.ReconnectMaxInterval = cmp.Or(cfg.ReconnectMaxInterval, ReconnectMaxIntervalDefault)
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults) as a *ConfigError naming the
+// field, which matches ErrInvalidConfig. It does not connect.
+func (cfg Config) Validate() error {
+	_, err := cfg.validate()
+	return err
+}
+
+// validate is Validate, returning the parsed URL.
+func (cfg Config) validate() (amqp091.URI, error) {
+	if cfg.URL == "" {
+		return amqp091.URI{}, &ConfigError{Field: "URL", Problem: "is required, e.g. amqp://guest:guest@localhost:5672/"}
+	}
+	uri, err := parseURL(cfg.URL)
+	if err != nil {
+		return amqp091.URI{}, err
+	}
+	if problem := prefixProblem(cfg.Prefix); problem != "" {
+		return amqp091.URI{}, &ConfigError{Field: "Prefix", Problem: problem}
+	}
+	for _, f := range []struct {
+		field    string
+		negative bool
+		value    any
+	}{
+		{"StartupTimeout", cfg.StartupTimeout < 0, cfg.StartupTimeout},
+		{"StartupAttempts", cfg.StartupAttempts < 0, cfg.StartupAttempts},
+		{"PublishChannels", cfg.PublishChannels < 0, cfg.PublishChannels},
+		{"ReconnectMaxInterval", cfg.ReconnectMaxInterval < 0, cfg.ReconnectMaxInterval},
+	} {
+		if f.negative {
+			return amqp091.URI{}, &ConfigError{Field: f.field, Problem: fmt.Sprintf("is %v; it must not be negative (0 means the default)", f.value)}
+		}
+	}
+	if cfg.Logger == nil {
+		return amqp091.URI{}, &ConfigError{Field: "Logger", Problem: "is nil; call WithDefaults first"}
+	}
+	return uri, nil
 }
 
 // prefixProblem says what is wrong with a Config.Prefix, or "" if nothing is.

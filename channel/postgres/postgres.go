@@ -174,7 +174,7 @@ type Config struct {
 	// deleted together once the last of them is acked. Defaults to BatchSizeDefault.
 	BatchSize int
 	// Logger receives the subscriptions' logs (through Watermill's slog adapter), each line
-	// with its projection. Defaults to no logging.
+	// with its projection. Defaults to a logger that discards everything.
 	Logger *slog.Logger
 
 	// lockRows keeps the queue schema's SELECT … FOR UPDATE. Tests only: it shows what the
@@ -193,6 +193,37 @@ var (
 	// ErrClosed matches a call on a closed Channel.
 	ErrClosed = errors.New("postgres channel: closed")
 )
+
+// WithDefaults returns cfg with every zero field that has a default set to it.
+func (cfg Config) WithDefaults() Config {
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, PollIntervalDefault)
+	cfg.AckDeadline = cmp.Or(cfg.AckDeadline, AckDeadlineDefault)
+	cfg.ResendInterval = cmp.Or(cfg.ResendInterval, ResendIntervalDefault)
+	cfg.RetryInterval = cmp.Or(cfg.RetryInterval, RetryIntervalDefault)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, BatchSizeDefault)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults), as an error matching
+// ErrInvalidConfig.
+func (cfg Config) Validate() error {
+	if err := postgres.ValidateSchema(cfg.Schema); err != nil {
+		return fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	}
+	for _, d := range []struct {
+		field string
+		value time.Duration
+	}{{"PollInterval", cfg.PollInterval}, {"AckDeadline", cfg.AckDeadline}, {"ResendInterval", cfg.ResendInterval}, {"RetryInterval", cfg.RetryInterval}} {
+		if d.value <= 0 {
+			return fmt.Errorf("%w: %s %v: must be positive (0 means the default)", ErrInvalidConfig, d.field, d.value)
+		}
+	}
+	if cfg.BatchSize < 1 {
+		return fmt.Errorf("%w: BatchSize %d: must be 1 or more (0 means %d)", ErrInvalidConfig, cfg.BatchSize, BatchSizeDefault)
+	}
+	return nil
+}
 
 // Channel is the PostgreSQL channel. It is safe for concurrent use.
 type Channel struct {
@@ -221,29 +252,11 @@ func New(db postgres.DB, cfg Config) (*Channel, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: New needs a database handle (a *pgxpool.Pool), got nil", ErrInvalidConfig)
 	}
-	if err := postgres.ValidateSchema(cfg.Schema); err != nil {
-		return nil, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
-	}
-	cfg.PollInterval = cmp.Or(cfg.PollInterval, PollIntervalDefault)
-	cfg.AckDeadline = cmp.Or(cfg.AckDeadline, AckDeadlineDefault)
-	cfg.ResendInterval = cmp.Or(cfg.ResendInterval, ResendIntervalDefault)
-	cfg.RetryInterval = cmp.Or(cfg.RetryInterval, RetryIntervalDefault)
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, BatchSizeDefault)
-	for _, d := range []struct {
-		field string
-		value time.Duration
-	}{{"PollInterval", cfg.PollInterval}, {"AckDeadline", cfg.AckDeadline}, {"ResendInterval", cfg.ResendInterval}, {"RetryInterval", cfg.RetryInterval}} {
-		if d.value < 0 {
-			return nil, fmt.Errorf("%w: %s %v: must be positive (0 means the default)", ErrInvalidConfig, d.field, d.value)
-		}
-	}
-	if cfg.BatchSize < 0 {
-		return nil, fmt.Errorf("%w: BatchSize %d: must be 1 or more (0 means %d)", ErrInvalidConfig, cfg.BatchSize, BatchSizeDefault)
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	c := &Channel{db: db, cfg: cfg, tables: newTables(cfg.Schema), log: log, wmLog: watermill.NewSlogLogger(log)}
 	c.schema = newSchemaAdapter(c.tables, cfg.BatchSize, cfg.lockRows)
 	c.offsets = newOffsetsAdapter(c.tables)
