@@ -208,7 +208,8 @@ func TestConfigErrors(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	p := ticketList(t)
-	gc := gochannel.New(gochannel.Config{})
+	gc, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
 	cases := map[string]struct {
 		cfg  nudge.Config
 		want string
@@ -229,7 +230,7 @@ func TestConfigErrors(t *testing.T) {
 			require.ErrorContains(t, err, c.want)
 		})
 	}
-	_, err := nudge.New(nil, nudge.Config{Channel: gc})
+	_, err = nudge.New(nil, nudge.Config{Channel: gc})
 	require.ErrorIs(t, err, nudge.ErrInvalidConfig)
 	_, err = nudge.NewInMemory(nudge.Config{Channel: gc, Triggers: nudge.TriggersInTransaction})
 	require.ErrorIs(t, err, nudge.ErrInvalidConfig)
@@ -239,7 +240,9 @@ func TestConfigErrors(t *testing.T) {
 func TestRunNotMigrated(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	client, err := nudge.New(db.Pool, nudge.Config{Channel: gochannel.New(gochannel.Config{}),
+	ch, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
+	client, err := nudge.New(db.Pool, nudge.Config{Channel: ch,
 		Projections: []*projection.Projection{ticketList(t)}, Logger: testlog.New(t)})
 	require.NoError(t, err)
 	err = client.Run(testwait.Context(t, time.Minute))
@@ -259,7 +262,8 @@ func TestMetrics(t *testing.T) {
 	list, err := projection.New("ticket_list", projection.Config{},
 		projection.OnIdempotent("TicketRegistered", func(context.Context, projection.Event[ticketRegistered]) error { return nil }))
 	require.NoError(t, err)
-	ch := gochannel.New(gochannel.Config{})
+	ch, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = ch.Close() })
 	client, err := nudge.NewInMemory(nudge.Config{Channel: ch, Projections: []*projection.Projection{list}, Logger: testlog.New(t),
 		Metrics: m})
@@ -353,7 +357,8 @@ func TestWaitCaughtUpBeforeRun(t *testing.T) {
 	list, err := projection.New("ticket_list", projection.Config{},
 		projection.OnIdempotent("TicketRegistered", func(context.Context, projection.Event[ticketRegistered]) error { return nil }))
 	require.NoError(t, err)
-	ch := gochannel.New(gochannel.Config{})
+	ch, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = ch.Close() })
 	client, err := nudge.NewInMemory(nudge.Config{Channel: ch, Projections: []*projection.Projection{list}, Logger: testlog.New(t)})
 	require.NoError(t, err)

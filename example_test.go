@@ -33,7 +33,7 @@ func Example() {
 			tickets = append(tickets, e.Data.ID)
 			return nil
 		}))
-	ch := gochannel.New(gochannel.Config{})
+	ch, _ := gochannel.New(gochannel.Config{})
 	defer ch.Close()
 	client, err := nudge.NewInMemory(nudge.Config{Channel: ch, Projections: []*projection.Projection{list},
 		Logger: slog.New(slog.DiscardHandler)})

@@ -42,7 +42,7 @@ func Example() {
 	}
 	runner, _ := projection.NewRunner(backend, projection.RunnerConfig{Logger: logger, OnBatch: m.ObserveBatch}, list)
 	_ = runner.Init(ctx)
-	ch := gochannel.New(gochannel.Config{})
+	ch, _ := gochannel.New(gochannel.Config{})
 	defer ch.Close()
 	dead := dlmemory.New(dlmemory.Config{})
 	w, _ := worker.New(worker.Config{Runner: runner, Channel: ch, DeadLetters: dead, Logger: logger})

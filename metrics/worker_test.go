@@ -59,7 +59,8 @@ func newMemoryEnv(t testing.TB, configure ...func(*worker.Config, *metrics.Metri
 	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: testlog.New(t), OnBatch: m.ObserveBatch}, good, broken)
 	require.NoError(t, err)
 	require.NoError(t, runner.Init(context.Background()))
-	ch := gochannel.New(gochannel.Config{})
+	ch, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = ch.Close() })
 	dead := dlmemory.New(dlmemory.Config{})
 	cfg := worker.Config{

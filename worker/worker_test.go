@@ -59,7 +59,7 @@ type channelCase struct {
 }
 
 var channels = map[string]channelCase{
-	"gochannel": {new: func(testing.TB, *setup) channel.Channel { return gochannel.New(gochannel.Config{}) }},
+	"gochannel": {new: func(t testing.TB, _ *setup) channel.Channel { return goChannel(t) }},
 	"amqp": {new: func(t testing.TB, s *setup) channel.Channel {
 		env := amqptest.New(t)
 		s.amqp = env
@@ -230,6 +230,14 @@ func (s *setup) startStoppable(t testing.TB, ch channel.Channel, cfg worker.Conf
 		t.Fatalf("the worker did not start within %s", eventually)
 	}
 	return w, stop
+}
+
+// goChannel returns a new GoChannel channel.
+func goChannel(t testing.TB) *gochannel.Channel {
+	t.Helper()
+	ch, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
+	return ch
 }
 
 // runOwnRouter runs w's handlers on a router of the test's own until ctx ends, the way a
