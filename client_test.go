@@ -208,7 +208,8 @@ func TestConfigErrors(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	p := ticketList(t)
-	gc := gochannel.New(gochannel.Config{})
+	gc, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
 	cases := map[string]struct {
 		cfg  nudge.Config
 		want string
@@ -229,7 +230,7 @@ func TestConfigErrors(t *testing.T) {
 			require.ErrorContains(t, err, c.want)
 		})
 	}
-	_, err := nudge.New(nil, nudge.Config{Channel: gc})
+	_, err = nudge.New(nil, nudge.Config{Channel: gc})
 	require.ErrorIs(t, err, nudge.ErrInvalidConfig)
 	_, err = nudge.NewInMemory(nudge.Config{Channel: gc, Triggers: nudge.TriggersInTransaction})
 	require.ErrorIs(t, err, nudge.ErrInvalidConfig)
@@ -239,7 +240,9 @@ func TestConfigErrors(t *testing.T) {
 func TestRunNotMigrated(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	client, err := nudge.New(db.Pool, nudge.Config{Channel: gochannel.New(gochannel.Config{}),
+	ch, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
+	client, err := nudge.New(db.Pool, nudge.Config{Channel: ch,
 		Projections: []*projection.Projection{ticketList(t)}, Logger: testlog.New(t)})
 	require.NoError(t, err)
 	err = client.Run(testwait.Context(t, time.Minute))
@@ -259,7 +262,8 @@ func TestMetrics(t *testing.T) {
 	list, err := projection.New("ticket_list", projection.Config{},
 		projection.OnIdempotent("TicketRegistered", func(context.Context, projection.Event[ticketRegistered]) error { return nil }))
 	require.NoError(t, err)
-	ch := gochannel.New(gochannel.Config{})
+	ch, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = ch.Close() })
 	client, err := nudge.NewInMemory(nudge.Config{Channel: ch, Projections: []*projection.Projection{list}, Logger: testlog.New(t),
 		Metrics: m})
@@ -291,4 +295,84 @@ func TestMetrics(t *testing.T) {
 		return seen["nudge_projection_events_projected_total"] && seen["nudge_projection_lag_events"] &&
 			seen["nudge_worker_triggers_received_total"] && seen["nudge_router_handler_execution_time_seconds"]
 	}, eventually, 10*time.Millisecond, "batches, statuses, triggers and the router are measured")
+}
+
+// TestPrepare: a client that only appends and reports status — an API beside workers that Run
+// — prepares the projections without running them: their init hooks create the read models,
+// their statuses are there, their subscriptions keep the triggers for a handler, and its
+// metrics show no trigger counters, which only the handlers update. Run adds those.
+func TestPrepare(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	logger := testlog.New(t)
+	ch, err := pgchannel.New(db.Pool, pgchannel.Config{PollInterval: 10 * time.Millisecond, Logger: logger})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, ch.Close()) })
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(metrics.Config{Registerer: reg, CacheTTL: -1})
+	require.NoError(t, err)
+	// Triggers in the append's transaction: no relay, so the append's is the only trigger.
+	client, err := nudge.New(db.Pool, nudge.Config{Channel: ch, Projections: []*projection.Projection{ticketList(t)}, Logger: logger,
+		Triggers: nudge.TriggersInTransaction, Metrics: m, SafetyNetInterval: -1})
+	require.NoError(t, err)
+	require.NoError(t, client.Migrate(ctx))
+	require.NoError(t, client.Prepare(ctx))
+	require.NoError(t, client.Prepare(ctx), "idempotent")
+
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM ticket_list`).Scan(&n), "the init hook created the read model")
+	data, err := eventstore.NewEventData("TicketRegistered", ticketRegistered{ID: "1", Type: "bug"})
+	require.NoError(t, err)
+	_, err = client.Append(ctx, "ticket-1", eventstore.NoStream, data)
+	require.NoError(t, err)
+	st, err := client.Status(ctx, "ticket_list")
+	require.NoError(t, err, "the status is there")
+	require.Zero(t, st.EventsProcessed)
+	seen := func() map[string]bool {
+		families, err := reg.Gather()
+		require.NoError(t, err)
+		names := map[string]bool{}
+		for _, f := range families {
+			names[f.GetName()] = true
+		}
+		return names
+	}
+	require.True(t, seen()["nudge_projection_lag_events"])
+	require.False(t, seen()["nudge_worker_triggers_received_total"], "no handlers, no trigger counters")
+
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- client.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	require.Eventually(t, func() bool {
+		return client.Worker().Stats("ticket_list").Received == 1 && seen()["nudge_worker_triggers_received_total"]
+	}, eventually, 10*time.Millisecond, "the append's trigger waited for Run's handler, and its counters are measured")
+}
+
+// TestWaitCaughtUpBeforeRun: WaitCaughtUp called before Run has registered the projections
+// waits for them (a projection no worker has started is not caught up) instead of failing.
+func TestWaitCaughtUpBeforeRun(t *testing.T) {
+	t.Parallel()
+	list, err := projection.New("ticket_list", projection.Config{},
+		projection.OnIdempotent("TicketRegistered", func(context.Context, projection.Event[ticketRegistered]) error { return nil }))
+	require.NoError(t, err)
+	ch, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	client, err := nudge.NewInMemory(nudge.Config{Channel: ch, Projections: []*projection.Projection{list}, Logger: testlog.New(t)})
+	require.NoError(t, err)
+	short, cancelShort := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancelShort()
+	err = client.WaitCaughtUp(short)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "ticket_list not registered yet")
+
+	waited := make(chan error, 1)
+	go func() { waited <- client.WaitCaughtUp(testwait.Context(t, time.Minute)) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- client.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	require.NoError(t, <-waited)
 }

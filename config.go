@@ -82,8 +82,9 @@ type Config struct {
 	// projection.RunnerConfig.OnBatch; package metrics uses it).
 	OnBatch func(projection.BatchReport)
 	// Metrics, if set, measures everything the client runs: batches, lag, state, condition and
-	// horizon (read at scrape time), trigger counters, failed dead letters, and Watermill's
-	// handler metrics on Run's router (on a router of yours, call Metrics.AddRouterMetrics).
+	// horizon (read at scrape time), failed dead letters and, once Run or AddHandlers adds the
+	// handlers, their trigger counters, and Watermill's handler metrics on Run's router (on a
+	// router of yours, call Metrics.AddRouterMetrics).
 	Metrics *metrics.Metrics
 	// Relay tunes the relay (TriggersRelay); its Logger defaults to Logger.
 	Relay relay.Config

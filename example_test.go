@@ -33,7 +33,7 @@ func Example() {
 			tickets = append(tickets, e.Data.ID)
 			return nil
 		}))
-	ch := gochannel.New(gochannel.Config{})
+	ch, _ := gochannel.New(gochannel.Config{})
 	defer ch.Close()
 	client, err := nudge.NewInMemory(nudge.Config{Channel: ch, Projections: []*projection.Projection{list},
 		Logger: slog.New(slog.DiscardHandler)})
@@ -44,6 +44,7 @@ func Example() {
 	_ = client.Migrate(ctx)
 	done := make(chan error)
 	go func() { done <- client.Run(ctx) }()
+	<-client.Worker().Running() // the projection is registered: WaitCaughtUp can tell
 
 	for _, id := range []string{"t-1", "t-2", "t-3"} {
 		data, _ := eventstore.NewEventData("TicketWasRegistered", TicketWasRegistered{ID: id})

@@ -9,8 +9,9 @@
 //	_, err = client.Append(ctx, "ticket-1", eventstore.NoStream, data)
 //
 // Handlers can run on a Watermill router of the service's own instead: AddHandlers adds them,
-// RunBackground runs everything else Run runs. The parts stay available for custom wiring
-// (packages eventstore/postgres, projection, worker, trigger, deadletter).
+// RunBackground runs everything else Run runs. A process that only appends and serves read
+// models and statuses, beside others that Run, calls Prepare instead. The parts stay available
+// for custom wiring (packages eventstore/postgres, projection, worker, trigger, deadletter).
 package nudge
 
 import (
@@ -54,6 +55,7 @@ type Client struct {
 	dead     deadletter.Store
 	migrate  func(context.Context) error // nil in memory
 	ran      atomic.Bool
+	watched  atomic.Bool // Config.Metrics watches the worker
 }
 
 // parts are what a client is built on: the PostgreSQL or the in-memory implementations.
@@ -108,7 +110,10 @@ func NewInMemory(cfg Config) (*Client, error) {
 	if cfg.Triggers == TriggersInTransaction {
 		return nil, fmt.Errorf("%w: Triggers %q needs PostgreSQL: use New", ErrInvalidConfig, cfg.Triggers)
 	}
-	store := esmemory.New(esmemory.Config{Limits: cfg.Limits})
+	store, err := esmemory.New(esmemory.Config{Limits: cfg.Limits})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	backend, err := pjmemory.New(store, pjmemory.Config{})
 	if err != nil {
 		return nil, err
@@ -153,12 +158,25 @@ func newClient(cfg Config, p parts) (*Client, error) {
 		return nil, err
 	}
 	if m := cfg.Metrics; m != nil {
-		names := c.runner.Names()
-		if err := errors.Join(m.WatchRunner(c.runner), m.WatchWorker(c.worker, names...), m.WatchDeadLetters(c.dead, names...)); err != nil {
+		// The worker's trigger counters are watched once its handlers are added (watchWorker).
+		if err := errors.Join(m.WatchRunner(c.runner), m.WatchDeadLetters(c.dead, c.runner.Names()...)); err != nil {
 			return nil, fmt.Errorf("nudge: metrics: %w", err)
 		}
 	}
 	return c, nil
+}
+
+// watchWorker has Config.Metrics watch the worker's trigger counters, once, when the handlers
+// are added (Run, AddHandlers): a client that only appends and reports status (Prepare) shows
+// no counters that nothing updates.
+func (c *Client) watchWorker() error {
+	if c.cfg.Metrics == nil || len(c.cfg.Projections) == 0 || !c.watched.CompareAndSwap(false, true) {
+		return nil
+	}
+	if err := c.cfg.Metrics.WatchWorker(c.worker, c.runner.Names()...); err != nil {
+		return fmt.Errorf("nudge: metrics: %w", err)
+	}
+	return nil
 }
 
 // onBatch is Config.OnBatch, and Config.Metrics' batch counters.

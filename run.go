@@ -27,6 +27,9 @@ func (c *Client) Run(ctx context.Context) error {
 	if !c.ran.CompareAndSwap(false, true) {
 		return ErrRunTwice
 	}
+	if err := c.watchWorker(); err != nil {
+		return err
+	}
 	return notMigratedHint(c.runParts(ctx, c.worker.Run))
 }
 
@@ -38,13 +41,24 @@ func notMigratedHint(err error) error {
 	return err
 }
 
-// AddHandlers prepares the projections (status rows, init hooks, their subscriptions on the
-// channel) and adds one handler per projection to router, a router of yours. Give the router
-// worker.RouterLogger(…) as its logger so its lines name the projection. Then run the router
-// and RunBackground.
+// Prepare registers the projections (their status rows, and their init hooks, which create
+// read models) and declares their subscriptions on the channel, so triggers published from
+// then on wait for a handler; it runs nothing. A process that appends and serves read models
+// and statuses while other processes Run the projections calls it at start, after Migrate;
+// Run and AddHandlers prepare by themselves. It is idempotent.
+func (c *Client) Prepare(ctx context.Context) error {
+	return notMigratedHint(c.worker.Prepare(ctx))
+}
+
+// AddHandlers prepares the projections (Prepare) and adds one handler per projection to
+// router, a router of yours. Give the router worker.RouterLogger(…) as its logger so its lines
+// name the projection. Then run the router and RunBackground.
 func (c *Client) AddHandlers(ctx context.Context, router *message.Router) error {
-	if err := c.worker.Prepare(ctx); err != nil {
-		return notMigratedHint(err)
+	if err := c.Prepare(ctx); err != nil {
+		return err
+	}
+	if err := c.watchWorker(); err != nil {
+		return err
 	}
 	return c.worker.AddHandlers(router)
 }

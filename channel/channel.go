@@ -21,9 +21,7 @@ import (
 type Channel interface {
 	// Declare creates the subscriptions of the named projections, so that every trigger
 	// published after Declare returns reaches each of them (on durable channels even if no
-	// consumer runs yet). It is idempotent and refuses invalid names. The dead-letter topic is
-	// ready by the time a message is published to it, through Publisher, or DeadLetterSubscriber
-	// subscribes; a backend may create it only then.
+	// consumer runs yet). It is idempotent and refuses invalid names.
 	Declare(ctx context.Context, projections ...string) error
 	// Publish sends t to every declared projection, or, when t.Projection is set, to that
 	// projection's subscription (non-durable channels may deliver it to all; consumers ignore
@@ -33,12 +31,9 @@ type Channel interface {
 	Publish(ctx context.Context, t trigger.Trigger) error
 	// Subscriber returns the subscriber and topic a handler of the projection consumes.
 	Subscriber(projection string) (message.Subscriber, string, error)
-	// Publisher returns the channel's raw publisher, e.g. for the poison (dead-letter) step.
+	// Publisher returns the channel's raw publisher: it publishes messages as they are (which
+	// may not be triggers at all) to the topic a projection's Subscriber consumes.
 	Publisher() message.Publisher
-	// DeadLetterTopic is the topic that messages which can never succeed are published to.
-	DeadLetterTopic() string
-	// DeadLetterSubscriber returns a subscriber of DeadLetterTopic.
-	DeadLetterSubscriber() (message.Subscriber, error)
 	// Durable reports whether published triggers survive a restart of the consumer (and of the
 	// broker): true for RabbitMQ and PostgreSQL, false for GoChannel.
 	Durable() bool
@@ -46,10 +41,5 @@ type Channel interface {
 	Close() error
 }
 
-// Names used by every backend.
-const (
-	// TriggerTopic is the fan-out topic (exchange, prefix) for triggers.
-	TriggerTopic = "nudge.triggers"
-	// DeadLetterTopic is the topic of messages that can never succeed.
-	DeadLetterTopic = "nudge.dead_letters"
-)
+// TriggerTopic is the fan-out topic (exchange, prefix) for triggers, the name every backend uses.
+const TriggerTopic = "nudge.triggers"

@@ -29,7 +29,7 @@ import (
 func Example() {
 	ctx := context.Background()
 	logger := slog.New(slog.DiscardHandler)
-	store := esmemory.New(esmemory.Config{})
+	store, _ := esmemory.New(esmemory.Config{})
 	backend, _ := pjmemory.New(store, pjmemory.Config{})
 	list, _ := projection.New("ticket_list", projection.Config{},
 		projection.OnIdempotent("TicketWasRegistered", func(context.Context, projection.Event[ticket]) error { return nil }))
@@ -42,7 +42,7 @@ func Example() {
 	}
 	runner, _ := projection.NewRunner(backend, projection.RunnerConfig{Logger: logger, OnBatch: m.ObserveBatch}, list)
 	_ = runner.Init(ctx)
-	ch := gochannel.New(gochannel.Config{})
+	ch, _ := gochannel.New(gochannel.Config{})
 	defer ch.Close()
 	dead := dlmemory.New(dlmemory.Config{})
 	w, _ := worker.New(worker.Config{Runner: runner, Channel: ch, DeadLetters: dead, Logger: logger})

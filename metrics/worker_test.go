@@ -44,7 +44,8 @@ type memoryEnv struct {
 func newMemoryEnv(t testing.TB, configure ...func(*worker.Config, *metrics.Metrics)) *memoryEnv {
 	t.Helper()
 	// Events are recorded a minute in the past, so the lag in seconds is plainly above zero.
-	store := esmemory.New(esmemory.Config{NowFunc: func() time.Time { return time.Now().Add(-time.Minute) }})
+	store, err := esmemory.New(esmemory.Config{NowFunc: func() time.Time { return time.Now().Add(-time.Minute) }})
+	require.NoError(t, err)
 	backend, err := pjmemory.New(store, pjmemory.Config{})
 	require.NoError(t, err)
 	ok := func(context.Context, projection.Event[ticket]) error { return nil }
@@ -58,7 +59,8 @@ func newMemoryEnv(t testing.TB, configure ...func(*worker.Config, *metrics.Metri
 	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: testlog.New(t), OnBatch: m.ObserveBatch}, good, broken)
 	require.NoError(t, err)
 	require.NoError(t, runner.Init(context.Background()))
-	ch := gochannel.New(gochannel.Config{})
+	ch, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = ch.Close() })
 	dead := dlmemory.New(dlmemory.Config{})
 	cfg := worker.Config{

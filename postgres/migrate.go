@@ -32,8 +32,8 @@ const (
 	// nudge_dead_letters.
 	ComponentDeadLetters Component = "deadletter"
 	// ComponentQueue is the PostgreSQL channel's trigger queue (channel/postgres): the tables
-	// nudge_channel_subscriptions, nudge_channel_triggers and nudge_channel_dead_letters. A
-	// deployment on RabbitMQ does not need it.
+	// nudge_channel_subscriptions and nudge_channel_triggers. A deployment on RabbitMQ does not
+	// need it.
 	ComponentQueue Component = "channel"
 )
 

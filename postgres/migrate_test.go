@@ -42,14 +42,15 @@ var legacySteps = []step{
 // newSteps are the migrations added since: a legacy database runs them at its next Migrate.
 var newSteps = []step{
 	{Component: "deadletter", Version: 2, Name: "add_dead_letter_stream"},
+	{Component: "channel", Version: 2, Name: "drop_channel_dead_letters"},
 }
 
 // allSteps are every component's migrations, in the order of postgres.Components, then by
 // version.
-var allSteps = slices.Concat(legacySteps[:7], newSteps, legacySteps[7:])
+var allSteps = slices.Concat(legacySteps[:7], newSteps[:1], legacySteps[7:], newSteps[1:])
 
 // allTables are the tables and views Migrate creates with every component.
-var allTables = []string{"nudge_channel_dead_letters", "nudge_channel_subscriptions", "nudge_channel_triggers", "nudge_dead_letters",
+var allTables = []string{"nudge_channel_subscriptions", "nudge_channel_triggers", "nudge_dead_letters",
 	"nudge_events", "nudge_projection_conditions", "nudge_projection_skips", "nudge_projections", "nudge_schema_migrations", "nudge_streams"}
 
 // recorded returns the rows of nudge_schema_migrations in schema, in the order of
@@ -183,7 +184,8 @@ func TestMigrateConcurrently(t *testing.T) {
 // TestMigrateLegacyDatabase: a database that the components' own migrators migrated before
 // the driver core existed — their tables created, their steps recorded — migrates again with
 // only the migrations added since to do (newSteps). (Running any legacy step again would fail:
-// its CREATE TABLE finds the table.) Rows written before keep their data.
+// its CREATE TABLE finds the table.) Rows written before keep their data, except the channel's
+// dead-letter table, which goes with what it held.
 func TestMigrateLegacyDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -213,14 +215,17 @@ func TestMigrateLegacyDatabase(t *testing.T) {
 	require.NoError(t, err)
 	before := recorded(t, db, "")
 
+	_, err = db.Pool.Exec(ctx, `INSERT INTO nudge_channel_dead_letters (uuid, payload) VALUES ('dead-1', 'poison')`)
+	require.NoError(t, err, "a dead letter the channel kept before it had no dead-letter topic")
+
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, ""))
 	after := recorded(t, db, "")
-	require.Equal(t, allSteps, withoutTimes(after))
+	require.Equal(t, allSteps, withoutTimes(after), "only the migrations added since ran")
 	isNew := func(s step) bool {
 		return slices.Contains(newSteps, step{Component: s.Component, Version: s.Version, Name: s.Name})
 	}
 	require.Equal(t, before, slices.DeleteFunc(after, isNew), "no legacy step ran again")
-	require.Equal(t, allTables, tables(t, db, ""), "the view is replaced as at every Migrate")
+	require.Equal(t, allTables, tables(t, db, ""), "the view is replaced as at every Migrate; the channel's dead-letter table is gone")
 	var stream *string
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT failing_stream_id FROM nudge_dead_letters WHERE message_uuid = 'm-1'`).Scan(&stream))
 	require.Nil(t, stream, "a dead letter from before has no stream")

@@ -17,7 +17,7 @@ type TicketWasRegistered struct {
 
 func ExampleRunner_CatchUp() {
 	ctx := context.Background()
-	store := memstore.New(memstore.Config{})
+	store, _ := memstore.New(memstore.Config{})
 	backend, _ := memory.New(store, memory.Config{})
 
 	var tickets []string

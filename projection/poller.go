@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nudgeworks/nudge/internal/backoff"
 )
 
 // Defaults for PollerConfig.
@@ -38,7 +41,8 @@ type PollerConfig struct {
 	// relay publishes fewer triggers), while a light load keeps the short wait. Defaults to
 	// MinInterval: no stretching.
 	MaxBusyInterval time.Duration
-	// Logger defaults to slog.Default().
+	// Logger receives the poller's structured logs. NewPoller defaults it to the runner's
+	// logger (WithDefaults alone, to slog.Default()).
 	Logger *slog.Logger
 	// AfterPollFunc, if set, is called after every catch-up with what happened and the wait
 	// chosen. It runs on the projection's polling goroutine.
@@ -52,6 +56,27 @@ type PollParams struct {
 	Err        error
 	// Next is how long the poller waits before the next catch-up.
 	Next time.Duration
+}
+
+// WithDefaults returns cfg with every zero field that has a default set to it.
+func (cfg PollerConfig) WithDefaults() PollerConfig {
+	cfg.MinInterval = cmp.Or(cfg.MinInterval, PollMinIntervalDefault)
+	cfg.MaxInterval = cmp.Or(cfg.MaxInterval, PollMaxIntervalDefault)
+	cfg.MaxFailureInterval = cmp.Or(cfg.MaxFailureInterval, PollMaxFailureIntervalDefault)
+	cfg.MaxBusyInterval = cmp.Or(cfg.MaxBusyInterval, cfg.MinInterval)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults), as an error matching
+// ErrInvalidConfig.
+func (cfg PollerConfig) Validate() error {
+	if cfg.MinInterval <= 0 || cfg.MaxInterval < cfg.MinInterval || cfg.MaxFailureInterval < cfg.MinInterval || cfg.MaxBusyInterval < cfg.MinInterval {
+		return fmt.Errorf("%w: poller intervals must satisfy 0 < MinInterval <= MaxInterval and MinInterval <= MaxFailureInterval, MaxBusyInterval "+
+			"(got %s, %s, %s, %s; 0 means the default)",
+			ErrInvalidConfig, cfg.MinInterval, cfg.MaxInterval, cfg.MaxFailureInterval, cfg.MaxBusyInterval)
+	}
+	return nil
 }
 
 // Poller runs catch-up on an adaptive interval, with no broker: the polling mode. Each
@@ -73,16 +98,10 @@ func NewPoller(r *Runner, cfg PollerConfig, names ...string) (*Poller, error) {
 	if r == nil {
 		return nil, fmt.Errorf("%w: NewPoller needs a runner, got nil", ErrInvalidConfig)
 	}
-	cfg.MinInterval = orDefault(cfg.MinInterval, PollMinIntervalDefault)
-	cfg.MaxInterval = orDefault(cfg.MaxInterval, PollMaxIntervalDefault)
-	cfg.MaxFailureInterval = orDefault(cfg.MaxFailureInterval, PollMaxFailureIntervalDefault)
-	cfg.MaxBusyInterval = orDefault(cfg.MaxBusyInterval, cfg.MinInterval)
-	if cfg.MinInterval < 0 || cfg.MaxInterval < cfg.MinInterval || cfg.MaxFailureInterval < cfg.MinInterval || cfg.MaxBusyInterval < cfg.MinInterval {
-		return nil, fmt.Errorf("%w: poller intervals must satisfy 0 < MinInterval <= MaxInterval and MinInterval <= MaxFailureInterval, MaxBusyInterval (got %s, %s, %s, %s)",
-			ErrInvalidConfig, cfg.MinInterval, cfg.MaxInterval, cfg.MaxFailureInterval, cfg.MaxBusyInterval)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = r.logger
+	cfg.Logger = cmp.Or(cfg.Logger, r.logger)
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	if len(names) == 0 {
 		names = r.Names()
@@ -97,13 +116,6 @@ func NewPoller(r *Runner, cfg PollerConfig, names ...string) (*Poller, error) {
 		wake[name] = make(chan struct{}, 1)
 	}
 	return &Poller{runner: r, cfg: cfg, names: names, wake: wake}, nil
-}
-
-func orDefault(d, def time.Duration) time.Duration {
-	if d == 0 {
-		return def
-	}
-	return d
 }
 
 // Run polls until ctx ends, then waits for the catch-ups in flight to stop (they roll back) and
@@ -138,7 +150,10 @@ func (p *Poller) Wake() {
 }
 
 func (p *Poller) poll(ctx context.Context, name string) {
-	idle, failing := p.cfg.MinInterval, p.cfg.MinInterval
+	// While idle the wait doubles from MinInterval (its first is twice it), while failing from
+	// MinInterval; work resets both.
+	idle := backoff.Exponential{Initial: min(2*p.cfg.MinInterval, p.cfg.MaxInterval), Max: p.cfg.MaxInterval}
+	failing := backoff.Exponential{Initial: p.cfg.MinInterval, Max: p.cfg.MaxFailureInterval}
 	proj, _ := p.runner.Projection(name) // NewPoller checked the name
 	batch := proj.Config().BatchSize
 	timer := time.NewTimer(0)
@@ -158,17 +173,19 @@ func (p *Poller) poll(ctx context.Context, name string) {
 		var next time.Duration
 		switch {
 		case err != nil:
-			next, failing = failing, min(2*failing, p.cfg.MaxFailureInterval)
-			idle = p.cfg.MinInterval
+			next = failing.Next()
+			idle.Reset()
 			if !errors.Is(err, ErrHandler) { // handler failures are logged by the runner
 				p.cfg.Logger.ErrorContext(ctx, "projection catch-up failed", slog.String("projection", name),
 					slog.Any("error", err), slog.Duration("retry_in", next))
 			}
 		case res.Events > 0:
-			next, idle, failing = p.busyInterval(res.Events, batch), p.cfg.MinInterval, p.cfg.MinInterval
+			next = p.busyInterval(res.Events, batch)
+			idle.Reset()
+			failing.Reset()
 		default:
-			idle = min(2*idle, p.cfg.MaxInterval)
-			next, failing = idle, p.cfg.MinInterval
+			next = idle.Next()
+			failing.Reset()
 		}
 		if p.cfg.AfterPollFunc != nil {
 			p.cfg.AfterPollFunc(PollParams{Projection: name, Result: res, Err: err, Next: next})

@@ -1,7 +1,9 @@
 package projection
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -125,9 +127,9 @@ func newProjection(name string, cfg Config, handlers ...Handler) (*Projection, e
 	if err := validateName(name); err != nil {
 		return nil, err
 	}
-	cfg, err := cfg.withDefaults(name)
-	if err != nil {
-		return nil, err
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("projection %s: %w", name, err)
 	}
 	if len(handlers) == 0 {
 		return nil, invalidConfig(name, "no handlers; pass at least one projection.On or projection.OnIdempotent")
@@ -148,24 +150,27 @@ func newProjection(name string, cfg Config, handlers ...Handler) (*Projection, e
 	return p, nil
 }
 
-// withDefaults returns cfg with its defaults filled in, or an error if a field is out of range.
-func (cfg Config) withDefaults(name string) (Config, error) {
-	if cfg.BatchSize == 0 {
-		cfg.BatchSize = BatchSizeDefault
-	}
-	if cfg.BatchSize < 0 || cfg.BatchSize > eventstore.ReadLimitMax {
-		return cfg, invalidConfig(name, "BatchSize %d out of range; use 1 to %d (0 means %d)", cfg.BatchSize, eventstore.ReadLimitMax, BatchSizeDefault)
-	}
-	if cfg.MaxBatchDuration == 0 {
-		cfg.MaxBatchDuration = MaxBatchDurationDefault
+// WithDefaults returns cfg with every zero field that has a default set to it.
+func (cfg Config) WithDefaults() Config {
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, BatchSizeDefault)
+	cfg.MaxBatchDuration = cmp.Or(cfg.MaxBatchDuration, MaxBatchDurationDefault)
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults), as an error matching
+// ErrInvalidConfig.
+func (cfg Config) Validate() error {
+	if cfg.BatchSize < 1 || cfg.BatchSize > eventstore.ReadLimitMax {
+		return fmt.Errorf("%w: BatchSize %d out of range; use 1 to %d (0 means %d)",
+			ErrInvalidConfig, cfg.BatchSize, eventstore.ReadLimitMax, BatchSizeDefault)
 	}
 	if cfg.CrashLoopLimit < 0 {
-		return cfg, invalidConfig(name, "CrashLoopLimit %d is negative; 0 turns crash-loop detection off", cfg.CrashLoopLimit)
+		return fmt.Errorf("%w: CrashLoopLimit %d is negative; 0 turns crash-loop detection off", ErrInvalidConfig, cfg.CrashLoopLimit)
 	}
 	if cfg.MaxBatchDuration < 0 {
-		return cfg, invalidConfig(name, "MaxBatchDuration %s is negative", cfg.MaxBatchDuration)
+		return fmt.Errorf("%w: MaxBatchDuration %s is negative (0 means %s)", ErrInvalidConfig, cfg.MaxBatchDuration, MaxBatchDurationDefault)
 	}
-	return cfg, nil
+	return nil
 }
 
 // add adds handlers[i] to the projection: the handler for its event type, or for any type.

@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -24,6 +25,25 @@ type RunnerConfig struct {
 	// empty reads, pauses or shutdowns), on the catching-up goroutine: keep it fast. Package
 	// metrics uses it for its batch counters and durations.
 	OnBatch func(BatchReport)
+}
+
+// WithDefaults returns cfg with every zero field that has a default set to it.
+func (cfg RunnerConfig) WithDefaults() RunnerConfig {
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	if cfg.NowFunc == nil {
+		cfg.NowFunc = time.Now
+	}
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults), as an error matching
+// ErrInvalidConfig. Every RunnerConfig is valid once its defaults are filled in; Validate
+// checks that they are.
+func (cfg RunnerConfig) Validate() error {
+	if cfg.Logger == nil || cfg.NowFunc == nil {
+		return fmt.Errorf("%w: RunnerConfig needs a Logger and a NowFunc; call WithDefaults first", ErrInvalidConfig)
+	}
+	return nil
 }
 
 // BatchReport describes one batch, for RunnerConfig.OnBatch.
@@ -70,6 +90,10 @@ func NewRunner(backend Backend, cfg RunnerConfig, projections ...*Projection) (*
 	if len(projections) == 0 {
 		return nil, fmt.Errorf("%w: NewRunner needs at least one projection", ErrInvalidConfig)
 	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	r := &Runner{
 		backend:     backend,
 		logger:      cfg.Logger,
@@ -78,12 +102,6 @@ func NewRunner(backend Backend, cfg RunnerConfig, projections ...*Projection) (*
 		projections: make(map[string]*Projection, len(projections)),
 		positions:   make(map[string]eventstore.Position, len(projections)),
 		running:     make(map[string]chan struct{}, len(projections)),
-	}
-	if r.logger == nil {
-		r.logger = slog.Default()
-	}
-	if r.now == nil {
-		r.now = time.Now
 	}
 	for i, p := range projections {
 		if p == nil {

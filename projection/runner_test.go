@@ -20,7 +20,8 @@ import (
 // MaxBatchDuration commits what it has, to keep transactions short.
 func TestMaxBatchDurationEndsBatchesEarly(t *testing.T) {
 	t.Parallel()
-	store := memstore.New(memstore.Config{})
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
 	backend, err := memory.New(store, memory.Config{})
 	require.NoError(t, err)
 	projectiontest.AppendN(t, store, 0, 100, "A")
@@ -47,7 +48,8 @@ func TestMaxBatchDurationEndsBatchesEarly(t *testing.T) {
 // events, and a failed one with its *HandlerError, after the good prefix was committed.
 func TestOnBatchReportsCommittedAndFailedBatches(t *testing.T) {
 	t.Parallel()
-	store := memstore.New(memstore.Config{})
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
 	backend, err := memory.New(store, memory.Config{})
 	require.NoError(t, err)
 	projectiontest.AppendN(t, store, 0, 25, "A")

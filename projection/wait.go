@@ -2,17 +2,21 @@ package projection
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/nudgeworks/nudge/internal/backoff"
 )
 
 // WaitCaughtUp waits until every named projection (all of the runner's when none is named) is
 // caught up: its condition is ConditionCaughtUp — no readable event left, nothing held behind
 // the horizon, not failing, paused or rebuilding. It does not catch up itself: a worker must
-// be running. It polls the status, starting at 5 ms and backing off to 200 ms, and returns
-// nil, or ctx's error with what each projection still waited for when ctx ends. Tests and
-// examples use it instead of polling loops of their own.
+// be running (a projection no worker has registered yet counts as not caught up). It polls the
+// status, starting at 5 ms and backing off to 200 ms, and returns nil, or ctx's error with what
+// each projection still waited for when ctx ends. Tests and examples use it instead of polling
+// loops of their own.
 func (r *Runner) WaitCaughtUp(ctx context.Context, names ...string) error {
 	if len(names) == 0 {
 		names = r.Names()
@@ -22,7 +26,7 @@ func (r *Runner) WaitCaughtUp(ctx context.Context, names ...string) error {
 			return err
 		}
 	}
-	wait := 5 * time.Millisecond
+	wait := backoff.Exponential{Initial: 5 * time.Millisecond, Max: 200 * time.Millisecond}
 	for {
 		pending, err := r.notCaughtUp(ctx, names)
 		if err != nil {
@@ -31,12 +35,9 @@ func (r *Runner) WaitCaughtUp(ctx context.Context, names ...string) error {
 		if len(pending) == 0 && ctx.Err() == nil {
 			return nil
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("projection: not caught up: %s: %w", strings.Join(pending, "; "), ctx.Err())
-		case <-time.After(wait):
+		if err := backoff.Sleep(ctx, wait.Next()); err != nil {
+			return fmt.Errorf("projection: not caught up: %s: %w", strings.Join(pending, "; "), err)
 		}
-		wait = min(2*wait, 200*time.Millisecond)
 	}
 }
 
@@ -46,10 +47,13 @@ func (r *Runner) notCaughtUp(ctx context.Context, names []string) ([]string, err
 	var pending []string
 	for _, name := range names {
 		st, err := r.Status(ctx, name)
-		if err != nil {
-			if ctx.Err() != nil {
-				break
-			}
+		switch {
+		case errors.Is(err, ErrNotRegistered):
+			pending = append(pending, name+" not registered yet (no worker has started it)")
+			continue
+		case err != nil && ctx.Err() != nil:
+			return pending, nil
+		case err != nil:
 			return nil, fmt.Errorf("projection %s: wait until caught up: %w", name, err)
 		}
 		if k := st.Condition(); k != ConditionCaughtUp {

@@ -31,7 +31,7 @@ type Appender struct {
 // NewAppender returns an Appender on store publishing through pub.
 func NewAppender(store *espg.Store, pub TxPublisher) (*Appender, error) {
 	if store == nil || pub == nil {
-		return nil, fmt.Errorf("relay: NewAppender needs an event store and a transactional publisher")
+		return nil, fmt.Errorf("%w: NewAppender needs an event store (an *espg.Store) and a transactional publisher (channel/postgres)", ErrInvalidConfig)
 	}
 	return &Appender{store: store, pub: pub, now: time.Now}, nil
 }

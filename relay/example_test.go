@@ -22,7 +22,7 @@ func (f publisherFunc) Publish(ctx context.Context, t trigger.Trigger) error { r
 func ExampleNew() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	store := esmemory.New(esmemory.Config{})
+	store, _ := esmemory.New(esmemory.Config{})
 	backend, _ := pjmemory.New(store, pjmemory.Config{})
 
 	registered, _ := eventstore.NewEventData("TicketWasRegistered", map[string]string{"id": "t-1"})

@@ -6,6 +6,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -63,6 +64,39 @@ type Config struct {
 	BeforePublishFunc func(t trigger.Trigger)
 }
 
+// ErrInvalidConfig is matched (errors.Is) by every error New and NewAppender return for a
+// Config or a dependency they cannot use; the message names the field and what to do.
+var ErrInvalidConfig = errors.New("relay: invalid config")
+
+// WithDefaults returns cfg with every zero field that has a default set to it.
+func (cfg Config) WithDefaults() Config {
+	cfg.Name = cmp.Or(cfg.Name, NameDefault)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, BatchSizeDefault)
+	cfg.MinInterval = cmp.Or(cfg.MinInterval, MinIntervalDefault)
+	cfg.MaxInterval = cmp.Or(cfg.MaxInterval, MaxIntervalDefault)
+	cfg.MaxBusyInterval = cmp.Or(cfg.MaxBusyInterval, max(MaxBusyIntervalDefault, cfg.MinInterval))
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults), as an error matching
+// ErrInvalidConfig.
+func (cfg Config) Validate() error {
+	if !strings.HasPrefix(cfg.Name, name.ReservedPrefix) {
+		return fmt.Errorf("%w: Name %q must start with %q, which no projection can take, so no projection can share the relay's position; use %q, or %q plus a name per channel",
+			ErrInvalidConfig, cfg.Name, name.ReservedPrefix, NameDefault, name.ReservedPrefix)
+	}
+	if cfg.BatchSize < 1 || cfg.BatchSize > eventstore.ReadLimitMax {
+		return fmt.Errorf("%w: BatchSize %d out of range; use 1 to %d (0 means %d)",
+			ErrInvalidConfig, cfg.BatchSize, eventstore.ReadLimitMax, BatchSizeDefault)
+	}
+	if cfg.MinInterval <= 0 || cfg.MaxInterval < cfg.MinInterval || cfg.MaxBusyInterval < cfg.MinInterval {
+		return fmt.Errorf("%w: intervals must satisfy 0 < MinInterval <= MaxInterval, MaxBusyInterval (got %s, %s, %s; 0 means the default)",
+			ErrInvalidConfig, cfg.MinInterval, cfg.MaxInterval, cfg.MaxBusyInterval)
+	}
+	return nil
+}
+
 // Relay publishes triggers for appended events by tailing the event store from a durable
 // position of its own: it is a projection (status row, lag, lock) whose batches publish one
 // coalesced trigger for all the events they read (without their payloads), then commit the
@@ -88,29 +122,11 @@ type Relay struct {
 // channel.Channel, say).
 func New(backend projection.Backend, pub trigger.Publisher, cfg Config) (*Relay, error) {
 	if backend == nil || pub == nil {
-		return nil, fmt.Errorf("%w: relay.New needs a projection backend and a publisher", projection.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: relay.New needs a projection backend and a publisher", ErrInvalidConfig)
 	}
-	if cfg.Name == "" {
-		cfg.Name = NameDefault
-	}
-	if !strings.HasPrefix(cfg.Name, name.ReservedPrefix) {
-		return nil, fmt.Errorf("%w: relay.Config.Name %q must start with %q, which no projection can take, so no projection can share the relay's position; use %q, or %q plus a name per channel",
-			projection.ErrInvalidConfig, cfg.Name, name.ReservedPrefix, NameDefault, name.ReservedPrefix)
-	}
-	if cfg.BatchSize == 0 {
-		cfg.BatchSize = BatchSizeDefault
-	}
-	if cfg.MinInterval == 0 {
-		cfg.MinInterval = MinIntervalDefault
-	}
-	if cfg.MaxInterval == 0 {
-		cfg.MaxInterval = MaxIntervalDefault
-	}
-	if cfg.MaxBusyInterval == 0 {
-		cfg.MaxBusyInterval = max(MaxBusyIntervalDefault, cfg.MinInterval)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	newProjection := reserved.NewProjection.(func(string, projection.Config, ...projection.Handler) (*projection.Projection, error))
 	p, err := newProjection(cfg.Name, projection.Config{

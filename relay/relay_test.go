@@ -56,7 +56,8 @@ func (p *recordingPublisher) setDown(down bool) {
 // back the trigger goes out.
 func TestRelayCoalescesAndNeverLosesATrigger(t *testing.T) {
 	t.Parallel()
-	store := memstore.New(memstore.Config{})
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
 	backend, err := memory.New(store, memory.Config{})
 	require.NoError(t, err)
 	pub := &recordingPublisher{down: true}

@@ -1,6 +1,7 @@
 package retry
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -142,6 +143,43 @@ type Config struct {
 	SleepFunc func(ctx context.Context, d time.Duration) error
 }
 
+// WithDefaults returns cfg with every zero field that has a default set to it, Policy's
+// included.
+func (cfg Config) WithDefaults() Config {
+	cfg.Policy = cfg.Policy.WithDefaults()
+	if cfg.ShouldDeadLetterFunc == nil {
+		cfg.ShouldDeadLetterFunc = ShouldDeadLetterDefault
+	}
+	if cfg.ShouldRetryFunc == nil {
+		cfg.ShouldRetryFunc = ShouldRetryDefault
+	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	if cfg.NowFunc == nil {
+		cfg.NowFunc = time.Now
+	}
+	if cfg.RandFunc == nil {
+		cfg.RandFunc = rand.Float64
+	}
+	if cfg.SleepFunc == nil {
+		cfg.SleepFunc = sleep
+	}
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults), as an error matching
+// ErrInvalidConfig: a missing DeadLetterFunc, or Policy's *PolicyError values.
+func (cfg Config) Validate() error {
+	if cfg.DeadLetterFunc == nil {
+		return fmt.Errorf("%w: Config.DeadLetterFunc is required: it stores the messages whose retries are over "+
+			"(return nil only once the dead letter is written)", ErrInvalidConfig)
+	}
+	if cfg.ShouldDeadLetterFunc == nil || cfg.ShouldRetryFunc == nil || cfg.Logger == nil || cfg.NowFunc == nil ||
+		cfg.RandFunc == nil || cfg.SleepFunc == nil {
+		return fmt.Errorf("%w: a Config function or Logger is nil; call WithDefaults first", ErrInvalidConfig)
+	}
+	return cfg.Policy.Validate()
+}
+
 // ShouldRetryDefault retries every error except permanent ones and context cancellations and
 // deadlines.
 func ShouldRetryDefault(err error) bool {
@@ -172,31 +210,9 @@ func ShouldDeadLetterDefault(err error) bool {
 // router-level recoverer added before them would hide panics from the retries and the dead
 // letters, and the message would be redelivered forever.
 func Middleware(cfg Config) ([]message.HandlerMiddleware, error) {
-	if cfg.DeadLetterFunc == nil {
-		return nil, errors.New("retry: Config.DeadLetterFunc is required: it stores the messages whose retries are over " +
-			"(return nil only once the dead letter is written)")
-	}
-	cfg.Policy = cfg.Policy.WithDefaults()
-	if err := cfg.Policy.Validate(); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
-	}
-	if cfg.ShouldDeadLetterFunc == nil {
-		cfg.ShouldDeadLetterFunc = ShouldDeadLetterDefault
-	}
-	if cfg.ShouldRetryFunc == nil {
-		cfg.ShouldRetryFunc = ShouldRetryDefault
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.NowFunc == nil {
-		cfg.NowFunc = time.Now
-	}
-	if cfg.RandFunc == nil {
-		cfg.RandFunc = rand.Float64
-	}
-	if cfg.SleepFunc == nil {
-		cfg.SleepFunc = sleep
 	}
 	s := &steps{cfg: cfg}
 	return []message.HandlerMiddleware{s.deadLetter, s.retry, recoverer}, nil

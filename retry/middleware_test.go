@@ -492,10 +492,32 @@ func TestDeadLetterWriteFails(t *testing.T) {
 
 func TestMiddlewareConfig(t *testing.T) {
 	t.Parallel()
-	_, err := retry.Middleware(retry.Config{})
-	require.ErrorContains(t, err, "retry: Config.DeadLetterFunc is required")
+	cfg := retry.Config{}.WithDefaults()
+	require.Equal(t, retry.Policy{}.WithDefaults(), cfg.Policy)
+	require.NotNil(t, cfg.ShouldDeadLetterFunc)
+	require.NotNil(t, cfg.ShouldRetryFunc)
+	require.NotNil(t, cfg.Logger)
+	require.NotNil(t, cfg.NowFunc)
+	require.NotNil(t, cfg.RandFunc)
+	require.NotNil(t, cfg.SleepFunc)
 
-	mw, err := retry.Middleware(retry.Config{DeadLetterFunc: func(*message.Message, error) error { return nil }})
+	dl := func(*message.Message, error) error { return nil }
+	cases := map[string]struct {
+		cfg  retry.Config
+		want string
+	}{
+		"no dead-letter func": {retry.Config{}, "retry: invalid config: Config.DeadLetterFunc is required"},
+		"bad policy":          {retry.Config{DeadLetterFunc: dl, Policy: retry.Policy{Multiplier: 0.5}}, "Multiplier is 0.5"},
+	}
+	for name, c := range cases {
+		require.ErrorIs(t, c.cfg.WithDefaults().Validate(), retry.ErrInvalidConfig, name)
+		_, err := retry.Middleware(c.cfg)
+		require.ErrorIs(t, err, retry.ErrInvalidConfig, name)
+		require.ErrorContains(t, err, c.want, name)
+	}
+	require.ErrorContains(t, retry.Config{DeadLetterFunc: dl}.Validate(), "call WithDefaults first")
+
+	mw, err := retry.Middleware(retry.Config{DeadLetterFunc: dl})
 	require.NoError(t, err)
 	require.Len(t, mw, 3)
 }

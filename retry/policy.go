@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/nudgeworks/nudge/internal/backoff"
 )
 
 // Defaults for Policy. With all of them a failing message is tried 5 times, waiting about
@@ -79,10 +81,11 @@ func (p Policy) WithDefaults() Policy {
 	return p
 }
 
-// ErrInvalidPolicy matches every error Validate returns.
-var ErrInvalidPolicy = errors.New("retry: invalid policy")
+// ErrInvalidConfig is matched (errors.Is) by every error Policy.Validate, Config.Validate and
+// Middleware return for a Policy or Config they cannot use.
+var ErrInvalidConfig = errors.New("retry: invalid config")
 
-// PolicyError is a Policy field that cannot work. It matches ErrInvalidPolicy.
+// PolicyError is a Policy field that cannot work. It matches ErrInvalidConfig.
 type PolicyError struct {
 	// Field is the Policy field, e.g. "Jitter".
 	Field string
@@ -96,8 +99,8 @@ func (e *PolicyError) Error() string {
 	return fmt.Sprintf("retry: invalid policy: %s is %s; %s", e.Field, e.Value, e.Rule)
 }
 
-// Is makes errors.Is(err, ErrInvalidPolicy) true.
-func (e *PolicyError) Is(target error) bool { return target == ErrInvalidPolicy }
+// Is makes errors.Is(err, ErrInvalidConfig) true.
+func (e *PolicyError) Is(target error) bool { return target == ErrInvalidConfig }
 
 // Validate reports every field of p that cannot work, as *PolicyError values joined with
 // errors.Join; nil if p is usable. It checks p as it is: call it on p.WithDefaults() unless
@@ -135,22 +138,5 @@ func (p Policy) Validate() error {
 // so random 0 gives d×(1−Jitter), 0.5 gives d and values close to 1 give d×(1+Jitter). A
 // negative Jitter means none. Delay uses p as it is: apply WithDefaults first.
 func (p Policy) Delay(retry int, random float64) time.Duration {
-	if retry < 1 {
-		return 0
-	}
-	d := float64(p.InitialInterval) * math.Pow(p.Multiplier, float64(retry-1))
-	if maxD := float64(p.MaxInterval); d > maxD || math.IsNaN(d) {
-		d = maxD
-	}
-	if p.Jitter > 0 {
-		random = min(max(random, 0), math.Nextafter(1, 0))
-		d *= 1 + p.Jitter*(2*random-1)
-	}
-	switch {
-	case d <= 0 || math.IsNaN(d):
-		return 0
-	case d >= math.MaxInt64: // float64(math.MaxInt64) is 2^63, which does not fit
-		return math.MaxInt64
-	}
-	return time.Duration(math.Round(d))
+	return backoff.Delay(p.InitialInterval, p.MaxInterval, p.Multiplier, p.Jitter, retry, random)
 }

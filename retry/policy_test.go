@@ -152,7 +152,7 @@ func TestPolicyValidate(t *testing.T) {
 			p := valid
 			tt.change(&p)
 			err := p.Validate()
-			require.ErrorIs(t, err, retry.ErrInvalidPolicy)
+			require.ErrorIs(t, err, retry.ErrInvalidConfig)
 			var perr *retry.PolicyError
 			require.ErrorAs(t, err, &perr)
 			require.Equal(t, tt.field, perr.Field)
@@ -162,7 +162,7 @@ func TestPolicyValidate(t *testing.T) {
 
 	t.Run("every problem is reported", func(t *testing.T) {
 		err := retry.Policy{Jitter: 2}.Validate() // nothing defaulted
-		require.ErrorIs(t, err, retry.ErrInvalidPolicy)
+		require.ErrorIs(t, err, retry.ErrInvalidConfig)
 		for _, field := range []string{"MaxAttempts", "InitialInterval", "Multiplier", "Jitter"} {
 			require.Contains(t, err.Error(), field+" is ")
 		}
@@ -175,7 +175,7 @@ func TestPolicyValidate(t *testing.T) {
 			Policy:         retry.Policy{MaxAttempts: -1},
 			DeadLetterFunc: func(*message.Message, error) error { return nil },
 		})
-		require.ErrorIs(t, err, retry.ErrInvalidPolicy)
+		require.ErrorIs(t, err, retry.ErrInvalidConfig)
 		require.Contains(t, err.Error(), "MaxAttempts is -1")
 	})
 }

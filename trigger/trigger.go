@@ -12,9 +12,14 @@
 //
 //	{"v":1,"at":"2026-11-22T10:00:00.123456Z","reason":"rebuild","for":"ticket_list","rebuild":{"by":"ann"}}
 //
-// Decode refuses anything else (unknown versions, malformed JSON, oversized payloads, a request
-// without what it needs) with a *DecodeError matching ErrInvalid: such a trigger can never
-// succeed, so it is dead-lettered at once rather than retried.
+// A trigger without a reason is a catch-up: Decode reads it as ReasonAppend with whatever
+// position it has (none: catch up to the end). So are the reasons "tick" and "startup", which
+// older builds defined, so that such triggers still waiting in a durable queue are caught up on
+// after an upgrade.
+//
+// Decode refuses anything else (unknown versions or reasons, malformed JSON, oversized payloads,
+// a request without what it needs) with a *DecodeError matching ErrInvalid: such a trigger can
+// never succeed, so it is dead-lettered at once rather than retried.
 package trigger
 
 import (
@@ -43,12 +48,9 @@ const MaxSize = 1024
 type Reason string
 
 const (
-	// ReasonAppend: events were appended.
+	// ReasonAppend: events were appended (up to Trigger.Position), or, without a position,
+	// "catch up": a trigger without a reason decodes as this one.
 	ReasonAppend Reason = "append"
-	// ReasonTick: the safety-net tick.
-	ReasonTick Reason = "tick"
-	// ReasonStartup: a worker started.
-	ReasonStartup Reason = "startup"
 	// ReasonReplay: an operator replayed a dead letter.
 	ReasonReplay Reason = "replay"
 	// ReasonSkip: an operator asks the projection's worker to skip one event (Trigger.Skip), so
@@ -64,6 +66,23 @@ const (
 	// clock_timestamp()), as the operator CLI does, or from a clock kept in sync with it.
 	ReasonRebuild Reason = "rebuild"
 )
+
+// Reasons returns every reason, in the order they are declared.
+func Reasons() []Reason {
+	return []Reason{ReasonAppend, ReasonReplay, ReasonSkip, ReasonRebuild}
+}
+
+// reason returns the reason a wire trigger's reason stands for, and false if it is none: no
+// reason, and the retired catch-up reasons of older builds, mean ReasonAppend.
+func reason(r Reason) (Reason, bool) {
+	switch r {
+	case "", "tick", "startup":
+		return ReasonAppend, true
+	case ReasonAppend, ReasonReplay, ReasonSkip, ReasonRebuild:
+		return r, true
+	}
+	return "", false
+}
 
 // RebuildRequest is an operator's request, carried by a ReasonRebuild trigger, to rebuild a
 // projection.
@@ -136,10 +155,15 @@ type wire struct {
 	Rebuild    *RebuildRequest `json:"rebuild,omitempty"`
 }
 
-// Encode returns t as JSON of at most MaxSize bytes.
+// Encode returns t as JSON of at most MaxSize bytes. It refuses a reason Decode would refuse; a
+// trigger without one is written as ReasonAppend.
 func (t Trigger) Encode() ([]byte, error) {
+	r, ok := reason(t.Reason)
+	if !ok {
+		return nil, fmt.Errorf("trigger: encode: unknown reason %q; use one of %q", t.Reason, Reasons())
+	}
 	v := Version
-	w := wire{V: &v, Stream: t.StreamID, Types: t.Types, At: t.At.UTC(), Reason: t.Reason, Projection: t.Projection, Skip: t.Skip,
+	w := wire{V: &v, Stream: t.StreamID, Types: t.Types, At: t.At.UTC(), Reason: r, Projection: t.Projection, Skip: t.Skip,
 		Rebuild: t.Rebuild}
 	if !t.Position.IsZero() {
 		w.Pos = t.Position.String()
@@ -211,13 +235,11 @@ func Decode(b []byte) (Trigger, error) {
 	case *w.V != Version:
 		return Trigger{}, &DecodeError{Reason: fmt.Sprintf("version %d; this build reads version %d", *w.V, Version), Version: *w.V}
 	}
-	if w.Reason == ReasonSkip && (w.Skip == nil || w.Skip.EventID == uuid.Nil || w.Projection == "") {
-		return Trigger{}, &DecodeError{Reason: `a skip trigger needs "for" and "skip" with an event id`}
+	r, err := w.request()
+	if err != nil {
+		return Trigger{}, err
 	}
-	if w.Reason == ReasonRebuild && (w.Projection == "" || w.At.IsZero()) {
-		return Trigger{}, &DecodeError{Reason: `a rebuild trigger needs "for" and the request time "at"`}
-	}
-	t := Trigger{StreamID: w.Stream, Types: w.Types, At: w.At, Reason: w.Reason, Projection: w.Projection, Skip: w.Skip,
+	t := Trigger{StreamID: w.Stream, Types: w.Types, At: w.At, Reason: r, Projection: w.Projection, Skip: w.Skip,
 		Rebuild: w.Rebuild}
 	if w.Pos != "" {
 		p, err := eventstore.ParsePosition(w.Pos)
@@ -227,6 +249,20 @@ func Decode(b []byte) (Trigger, error) {
 		t.Position = p
 	}
 	return t, nil
+}
+
+// request checks the reason of a decoded trigger and what that reason needs.
+func (w *wire) request() (Reason, error) {
+	r, ok := reason(w.Reason)
+	switch {
+	case !ok:
+		return "", &DecodeError{Reason: fmt.Sprintf("unknown reason %q; this build knows %q", w.Reason, Reasons())}
+	case r == ReasonSkip && (w.Skip == nil || w.Skip.EventID == uuid.Nil || w.Projection == ""):
+		return "", &DecodeError{Reason: `a skip trigger needs "for" and "skip" with an event id`}
+	case r == ReasonRebuild && (w.Projection == "" || w.At.IsZero()):
+		return "", &DecodeError{Reason: `a rebuild trigger needs "for" and the request time "at"`}
+	}
+	return r, nil
 }
 
 // MetadataKey is set on every trigger message, with the format version as value, so a consumer

@@ -2,6 +2,7 @@ package trigger_test
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -29,11 +30,31 @@ func TestRoundTrip(t *testing.T) {
 	out, err := trigger.FromMessage(msg)
 	require.NoError(t, err)
 	require.Equal(t, in, out)
+}
 
-	empty, err := trigger.Decode([]byte(`{"v":1,"at":"2026-11-22T10:00:00Z","reason":"tick"}`))
+// TestCatchUpTriggers: a trigger without a reason, or with a catch-up reason of older builds
+// ("tick", "startup") still waiting in a durable queue, is an append trigger; without a
+// position it means "catch up to the end".
+func TestCatchUpTriggers(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{
+		`{"v":1,"at":"2026-11-22T10:00:00Z"}`,
+		`{"v":1,"at":"2026-11-22T10:00:00Z","reason":""}`,
+		`{"v":1,"at":"2026-11-22T10:00:00Z","reason":"tick"}`,
+		`{"v":1,"at":"2026-11-22T10:00:00Z","reason":"startup"}`,
+	} {
+		tr, err := trigger.Decode([]byte(in))
+		require.NoError(t, err, in)
+		require.Equal(t, trigger.Trigger{At: time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC), Reason: trigger.ReasonAppend}, tr, in)
+	}
+	b, err := trigger.Trigger{}.Encode()
 	require.NoError(t, err)
-	require.True(t, empty.Position.IsZero())
-	require.Equal(t, trigger.ReasonTick, empty.Reason)
+	require.Contains(t, string(b), `"reason":"append"`, "a trigger without a reason is sent as what it means")
+
+	_, err = trigger.Trigger{Reason: "later"}.Encode()
+	require.ErrorContains(t, err, `unknown reason "later"`, "a reason no consumer knows is refused at the sender")
+	_, err = trigger.NewMessage(trigger.Trigger{Reason: "later"})
+	require.Error(t, err)
 }
 
 func TestEncodeDropsTypesThatDoNotFit(t *testing.T) {
@@ -63,17 +84,19 @@ func TestConcerns(t *testing.T) {
 func TestDecodeRefusesWithReasons(t *testing.T) {
 	t.Parallel()
 	cases := map[string]string{
-		"":                         "not a JSON trigger object",
-		"\x00\xff garbage":         "not a JSON trigger object",
-		`{"v":1,"pos":"7414/`:      "not a JSON trigger object",
-		`[1,2,3]`:                  "not a JSON trigger object",
-		`{"pos":"1/2"}`:            `no version field "v"`,
-		`{"v":2,"pos":"1/2"}`:      "version 2; this build reads version 1",
-		`{"v":"1"}`:                "not a JSON trigger object",
-		`{"v":1,"pos":"one/two"}`:  "bad position",
-		`{"v":1} {"v":1}`:          "trailing data",
-		`{"v":1,"at":"yesterday"}`: "not a JSON trigger object",
-		`{"v":1,"types":"A"}`:      "not a JSON trigger object",
+		"":                          "not a JSON trigger object",
+		"\x00\xff garbage":          "not a JSON trigger object",
+		`{"v":1,"pos":"7414/`:       "not a JSON trigger object",
+		`[1,2,3]`:                   "not a JSON trigger object",
+		`{"pos":"1/2"}`:             `no version field "v"`,
+		`{"v":2,"pos":"1/2"}`:       "version 2; this build reads version 1",
+		`{"v":"1"}`:                 "not a JSON trigger object",
+		`{"v":1,"pos":"one/two"}`:   "bad position",
+		`{"v":1} {"v":1}`:           "trailing data",
+		`{"v":1,"at":"yesterday"}`:  "not a JSON trigger object",
+		`{"v":1,"types":"A"}`:       "not a JSON trigger object",
+		`{"v":1,"reason":"later"}`:  `unknown reason "later"; this build knows ["append" "replay" "skip" "rebuild"]`,
+		`{"v":1,"reason":"Append"}`: `unknown reason "Append"`,
 		`{"v":1,"stream":"` + strings.Repeat("x", trigger.MaxSize) + `"}`: "more than the 1024",
 	}
 	for in, reason := range cases {
@@ -126,6 +149,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"v":1,"for":"ticket_list","reason":"replay","at":"2026-11-22T10:00:00Z"}`))
 	f.Add([]byte(`{"v":1,"for":"ticket_list","reason":"rebuild","at":"2026-11-22T10:00:00.123456Z","rebuild":{"by":"ann"}}`))
 	f.Add([]byte(`{"v":1,"for":"ticket_list","reason":"rebuild"}`))
+	f.Add([]byte(`{"v":1,"at":"2026-11-22T10:00:00Z","reason":"tick"}`))
+	f.Add([]byte(`{"v":1,"reason":"later"}`))
 	f.Add([]byte(`{"v":2}`))
 	f.Add([]byte(`{"v":1,"pos":"-1/2"}`))
 	f.Add([]byte("\x00\x01"))
@@ -136,6 +161,9 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("error %v does not match ErrInvalid", err)
 			}
 			return
+		}
+		if !slices.Contains(trigger.Reasons(), tr.Reason) {
+			t.Fatalf("decoded reason %q is not one of %q", tr.Reason, trigger.Reasons())
 		}
 		again, err := tr.Encode()
 		if err != nil {

@@ -81,7 +81,7 @@ func BenchmarkAppendOverhead(b *testing.B) {
 		schema := wmsql.DefaultPostgreSQLSchema{}
 		init, err := wmsql.NewPublisher(wmsql.BeginnerFromPgx(s.db.Pool), wmsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, logger)
 		require.NoError(b, err)
-		msg, err := trigger.NewMessage(trigger.Trigger{Reason: trigger.ReasonTick, At: time.Now()})
+		msg, err := trigger.NewMessage(trigger.Trigger{Reason: trigger.ReasonAppend, At: time.Now()})
 		require.NoError(b, err)
 		require.NoError(b, init.Publish("nudge_outbox", msg)) // creates the outbox table
 		defer func() { b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "triggers/s") }()

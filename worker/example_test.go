@@ -31,7 +31,7 @@ func ExampleWorker_AddHandlers() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	quiet := slog.New(slog.DiscardHandler)
-	store := esmemory.New(esmemory.Config{})
+	store, _ := esmemory.New(esmemory.Config{})
 	backend, _ := pjmemory.New(store, pjmemory.Config{})
 
 	var (
@@ -47,8 +47,8 @@ func ExampleWorker_AddHandlers() {
 		}))
 	runner, _ := projection.NewRunner(backend, projection.RunnerConfig{Logger: quiet}, ticketList)
 
-	ch := gochannel.New(gochannel.Config{}) // or channel/amqp, channel/postgres
-	dead := dlmemory.New(dlmemory.Config{}) // or deadletter/postgres, which `nudge deadletter` sees
+	ch, _ := gochannel.New(gochannel.Config{}) // or channel/amqp, channel/postgres
+	dead := dlmemory.New(dlmemory.Config{})    // or deadletter/postgres, which `nudge deadletter` sees
 	w, _ := worker.New(worker.Config{Runner: runner, Channel: ch, DeadLetters: dead, Logger: quiet})
 	// worker.RouterLogger: the router's lines about a projection's handler name the projection.
 	router, _ := message.NewRouter(message.RouterConfig{}, worker.RouterLogger(watermill.NewSlogLogger(quiet)))

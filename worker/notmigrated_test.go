@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/nudgeworks/nudge/channel/gochannel"
 	"github.com/nudgeworks/nudge/deadletter"
 	dlpostgres "github.com/nudgeworks/nudge/deadletter/postgres"
 	"github.com/nudgeworks/nudge/eventstore"
@@ -36,7 +35,7 @@ func TestRunNotMigrated(t *testing.T) {
 	s := &setup{db: db, store: store, backend: backend, logger: testlog.New(t)}
 
 	run := func(cfg worker.Config) error {
-		ch := gochannel.New(gochannel.Config{})
+		ch := goChannel(t)
 		t.Cleanup(func() { _ = ch.Close() })
 		runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: s.logger}, s.model(t, "tickets", nil))
 		require.NoError(t, err)
@@ -59,7 +58,7 @@ func TestRunNotMigrated(t *testing.T) {
 	require.ErrorIs(t, err, eventstore.ErrNotMigrated)
 	require.ErrorContains(t, err, "`nudge migrate`")
 
-	rel, err := relay.New(backend, gochannel.New(gochannel.Config{}), relay.Config{Logger: s.logger})
+	rel, err := relay.New(backend, goChannel(t), relay.Config{Logger: s.logger})
 	require.NoError(t, err)
 	require.ErrorIs(t, rel.Run(ctx), eventstore.ErrNotMigrated)
 

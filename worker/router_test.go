@@ -28,7 +28,8 @@ func TestRouterFunc(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	var seen atomic.Int64
-	ch := gochannel.New(gochannel.Config{})
+	ch, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
 	s.start(t, ch, worker.Config{SafetyNetInterval: -1, RouterFunc: func(r *message.Router) error {
 		r.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
 			return func(msg *message.Message) ([]*message.Message, error) {
@@ -47,7 +48,7 @@ func TestRouterFunc(t *testing.T) {
 	boom := errors.New("no metrics registry")
 	runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, s.model(t, "unrouted", nil))
 	require.NoError(t, err)
-	w, err := worker.New(worker.Config{Runner: runner, Channel: gochannel.New(gochannel.Config{}), Logger: s.logger,
+	w, err := worker.New(worker.Config{Runner: runner, Channel: goChannel(t), Logger: s.logger,
 		DeadLetters: s.dead, RouterFunc: func(*message.Router) error { return boom }})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), eventually)
@@ -76,7 +77,7 @@ func routerLogsNameTheProjection(t *testing.T, channelName string, own bool) {
 	var buf syncBuffer
 	s.logger = slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	s.ownRouter = own
-	var ch channel.Channel = gochannel.New(gochannel.Config{})
+	var ch channel.Channel = goChannel(t)
 	if channelName != "gochannel" {
 		ch = s.newChannel(t, channels[channelName])
 	}

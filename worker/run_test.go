@@ -23,7 +23,8 @@ import (
 // Run while one runs (ErrAlreadyRunning) and run again once it has returned.
 func TestRunTwice(t *testing.T) {
 	t.Parallel()
-	store := memstore.New(memstore.Config{})
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
 	backend, err := memproj.New(store, memproj.Config{})
 	require.NoError(t, err)
 	p, err := projection.New("twice", projection.Config{},
@@ -34,7 +35,8 @@ func TestRunTwice(t *testing.T) {
 	require.NoError(t, runner.Init(context.Background()))
 
 	t.Run("worker", func(t *testing.T) {
-		ch := gochannel.New(gochannel.Config{})
+		ch, err := gochannel.New(gochannel.Config{})
+		require.NoError(t, err)
 		defer func() { _ = ch.Close() }()
 		w, err := worker.New(worker.Config{Runner: runner, Channel: ch, SafetyNetInterval: -1, HorizonPollInterval: -1,
 			DeadLetters: dlmemory.New(dlmemory.Config{})})
@@ -72,7 +74,8 @@ func TestRunTwice(t *testing.T) {
 		restartable(t, poller.Run)
 	})
 	t.Run("relay", func(t *testing.T) {
-		ch := gochannel.New(gochannel.Config{})
+		ch, err := gochannel.New(gochannel.Config{})
+		require.NoError(t, err)
 		defer func() { _ = ch.Close() }()
 		rel, err := relay.New(backend, ch, relay.Config{})
 		require.NoError(t, err)
@@ -98,14 +101,16 @@ func TestConfig(t *testing.T) {
 	require.NotNil(t, cfg.Logger)
 	require.Equal(t, cfg.Retry, cfg.Retry.WithDefaults())
 
-	store := memstore.New(memstore.Config{})
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
 	backend, err := memproj.New(store, memproj.Config{})
 	require.NoError(t, err)
 	p, err := projection.New("alpha", projection.Config{}, projection.OnAnyIdempotent(func(context.Context, eventstore.Event) error { return nil }))
 	require.NoError(t, err)
 	runner, err := projection.NewRunner(backend, projection.RunnerConfig{}, p)
 	require.NoError(t, err)
-	ch := gochannel.New(gochannel.Config{})
+	ch, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = ch.Close() })
 	dead := dlmemory.New(dlmemory.Config{})
 	good := worker.Config{Runner: runner, Channel: ch, DeadLetters: dead}

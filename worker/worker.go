@@ -31,6 +31,7 @@ import (
 	"github.com/nudgeworks/nudge/channel"
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/retry"
 	"github.com/nudgeworks/nudge/trigger"
@@ -479,7 +480,7 @@ func (w *Worker) waitReadable(ctx context.Context, pos eventstore.Position) (boo
 		return true, nil
 	}
 	deadline := time.Now().Add(w.cfg.HorizonWait)
-	pause := 2 * time.Millisecond
+	wait := backoff.Exponential{Initial: 2 * time.Millisecond, Max: 100 * time.Millisecond}
 	for {
 		head, err := w.cfg.Store.Head(ctx)
 		if err != nil {
@@ -488,15 +489,13 @@ func (w *Worker) waitReadable(ctx context.Context, pos eventstore.Position) (boo
 		if !head.Less(pos) {
 			return true, nil
 		}
+		pause := wait.Next()
 		if time.Now().Add(pause).After(deadline) {
 			return false, nil
 		}
-		select {
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-time.After(pause):
+		if err := backoff.Sleep(ctx, pause); err != nil {
+			return false, err
 		}
-		pause = min(2*pause, 100*time.Millisecond)
 	}
 }
 

@@ -59,7 +59,7 @@ type channelCase struct {
 }
 
 var channels = map[string]channelCase{
-	"gochannel": {new: func(testing.TB, *setup) channel.Channel { return gochannel.New(gochannel.Config{}) }},
+	"gochannel": {new: func(t testing.TB, _ *setup) channel.Channel { return goChannel(t) }},
 	"amqp": {new: func(t testing.TB, s *setup) channel.Channel {
 		env := amqptest.New(t)
 		s.amqp = env
@@ -232,6 +232,14 @@ func (s *setup) startStoppable(t testing.TB, ch channel.Channel, cfg worker.Conf
 	return w, stop
 }
 
+// goChannel returns a new GoChannel channel.
+func goChannel(t testing.TB) *gochannel.Channel {
+	t.Helper()
+	ch, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
+	return ch
+}
+
 // runOwnRouter runs w's handlers on a router of the test's own until ctx ends, the way a
 // service that owns its router wires them.
 func (s *setup) runOwnRouter(ctx context.Context, t testing.TB, wg *sync.WaitGroup, w *worker.Worker) {
@@ -375,8 +383,9 @@ func TestLostTriggers(t *testing.T) {
 	}
 }
 
-// TestMalformedTriggersAreDeadLettered: garbage and unknown versions go to the dead letters at
-// once, with the reason, and the consumer keeps consuming.
+// TestMalformedTriggersAreDeadLettered: garbage, unknown versions and unknown reasons go to the
+// dead letters at once, with the reason, and the consumer keeps consuming. A trigger of an
+// older build with a catch-up reason ("tick") is no dead letter: it catches up.
 func TestMalformedTriggersAreDeadLettered(t *testing.T) {
 	t.Parallel()
 	eachChannel(t, func(t *testing.T, s *setup, ch channel.Channel) {
@@ -389,16 +398,25 @@ func TestMalformedTriggersAreDeadLettered(t *testing.T) {
 		require.NoError(t, err)
 		garbage := message.NewMessage("garbage-1", []byte("\x00\xff not json"))
 		future := message.NewMessage("future-1", []byte(`{"v":99,"pos":"1/1"}`))
+		later := message.NewMessage("later-1", []byte(`{"v":1,"reason":"later"}`))
+		tick := message.NewMessage("tick-1", []byte(`{"v":1,"at":"2026-11-22T10:00:00Z","reason":"tick"}`))
 		require.NoError(t, ch.Publisher().Publish(topic, garbage))
 		require.NoError(t, ch.Publisher().Publish(topic, future))
+		require.NoError(t, ch.Publisher().Publish(topic, later))
+		require.NoError(t, ch.Publisher().Publish(topic, tick))
 
 		reasons := map[string]string{}
-		for _, rec := range s.awaitDeadLetters(t, 2) {
+		for _, rec := range s.awaitDeadLetters(t, 3) {
 			reasons[rec.MessageUUID] = rec.Error
 		}
 		require.Contains(t, reasons["garbage-1"], "not a JSON trigger object")
 		require.Contains(t, reasons["future-1"], "version 99")
-		require.Equal(t, int64(2), w.Stats("alpha").Invalid, "dead-lettered at once, without a retry")
+		require.Contains(t, reasons["later-1"], `unknown reason "later"`)
+		// The start-up catch-up, then the tick's: the invalid triggers run none.
+		require.Eventually(t, func() bool { st := w.Stats("alpha"); return st.Received == 4 && st.CatchUps >= 2 }, eventually, 5*time.Millisecond,
+			"the old tick trigger is received and caught up on")
+		require.Equal(t, int64(3), w.Stats("alpha").Invalid, "dead-lettered at once, without a retry")
+		require.Len(t, s.awaitDeadLetters(t, 3), 3, "the tick trigger is no dead letter")
 
 		s.append(t, "s", storeEvent(1))
 		require.Eventually(t, func() bool { return s.has(t, "alpha", 1) }, eventually, 10*time.Millisecond, "the consumer keeps consuming")
@@ -443,7 +461,7 @@ func TestGracefulShutdown(t *testing.T) {
 			t.Fatal("the start-up catch-up never reached the handler")
 		}
 		// A trigger arrives too: its handler waits for the projection's lock.
-		require.NoError(t, ch.Publish(context.Background(), trigger.Trigger{Reason: trigger.ReasonTick, At: time.Now()}))
+		require.NoError(t, ch.Publish(context.Background(), trigger.Trigger{Reason: trigger.ReasonAppend, At: time.Now()}))
 		require.Eventually(t, func() bool { return w.Stats("slow").Received == 1 }, eventually, 5*time.Millisecond)
 		cancel()
 		select {

@@ -6,12 +6,9 @@
 //
 //	exchange  p + "nudge.triggers"              fanout; every trigger is published here
 //	queue     p + "nudge.triggers_" + name      one per projection, bound to the exchange
-//	queue     p + "nudge.dead_letters"          the dead-letter topic, only once it is used
 //
-// The dead-letter queue is declared when a message is first published to DeadLetterTopic (or
-// DeadLetterSubscriber subscribes), not by Declare: a worker with a durable dead-letter store
-// (worker.Config.DeadLetters) never publishes there, and a queue nobody writes or reads would
-// only puzzle whoever looks at the broker.
+// Nothing else: dead letters go to a worker's dead-letter store (worker.Config.DeadLetters),
+// never to the broker.
 //
 // Declare creates the queues and bindings of the projections it is given: the broker drops a
 // trigger published to the fanout exchange when no queue is bound to it, so declare every
@@ -43,7 +40,7 @@
 // backoff for up to Config.StartupTimeout (or Config.StartupAttempts), logging each failed
 // attempt (the URL's password redacted), then fails with a *ConnectError that says what to
 // check. A refused login (user, password or vhost) is not retried. A Config that New refuses
-// is a *ConfigError naming the field.
+// is a *ConfigError naming the field (matching ErrInvalidConfig).
 //
 // Once connected, a lost connection is re-established in the background, forever, with
 // backoff from 500 ms up to Config.ReconnectMaxInterval; subscriptions resume by themselves.
@@ -87,6 +84,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/internal/redact"
 	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/trigger"
@@ -129,7 +127,11 @@ var ErrClosed = errors.New("amqp: channel is closed")
 // trigger. Nothing was sent.
 var ErrNotDeclared = errors.New("amqp: projection not declared")
 
-// ConfigError is a Config that New refuses. Problem says what is wrong with the field and what
+// ErrInvalidConfig is matched (errors.Is) by every error New and Config.Validate return for a
+// Config they cannot use; each is a *ConfigError naming the field.
+var ErrInvalidConfig = errors.New("amqp: invalid config")
+
+// ConfigError is a Config that New refuses; it matches ErrInvalidConfig. Problem says what is wrong with the field and what
 // to do, without naming the field, so that a program can put the name of its own setting (a
 // command-line flag, say) in front of it.
 type ConfigError struct {
@@ -141,6 +143,9 @@ type ConfigError struct {
 }
 
 func (e *ConfigError) Error() string { return "amqp: Config." + e.Field + " " + e.Problem }
+
+// Is makes errors.Is(err, ErrInvalidConfig) true.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
 
 // ConnectError is New's failure to connect to RabbitMQ.
 type ConnectError struct {
@@ -221,21 +226,16 @@ type Config struct {
 
 // Channel is the RabbitMQ channel. Its methods are safe for concurrent use.
 type Channel struct {
-	cfg             Config
-	log             *slog.Logger
-	wlog            watermill.LoggerAdapter
-	dialer          *dialer
-	conn            *amqp.ConnectionWrapper
-	pubConfig       amqp.Config
-	slots           chan *amqp.Publisher // PublishChannels entries; nil: to be created
-	triggerTopic    string
-	deadLetterTopic string
+	cfg          Config
+	log          *slog.Logger
+	wlog         watermill.LoggerAdapter
+	dialer       *dialer
+	conn         *amqp.ConnectionWrapper
+	pubConfig    amqp.Config
+	slots        chan *amqp.Publisher // PublishChannels entries; nil: to be created
+	triggerTopic string
 
 	declared sync.Map // projection name → struct{}: its queue is declared
-	// deadLettersDeclared is set once the dead-letter queue is declared; deadLettersMu
-	// serialises the declaring.
-	deadLettersDeclared atomic.Bool
-	deadLettersMu       sync.Mutex
 
 	mu     sync.Mutex
 	closed bool
@@ -250,37 +250,20 @@ var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]*$`)
 // New connects to RabbitMQ and returns the channel. It retries the first connection for up to
 // cfg.StartupTimeout (or until ctx ends), then fails.
 func New(ctx context.Context, cfg Config) (*Channel, error) {
-	if cfg.URL == "" {
-		return nil, &ConfigError{Field: "URL", Problem: "is required, e.g. amqp://guest:guest@localhost:5672/"}
-	}
-	uri, err := parseURL(cfg.URL)
+	cfg = cfg.WithDefaults()
+	uri, err := cfg.validate()
 	if err != nil {
 		return nil, err
 	}
-	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, ConnectionNameDefault)
-	cfg.StartupTimeout = cmp.Or(cfg.StartupTimeout, StartupTimeoutDefault)
-	cfg.PublishChannels = cmp.Or(cfg.PublishChannels, PublishChannelsDefault)
-	cfg.ReconnectMaxInterval = cmp.Or(cfg.ReconnectMaxInterval, ReconnectMaxIntervalDefault)
-	if problem := prefixProblem(cfg.Prefix); problem != "" {
-		return nil, &ConfigError{Field: "Prefix", Problem: problem}
-	}
-	if cfg.StartupTimeout < 0 || cfg.StartupAttempts < 0 || cfg.PublishChannels < 0 || cfg.ReconnectMaxInterval < 0 {
-		return nil, errors.New("amqp: Config.StartupTimeout, StartupAttempts, PublishChannels and ReconnectMaxInterval " +
-			"must not be negative (0 means the default)")
-	}
 	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	log = log.With(slog.String("channel", "amqp"))
 
 	c := &Channel{
-		cfg:             cfg,
-		log:             log,
-		wlog:            queueLogger{watermill.NewSlogLogger(log), cfg.Prefix + channel.TriggerTopic + "_"},
-		dialer:          &dialer{timeout: dialTimeout},
-		triggerTopic:    cfg.Prefix + channel.TriggerTopic,
-		deadLetterTopic: cfg.Prefix + channel.DeadLetterTopic,
+		cfg:          cfg,
+		log:          log,
+		wlog:         queueLogger{watermill.NewSlogLogger(log), cfg.Prefix + channel.TriggerTopic + "_"},
+		dialer:       &dialer{timeout: dialTimeout},
+		triggerTopic: cfg.Prefix + channel.TriggerTopic,
 	}
 	if uri.ConnectionTimeout > 0 {
 		c.dialer.timeout = time.Duration(uri.ConnectionTimeout) * time.Millisecond
@@ -300,6 +283,55 @@ func New(ctx context.Context, cfg Config) (*Channel, error) {
 		c.slots <- pub
 	}
 	return c, nil
+}
+
+// WithDefaults returns cfg with every zero field that has a default set to it.
+func (cfg Config) WithDefaults() Config {
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, ConnectionNameDefault)
+	cfg.StartupTimeout = cmp.Or(cfg.StartupTimeout, StartupTimeoutDefault)
+	cfg.PublishChannels = cmp.Or(cfg.PublishChannels, PublishChannelsDefault)
+	cfg.ReconnectMaxInterval = cmp.Or(cfg.ReconnectMaxInterval, ReconnectMaxIntervalDefault)
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults) as a *ConfigError naming the
+// field, which matches ErrInvalidConfig. It does not connect.
+func (cfg Config) Validate() error {
+	_, err := cfg.validate()
+	return err
+}
+
+// validate is Validate, returning the parsed URL.
+func (cfg Config) validate() (amqp091.URI, error) {
+	if cfg.URL == "" {
+		return amqp091.URI{}, &ConfigError{Field: "URL", Problem: "is required, e.g. amqp://guest:guest@localhost:5672/"}
+	}
+	uri, err := parseURL(cfg.URL)
+	if err != nil {
+		return amqp091.URI{}, err
+	}
+	if problem := prefixProblem(cfg.Prefix); problem != "" {
+		return amqp091.URI{}, &ConfigError{Field: "Prefix", Problem: problem}
+	}
+	for _, f := range []struct {
+		field    string
+		negative bool
+		value    any
+	}{
+		{"StartupTimeout", cfg.StartupTimeout < 0, cfg.StartupTimeout},
+		{"StartupAttempts", cfg.StartupAttempts < 0, cfg.StartupAttempts},
+		{"PublishChannels", cfg.PublishChannels < 0, cfg.PublishChannels},
+		{"ReconnectMaxInterval", cfg.ReconnectMaxInterval < 0, cfg.ReconnectMaxInterval},
+	} {
+		if f.negative {
+			return amqp091.URI{}, &ConfigError{Field: f.field, Problem: fmt.Sprintf("is %v; it must not be negative (0 means the default)", f.value)}
+		}
+	}
+	if cfg.Logger == nil {
+		return amqp091.URI{}, &ConfigError{Field: "Logger", Problem: "is nil; call WithDefaults first"}
+	}
+	return uri, nil
 }
 
 // prefixProblem says what is wrong with a Config.Prefix, or "" if nothing is.
@@ -367,7 +399,7 @@ func (c *Channel) connect(ctx context.Context) error {
 	c.dialer.setDeadline(deadline)
 	defer c.dialer.setDeadline(time.Time{})
 
-	wait := startupBackoffInitial
+	backOff := backoff.Exponential{Initial: startupBackoffInitial, Max: startupBackoffMax}
 	for attempt := 1; ; attempt++ {
 		conn, err := amqp.NewConnection(connCfg, c.wlog)
 		if err == nil {
@@ -396,17 +428,11 @@ func (c *Channel) connect(ctx context.Context) error {
 			}
 			return cerr
 		}
-		wait = min(wait, remaining)
+		wait := min(backOff.Next(), remaining)
 		c.log.Warn("amqp: RabbitMQ not reachable, retrying", slog.String("url", redacted),
 			slog.Int("attempt", attempt), slog.Duration("retry_in", wait),
 			slog.Duration("gives_up_in", remaining.Round(time.Millisecond)), slog.String("error", msg))
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-		case <-timer.C:
-		}
-		wait = min(2*wait, startupBackoffMax)
+		_ = backoff.Sleep(ctx, wait) // an ended ctx is seen by the next attempt's checks
 	}
 }
 
@@ -524,7 +550,7 @@ func (c *Channel) newSubscriber(cfg amqp.Config, log watermill.LoggerAdapter) (*
 }
 
 // Declare implements channel.Channel: it declares the exchange and each projection's queue
-// bound to it. The dead-letter queue is declared on first use (see the package documentation).
+// bound to it.
 func (c *Channel) Declare(ctx context.Context, projections ...string) error {
 	for _, projection := range projections {
 		if err := name.Validate(projection); err != nil {
@@ -539,23 +565,6 @@ func (c *Channel) Declare(ctx context.Context, projections ...string) error {
 			return err
 		}
 	}
-	return nil
-}
-
-// declareDeadLetters declares the dead-letter queue, once per Channel.
-func (c *Channel) declareDeadLetters() error {
-	if c.deadLettersDeclared.Load() {
-		return nil
-	}
-	c.deadLettersMu.Lock()
-	defer c.deadLettersMu.Unlock()
-	if c.deadLettersDeclared.Load() {
-		return nil
-	}
-	if err := c.initialize(amqp.NewDurableQueueConfig(""), c.deadLetterTopic, c.deadLetterTopic, c.wlog); err != nil {
-		return err
-	}
-	c.deadLettersDeclared.Store(true)
 	return nil
 }
 
@@ -715,14 +724,8 @@ func (c *Channel) publish(ctx context.Context, topic string, msg *message.Messag
 // publisher is the message.Publisher of Channel.Publisher.
 type publisher struct{ c *Channel }
 
-// Publish publishes each message with its own context; the first message to the dead-letter
-// topic declares its queue.
+// Publish publishes each message with its own context.
 func (p publisher) Publish(topic string, msgs ...*message.Message) error {
-	if topic == p.c.deadLetterTopic && len(msgs) > 0 {
-		if err := p.c.declareDeadLetters(); err != nil {
-			return err
-		}
-	}
 	for _, msg := range msgs {
 		if err := p.c.publish(msg.Context(), topic, msg); err != nil {
 			return err
@@ -750,19 +753,9 @@ func (c *Channel) Subscriber(projection string) (message.Subscriber, string, err
 
 // Publisher implements channel.Channel. It publishes through the same pool of confirmed
 // channels as Publish, each message with its own context: to the fanout exchange for the
-// trigger topic, and for any other topic (DeadLetterTopic, a projection's queue) through the
-// default exchange to the queue of that name, which must exist (the dead-letter queue is
-// declared before the first message to it). Its Close does nothing; Close closes it.
+// trigger topic, and for any other topic (a projection's queue, QueueName) through the default
+// exchange to the queue of that name, which must exist. Its Close does nothing; Close closes it.
 func (c *Channel) Publisher() message.Publisher { return publisher{c} }
-
-// DeadLetterTopic implements channel.Channel: Config.Prefix + channel.DeadLetterTopic.
-func (c *Channel) DeadLetterTopic() string { return c.deadLetterTopic }
-
-// DeadLetterSubscriber implements channel.Channel: a new subscriber of the dead-letter queue,
-// which its Subscribe declares.
-func (c *Channel) DeadLetterSubscriber() (message.Subscriber, error) {
-	return c.newSubscriber(amqp.NewDurableQueueConfig(""), c.wlog)
-}
 
 // Durable implements channel.Channel: queues and messages are durable.
 func (c *Channel) Durable() bool { return true }

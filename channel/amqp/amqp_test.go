@@ -159,35 +159,51 @@ func TestSuite(t *testing.T) {
 	})
 }
 
-func TestNewRefusesBadConfig(t *testing.T) {
+// TestConfig: WithDefaults fills every default; New refuses a Config that cannot work with a
+// *ConfigError that names the field and matches ErrInvalidConfig, before it connects.
+func TestConfig(t *testing.T) {
 	t.Parallel()
+	cfg := amqp.Config{URL: amqptest.URLDefault}.WithDefaults()
+	require.Equal(t, amqp.ConnectionNameDefault, cfg.ConnectionName)
+	require.Equal(t, amqp.StartupTimeoutDefault, cfg.StartupTimeout)
+	require.Equal(t, amqp.PublishChannelsDefault, cfg.PublishChannels)
+	require.Equal(t, amqp.ReconnectMaxIntervalDefault, cfg.ReconnectMaxInterval)
+	require.NotNil(t, cfg.Logger)
+	require.NoError(t, cfg.Validate())
+
 	for _, tc := range []struct {
-		name string
-		cfg  amqp.Config
-		want string
+		name  string
+		cfg   amqp.Config
+		field string
+		want  string
 	}{
-		{"no URL", amqp.Config{}, "Config.URL is required"},
-		{"not a URL", amqp.Config{URL: "amqp://guest:secret@host:port/"}, "Config.URL is not a valid URL"},
-		{"not AMQP", amqp.Config{URL: "http://guest:secret@localhost/"}, "not an AMQP URL"},
-		{"bad prefix", amqp.Config{URL: amqptest.URLDefault, Prefix: "a b"}, `Config.Prefix "a b" may only hold`},
-		{"reserved prefix", amqp.Config{URL: amqptest.URLDefault, Prefix: "amq.x"}, "reserves"},
-		{"long prefix", amqp.Config{URL: amqptest.URLDefault, Prefix: strings.Repeat("p", amqp.MaxPrefixLength+1)}, "at most"},
-		{"negative", amqp.Config{URL: amqptest.URLDefault, PublishChannels: -1}, "must not be negative"},
-		{"negative attempts", amqp.Config{URL: amqptest.URLDefault, StartupAttempts: -1}, "must not be negative"},
+		{"no URL", amqp.Config{}, "URL", "Config.URL is required"},
+		{"not a URL", amqp.Config{URL: "amqp://guest:secret@host:port/"}, "URL", "Config.URL is not a valid URL"},
+		{"not AMQP", amqp.Config{URL: "http://guest:secret@localhost/"}, "URL", "not an AMQP URL"},
+		{"bad prefix", amqp.Config{URL: amqptest.URLDefault, Prefix: "a b"}, "Prefix", `Config.Prefix "a b" may only hold`},
+		{"reserved prefix", amqp.Config{URL: amqptest.URLDefault, Prefix: "amq.x"}, "Prefix", "reserves"},
+		{"long prefix", amqp.Config{URL: amqptest.URLDefault, Prefix: strings.Repeat("p", amqp.MaxPrefixLength+1)}, "Prefix", "at most"},
+		{"negative", amqp.Config{URL: amqptest.URLDefault, PublishChannels: -1}, "PublishChannels", "must not be negative"},
+		{"negative attempts", amqp.Config{URL: amqptest.URLDefault, StartupAttempts: -1}, "StartupAttempts", "must not be negative"},
+		{"negative timeout", amqp.Config{URL: amqptest.URLDefault, StartupTimeout: -time.Second}, "StartupTimeout", "must not be negative"},
+		{"negative reconnect", amqp.Config{URL: amqptest.URLDefault, ReconnectMaxInterval: -1}, "ReconnectMaxInterval", "must not be negative"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := amqp.New(context.Background(), tc.cfg)
+			require.ErrorIs(t, err, amqp.ErrInvalidConfig)
 			require.ErrorContains(t, err, tc.want)
 			require.NotContains(t, err.Error(), "secret", "the password is never printed")
 			var cerr *amqp.ConfigError
-			if errors.As(err, &cerr) {
-				// The problem reads on behind any name for the field.
-				require.NotContains(t, cerr.Problem, "Config.")
-				require.Equal(t, "amqp: Config."+cerr.Field+" "+cerr.Problem, err.Error())
-				require.Contains(t, []string{"URL", "Prefix"}, cerr.Field)
-			}
+			require.ErrorAs(t, err, &cerr)
+			require.Equal(t, tc.field, cerr.Field)
+			// The problem reads on behind any name for the field.
+			require.NotContains(t, cerr.Problem, "Config.")
+			require.Equal(t, "amqp: Config."+cerr.Field+" "+cerr.Problem, err.Error())
 		})
 	}
+	var cerr *amqp.ConfigError
+	require.ErrorAs(t, amqp.Config{URL: amqptest.URLDefault}.Validate(), &cerr, "Validate checks cfg as it is")
+	require.Equal(t, "Logger", cerr.Field)
 }
 
 // TestStartupAttempts: with StartupAttempts 1, an unreachable broker fails at the first
@@ -597,7 +613,6 @@ func TestTopology(t *testing.T) {
 	env := amqptest.New(t)
 	ch := newChannel(t, config(t, env))
 	require.NoError(t, ch.Declare(context.Background(), "alpha"))
-	require.Equal(t, env.Prefix+"nudge.dead_letters", ch.DeadLetterTopic())
 	_, topic, err := ch.Subscriber("alpha")
 	require.NoError(t, err)
 	require.Equal(t, env.Prefix+"nudge.triggers", topic)
@@ -611,12 +626,5 @@ func TestTopology(t *testing.T) {
 	require.NoError(t, raw.ExchangeDeclarePassive(env.Prefix+"nudge.triggers", "fanout", true, false, false, false, nil))
 	require.Equal(t, env.Prefix+"nudge.triggers_alpha", ch.QueueName("alpha"))
 	require.True(t, env.QueueExists(t, env.Prefix+"nudge.triggers_alpha"))
-	require.False(t, env.QueueExists(t, env.Prefix+"nudge.dead_letters"), "Declare leaves the dead-letter queue to its first use")
-
-	// The first dead letter declares its queue, and lands there.
-	dead := message.NewMessage("dead-1", []byte("poison"))
-	require.NoError(t, ch.Publisher().Publish(ch.DeadLetterTopic(), dead))
-	q, err := raw.QueueDeclarePassive(env.Prefix+"nudge.dead_letters", true, false, false, false, nil)
-	require.NoError(t, err)
-	require.Equal(t, 1, q.Messages)
+	require.False(t, env.QueueExists(t, env.Prefix+"nudge.dead_letters"), "no dead-letter queue: dead letters go to the worker's store")
 }

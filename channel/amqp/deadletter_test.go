@@ -32,8 +32,9 @@ func TestNoDeadLetterQueue(t *testing.T) {
 	ctx := context.Background()
 	logger := slog.New(slog.DiscardHandler)
 
-	events := esmemory.New(esmemory.Config{})
-	_, err := events.Append(ctx, "s-1", eventstore.NoStream, eventstore.EventData{Type: "Bad", Payload: json.RawMessage(`{}`)})
+	events, err := esmemory.New(esmemory.Config{})
+	require.NoError(t, err)
+	_, err = events.Append(ctx, "s-1", eventstore.NoStream, eventstore.EventData{Type: "Bad", Payload: json.RawMessage(`{}`)})
 	require.NoError(t, err)
 	backend, err := pjmemory.New(events, pjmemory.Config{})
 	require.NoError(t, err)

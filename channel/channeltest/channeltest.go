@@ -37,7 +37,6 @@ func Run(t *testing.T, newChannel NewChannelFunc) {
 		{"AddressedToUndeclaredIsRefused", testAddressedUndeclared},
 		{"NackRedelivers", testNack},
 		{"DurableBeforeConsumerStarts", testDurable},
-		{"DeadLetters", testDeadLetters},
 		{"ManyTriggers", testMany},
 		{"RefusesInvalidNames", testInvalidNames},
 	}
@@ -180,27 +179,6 @@ func testDurable(t *testing.T, ch channel.Channel) {
 	require.NoError(t, ch.Publish(context.Background(), Trigger(5)))
 	require.Equal(t, int64(5), Next(t, Consume(t, ch, "alpha")).Position.GlobalPosition)
 	require.Equal(t, int64(5), Next(t, Consume(t, ch, "beta")).Position.GlobalPosition)
-}
-
-func testDeadLetters(t *testing.T, ch channel.Channel) {
-	declare(t, ch, "alpha")
-	sub, err := ch.DeadLetterSubscriber()
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	msgs, err := sub.Subscribe(ctx, ch.DeadLetterTopic())
-	require.NoError(t, err)
-	poisoned := message.NewMessage("poison-1", []byte("\x00 not a trigger"))
-	poisoned.Metadata.Set("reason_poisoned", "trigger: invalid trigger")
-	require.NoError(t, ch.Publisher().Publish(ch.DeadLetterTopic(), poisoned))
-	select {
-	case msg := <-msgs:
-		require.Equal(t, []byte("\x00 not a trigger"), []byte(msg.Payload))
-		require.Equal(t, "trigger: invalid trigger", msg.Metadata.Get("reason_poisoned"))
-		msg.Ack()
-	case <-time.After(wait):
-		t.Fatal("the dead letter did not arrive")
-	}
 }
 
 func testMany(t *testing.T, ch channel.Channel) {

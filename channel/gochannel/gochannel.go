@@ -8,7 +8,9 @@
 package gochannel
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -27,20 +29,42 @@ type Channel struct {
 
 var _ channel.Channel = (*Channel)(nil)
 
+// OutputChannelBufferDefault is the default Config.OutputChannelBuffer.
+const OutputChannelBufferDefault = 64
+
+// ErrInvalidConfig is matched (errors.Is) by every error New returns for a Config it cannot use.
+var ErrInvalidConfig = errors.New("gochannel: invalid config")
+
 // Config configures a Channel.
 type Config struct {
 	// Logger for Watermill. Defaults to no logging.
 	Logger watermill.LoggerAdapter
-	// OutputChannelBuffer is each subscription's buffer. Defaults to 64.
+	// OutputChannelBuffer is each subscription's buffer. Defaults to OutputChannelBufferDefault.
 	OutputChannelBuffer int64
 }
 
-// New returns a channel on a new GoChannel.
-func New(cfg Config) *Channel {
-	if cfg.OutputChannelBuffer == 0 {
-		cfg.OutputChannelBuffer = 64
+// WithDefaults returns cfg with every zero field that has a default set to it.
+func (cfg Config) WithDefaults() Config {
+	cfg.OutputChannelBuffer = cmp.Or(cfg.OutputChannelBuffer, OutputChannelBufferDefault)
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults), as an error matching
+// ErrInvalidConfig.
+func (cfg Config) Validate() error {
+	if cfg.OutputChannelBuffer < 0 {
+		return fmt.Errorf("%w: OutputChannelBuffer %d is negative", ErrInvalidConfig, cfg.OutputChannelBuffer)
 	}
-	return &Channel{pubsub: gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: cfg.OutputChannelBuffer}, cfg.Logger)}
+	return nil
+}
+
+// New returns a channel on a new GoChannel.
+func New(cfg Config) (*Channel, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Channel{pubsub: gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: cfg.OutputChannelBuffer}, cfg.Logger)}, nil
 }
 
 // Declare implements channel.Channel. GoChannel has no topology; it only checks the names.
@@ -81,12 +105,6 @@ func (c *Channel) Subscriber(projection string) (message.Subscriber, string, err
 
 // Publisher implements channel.Channel.
 func (c *Channel) Publisher() message.Publisher { return c.pubsub }
-
-// DeadLetterTopic implements channel.Channel.
-func (c *Channel) DeadLetterTopic() string { return channel.DeadLetterTopic }
-
-// DeadLetterSubscriber implements channel.Channel.
-func (c *Channel) DeadLetterSubscriber() (message.Subscriber, error) { return c.pubsub, nil }
 
 // Durable implements channel.Channel: GoChannel keeps nothing.
 func (c *Channel) Durable() bool { return false }

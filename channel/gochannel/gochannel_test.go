@@ -1,6 +1,8 @@
 package gochannel_test
 
 import (
+	"github.com/stretchr/testify/require"
+
 	"testing"
 
 	"github.com/nudgeworks/nudge/channel"
@@ -10,5 +12,18 @@ import (
 
 func TestSuite(t *testing.T) {
 	t.Parallel()
-	channeltest.Run(t, func(*testing.T) channel.Channel { return gochannel.New(gochannel.Config{}) })
+	channeltest.Run(t, func(t *testing.T) channel.Channel {
+		ch, err := gochannel.New(gochannel.Config{})
+		require.NoError(t, err)
+		return ch
+	})
+}
+
+func TestConfig(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, int64(gochannel.OutputChannelBufferDefault), gochannel.Config{}.WithDefaults().OutputChannelBuffer)
+	require.NoError(t, gochannel.Config{}.WithDefaults().Validate())
+	_, err := gochannel.New(gochannel.Config{OutputChannelBuffer: -1})
+	require.ErrorIs(t, err, gochannel.ErrInvalidConfig)
+	require.ErrorContains(t, err, "OutputChannelBuffer")
 }

@@ -33,8 +33,6 @@ const (
 	topicFanOut topicKind = iota + 1
 	// topicProjection is projectionTopic(name): one projection's rows.
 	topicProjection
-	// topicDeadLetters is channel.DeadLetterTopic.
-	topicDeadLetters
 )
 
 // ErrUnknownTopic matches a publish or subscription on a topic this channel does not have.
@@ -44,11 +42,8 @@ var ErrUnknownTopic = errors.New("postgres channel: unknown topic")
 // Nothing reaches SQL that parseTopic has not accepted; projection names reach it only as
 // query parameters.
 func parseTopic(topic string) (topicKind, string, error) {
-	switch topic {
-	case channel.TriggerTopic:
+	if topic == channel.TriggerTopic {
 		return topicFanOut, "", nil
-	case channel.DeadLetterTopic:
-		return topicDeadLetters, "", nil
 	}
 	if projection, ok := strings.CutPrefix(topic, channel.TriggerTopic+topicSeparator); ok {
 		if err := name.Validate(projection); err != nil {
@@ -56,13 +51,13 @@ func parseTopic(topic string) (topicKind, string, error) {
 		}
 		return topicProjection, projection, nil
 	}
-	return 0, "", fmt.Errorf("%w %q: use %q (every declared projection), %q (one projection; Channel.Subscriber returns it) or %q",
-		ErrUnknownTopic, topic, channel.TriggerTopic, projectionTopic("<projection>"), channel.DeadLetterTopic)
+	return 0, "", fmt.Errorf("%w %q: use %q (every declared projection) or %q (one projection; Channel.Subscriber returns it)",
+		ErrUnknownTopic, topic, channel.TriggerTopic, projectionTopic("<projection>"))
 }
 
 // tables are the channel's table names, qualified by the configured schema and quoted.
 type tables struct {
-	subscriptions, triggers, deadLetters string
+	subscriptions, triggers string
 }
 
 func newTables(schema string) tables {
@@ -75,7 +70,6 @@ func newTables(schema string) tables {
 	return tables{
 		subscriptions: name("nudge_channel_subscriptions"),
 		triggers:      name("nudge_channel_triggers"),
-		deadLetters:   name("nudge_channel_dead_letters"),
 	}
 }
 
@@ -83,7 +77,7 @@ func newTables(schema string) tables {
 // four changes:
 //
 //   - InsertQuery fans a trigger out in one statement (INSERT … SELECT from the registry of
-//     declared projections), or inserts one projection's row, or a dead letter.
+//     declared projections), or inserts one projection's row.
 //   - SelectQuery drops the queue schema's FOR UPDATE, so the subscriber's transaction takes
 //     no transaction id while the handler runs (see the package documentation).
 //   - Subscriptions run at READ COMMITTED, so acking rows another consumer of the same
@@ -96,7 +90,7 @@ type schemaAdapter struct {
 	tables   tables
 	lockRows bool // only for the measurement that shows why the row locks go
 
-	insertFanOut, insertOne, insertDeadLetters string
+	insertFanOut, insertOne string
 }
 
 var _ wmsql.SchemaAdapter = (*schemaAdapter)(nil)
@@ -105,15 +99,9 @@ var _ wmsql.SchemaAdapter = (*schemaAdapter)(nil)
 const messageRows = `unnest($1::text[], $2::bytea[], $3::text[]) WITH ORDINALITY AS m(uuid, payload, metadata, ord)`
 
 func newSchemaAdapter(tabs tables, batchSize int, lockRows bool) *schemaAdapter {
-	table := func(topic string) string {
-		if topic == channel.DeadLetterTopic {
-			return tabs.deadLetters
-		}
-		return tabs.triggers
-	}
 	return &schemaAdapter{
 		queue: wmsql.PostgreSQLQueueSchema{
-			GenerateMessagesTableName: table,
+			GenerateMessagesTableName: func(string) string { return tabs.triggers },
 			GenerateWhereClause: func(p wmsql.GenerateWhereClauseParams) (string, []any) {
 				if _, name, _ := parseTopic(p.Topic); name != "" {
 					return "projection = $1", []any{name}
@@ -133,8 +121,6 @@ func newSchemaAdapter(tabs tables, batchSize int, lockRows bool) *schemaAdapter 
 			SELECT s.projection, m.uuid, m.payload, m.metadata::json
 			FROM ` + messageRows + ` JOIN ` + tabs.subscriptions + ` s ON s.projection = $4
 			ORDER BY m.ord`,
-		insertDeadLetters: `INSERT INTO ` + tabs.deadLetters + ` (uuid, payload, metadata)
-			SELECT m.uuid, m.payload, m.metadata::json FROM ` + messageRows + ` ORDER BY m.ord`,
 	}
 }
 
@@ -154,14 +140,10 @@ func (s *schemaAdapter) InsertQuery(p wmsql.InsertQueryParams) (wmsql.Query, err
 		}
 		ids[i], payloads[i], metadata[i] = msg.UUID, msg.Payload, string(md)
 	}
-	switch kind {
-	case topicFanOut:
+	if kind == topicFanOut {
 		return wmsql.Query{Query: s.insertFanOut, Args: []any{ids, payloads, metadata}}, nil
-	case topicProjection:
-		return wmsql.Query{Query: s.insertOne, Args: []any{ids, payloads, metadata, name}}, nil
-	default:
-		return wmsql.Query{Query: s.insertDeadLetters, Args: []any{ids, payloads, metadata}}, nil
 	}
+	return wmsql.Query{Query: s.insertOne, Args: []any{ids, payloads, metadata, name}}, nil
 }
 
 // errLockedSelectChanged says that watermill-sql's queue SELECT no longer has the shape this
@@ -228,13 +210,8 @@ var _ wmsql.OffsetsAdapter = offsetsAdapter{}
 
 func newOffsetsAdapter(tabs tables) offsetsAdapter {
 	return offsetsAdapter{wmsql.PostgreSQLQueueOffsetsAdapter{
-		DeleteOnAck: true,
-		GenerateMessagesTableName: func(topic string) string {
-			if topic == channel.DeadLetterTopic {
-				return tabs.deadLetters
-			}
-			return tabs.triggers
-		},
+		DeleteOnAck:               true,
+		GenerateMessagesTableName: func(string) string { return tabs.triggers },
 	}}
 }
 

@@ -21,7 +21,6 @@ func TestParseTopic(t *testing.T) {
 		name  string
 	}{
 		{channel.TriggerTopic, topicFanOut, ""},
-		{channel.DeadLetterTopic, topicDeadLetters, ""},
 		{projectionTopic("tickets.v2"), topicProjection, "tickets.v2"},
 		{"nudge.triggers:a-b_c.d", topicProjection, "a-b_c.d"},
 	} {
@@ -30,7 +29,7 @@ func TestParseTopic(t *testing.T) {
 		require.Equal(t, tc.kind, kind, tc.topic)
 		require.Equal(t, tc.name, name, tc.topic)
 	}
-	for _, bad := range []string{"", "nudge.triggers.x", "nudge.triggers:", "nudge.triggers:Bad", "nudge.triggers:x:y", "watermill_x"} {
+	for _, bad := range []string{"", "nudge.dead_letters", "nudge.triggers.x", "nudge.triggers:", "nudge.triggers:Bad", "nudge.triggers:x:y", "watermill_x"} {
 		_, _, err := parseTopic(bad)
 		require.Error(t, err, bad)
 	}
@@ -52,12 +51,6 @@ func TestSelectTakesNoRowLocks(t *testing.T) {
 	require.Contains(t, q.Query, "LIMIT 10")
 	require.Equal(t, []any{pgx.QueryExecModeSimpleProtocol, "tickets"}, q.Args, "simple protocol: no portal keeps a snapshot after the SELECT")
 	require.Equal(t, stdsql.LevelReadCommitted, s.SubscribeIsolationLevel())
-
-	dl, err := s.SelectQuery(wmsql.SelectQueryParams{Topic: channel.DeadLetterTopic})
-	require.NoError(t, err)
-	require.Contains(t, dl.Query, `FROM "nudge_ch"."nudge_channel_dead_letters"`)
-	require.NotContains(t, dl.Query, "FOR UPDATE")
-	require.Equal(t, []any{pgx.QueryExecModeSimpleProtocol}, dl.Args)
 
 	_, err = s.SelectQuery(wmsql.SelectQueryParams{Topic: channel.TriggerTopic})
 	require.ErrorContains(t, err, "publish-only")
@@ -82,10 +75,6 @@ func TestInsertQueries(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, one.Query, "s.projection = $4")
 	require.Equal(t, "tickets", one.Args[3])
-
-	dl, err := s.InsertQuery(wmsql.InsertQueryParams{Topic: channel.DeadLetterTopic, Msgs: msgs})
-	require.NoError(t, err)
-	require.Contains(t, dl.Query, `INSERT INTO "nudge_channel_dead_letters"`)
 
 	_, err = s.InsertQuery(wmsql.InsertQueryParams{Topic: "elsewhere", Msgs: msgs})
 	require.ErrorIs(t, err, ErrUnknownTopic)

@@ -70,7 +70,7 @@ func checkHorizon(t *testing.T, lockRows bool) {
 	t.Cleanup(cancel)
 	msgs, err := sub.Subscribe(subCtx, topic)
 	require.NoError(t, err)
-	require.NoError(t, ch.Publish(ctx, trigger.Trigger{At: time.Now(), Reason: trigger.ReasonTick}))
+	require.NoError(t, ch.Publish(ctx, trigger.Trigger{At: time.Now(), Reason: trigger.ReasonAppend}))
 
 	// The handler takes the trigger and holds it until the test acks it.
 	var held *message.Message

@@ -11,12 +11,11 @@
 //
 // # Tables and topics
 //
-// Declare creates three tables (embedded migrations, component "channel", in Config.Schema):
+// Declare creates two tables (embedded migrations, component "channel", in Config.Schema):
 //
 //   - nudge_channel_subscriptions, the registry of declared projections;
 //   - nudge_channel_triggers, one queue for the triggers of every projection, with a
-//     projection column and an index on (projection, offset);
-//   - nudge_channel_dead_letters, for channel.DeadLetterTopic.
+//     projection column and an index on (projection, offset).
 //
 // Publish fans out at publish time, in one statement: INSERT … SELECT from the registry gives
 // every declared projection its own row, including projections declared only by other
@@ -25,7 +24,7 @@
 // watermill-sql's PostgreSQLQueueSchema maps to the shared table with the where clause
 // projection = $1. Projection names reach SQL only as query arguments, after
 // name.Validate; Config.Schema is checked by New. Payloads are BYTEA, so raw
-// publishes (dead letters, replays) may carry any bytes. A projection that is deleted for good
+// publishes may carry any bytes. A projection that is deleted for good
 // should be removed with Undeclare, or publishers keep queueing triggers for it.
 //
 // # No row locks while a handler runs
@@ -175,7 +174,7 @@ type Config struct {
 	// deleted together once the last of them is acked. Defaults to BatchSizeDefault.
 	BatchSize int
 	// Logger receives the subscriptions' logs (through Watermill's slog adapter), each line
-	// with its projection. Defaults to no logging.
+	// with its projection. Defaults to a logger that discards everything.
 	Logger *slog.Logger
 
 	// lockRows keeps the queue schema's SELECT … FOR UPDATE. Tests only: it shows what the
@@ -194,6 +193,37 @@ var (
 	// ErrClosed matches a call on a closed Channel.
 	ErrClosed = errors.New("postgres channel: closed")
 )
+
+// WithDefaults returns cfg with every zero field that has a default set to it.
+func (cfg Config) WithDefaults() Config {
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, PollIntervalDefault)
+	cfg.AckDeadline = cmp.Or(cfg.AckDeadline, AckDeadlineDefault)
+	cfg.ResendInterval = cmp.Or(cfg.ResendInterval, ResendIntervalDefault)
+	cfg.RetryInterval = cmp.Or(cfg.RetryInterval, RetryIntervalDefault)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, BatchSizeDefault)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults), as an error matching
+// ErrInvalidConfig.
+func (cfg Config) Validate() error {
+	if err := postgres.ValidateSchema(cfg.Schema); err != nil {
+		return fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	}
+	for _, d := range []struct {
+		field string
+		value time.Duration
+	}{{"PollInterval", cfg.PollInterval}, {"AckDeadline", cfg.AckDeadline}, {"ResendInterval", cfg.ResendInterval}, {"RetryInterval", cfg.RetryInterval}} {
+		if d.value <= 0 {
+			return fmt.Errorf("%w: %s %v: must be positive (0 means the default)", ErrInvalidConfig, d.field, d.value)
+		}
+	}
+	if cfg.BatchSize < 1 {
+		return fmt.Errorf("%w: BatchSize %d: must be 1 or more (0 means %d)", ErrInvalidConfig, cfg.BatchSize, BatchSizeDefault)
+	}
+	return nil
+}
 
 // Channel is the PostgreSQL channel. It is safe for concurrent use.
 type Channel struct {
@@ -222,29 +252,11 @@ func New(db postgres.DB, cfg Config) (*Channel, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: New needs a database handle (a *pgxpool.Pool), got nil", ErrInvalidConfig)
 	}
-	if err := postgres.ValidateSchema(cfg.Schema); err != nil {
-		return nil, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
-	}
-	cfg.PollInterval = cmp.Or(cfg.PollInterval, PollIntervalDefault)
-	cfg.AckDeadline = cmp.Or(cfg.AckDeadline, AckDeadlineDefault)
-	cfg.ResendInterval = cmp.Or(cfg.ResendInterval, ResendIntervalDefault)
-	cfg.RetryInterval = cmp.Or(cfg.RetryInterval, RetryIntervalDefault)
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, BatchSizeDefault)
-	for _, d := range []struct {
-		field string
-		value time.Duration
-	}{{"PollInterval", cfg.PollInterval}, {"AckDeadline", cfg.AckDeadline}, {"ResendInterval", cfg.ResendInterval}, {"RetryInterval", cfg.RetryInterval}} {
-		if d.value < 0 {
-			return nil, fmt.Errorf("%w: %s %v: must be positive (0 means the default)", ErrInvalidConfig, d.field, d.value)
-		}
-	}
-	if cfg.BatchSize < 0 {
-		return nil, fmt.Errorf("%w: BatchSize %d: must be 1 or more (0 means %d)", ErrInvalidConfig, cfg.BatchSize, BatchSizeDefault)
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	c := &Channel{db: db, cfg: cfg, tables: newTables(cfg.Schema), log: log, wmLog: watermill.NewSlogLogger(log)}
 	c.schema = newSchemaAdapter(c.tables, cfg.BatchSize, cfg.lockRows)
 	c.offsets = newOffsetsAdapter(c.tables)
@@ -446,13 +458,6 @@ func (c *Channel) Subscriber(projection string) (message.Subscriber, string, err
 	return sub, projectionTopic(projection), nil
 }
 
-// DeadLetterSubscriber implements channel.Channel. Dead letters are deleted when acked. Like
-// triggers they are read without row locks, so two processes consuming dead letters may both
-// receive one: store them keyed by the message's UUID.
-func (c *Channel) DeadLetterSubscriber() (message.Subscriber, error) {
-	return c.newSubscriber(slog.String("topic", channel.DeadLetterTopic))
-}
-
 func (c *Channel) newSubscriber(attr slog.Attr) (*wmsql.Subscriber, error) {
 	ackDeadline := c.cfg.AckDeadline
 	log := c.log.With(attr)
@@ -484,8 +489,7 @@ func (c *Channel) newSubscriber(attr slog.Attr) (*wmsql.Subscriber, error) {
 
 // Publisher implements channel.Channel. It publishes raw messages to channel.TriggerTopic
 // (every declared projection), to a projection's topic (Subscriber returns it; the message is
-// dropped if the projection is not declared) or to channel.DeadLetterTopic; payloads may be
-// any bytes. Its Close does nothing: Channel.Close ends it, so a router that closes its
+// dropped if the projection is not declared); payloads may be any bytes. Its Close does nothing: Channel.Close ends it, so a router that closes its
 // handlers' publishers cannot close the channel under its other users.
 func (c *Channel) Publisher() message.Publisher { return publisher{c} }
 
@@ -502,9 +506,6 @@ func (p publisher) Publish(topic string, msgs ...*message.Message) error {
 }
 
 func (publisher) Close() error { return nil }
-
-// DeadLetterTopic implements channel.Channel.
-func (c *Channel) DeadLetterTopic() string { return channel.DeadLetterTopic }
 
 // Durable implements channel.Channel: triggers wait in PostgreSQL until a consumer acks them.
 func (c *Channel) Durable() bool { return true }

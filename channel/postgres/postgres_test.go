@@ -281,24 +281,42 @@ func TestSchema(t *testing.T) {
 	require.NoError(t, err)
 	tables, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	require.Equal(t, []string{"nudge_channel_dead_letters", "nudge_channel_subscriptions", "nudge_channel_triggers", "nudge_schema_migrations"}, tables)
+	require.Equal(t, []string{"nudge_channel_subscriptions", "nudge_channel_triggers", "nudge_schema_migrations"}, tables)
 	var inPublic int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'`).Scan(&inPublic))
 	require.Zero(t, inPublic)
 }
 
-// TestRefusesInvalidConfig: bad schema names and durations are refused before anything runs.
-func TestRefusesInvalidConfig(t *testing.T) {
+// TestConfig: WithDefaults fills every default; bad schema names, durations and batch sizes
+// are refused before anything runs, with an error matching ErrInvalidConfig naming the field.
+func TestConfig(t *testing.T) {
 	t.Parallel()
+	cfg := postgres.Config{}.WithDefaults()
+	require.Equal(t, postgres.PollIntervalDefault, cfg.PollInterval)
+	require.Equal(t, postgres.AckDeadlineDefault, cfg.AckDeadline)
+	require.Equal(t, postgres.ResendIntervalDefault, cfg.ResendInterval)
+	require.Equal(t, postgres.RetryIntervalDefault, cfg.RetryInterval)
+	require.Equal(t, postgres.BatchSizeDefault, cfg.BatchSize)
+	require.NotNil(t, cfg.Logger)
+	require.NoError(t, cfg.Validate())
+
 	db := pgtest.New(t)
 	for _, schema := range []string{"Nudge", "nudge-channel", "1nudge", `x"; DROP SCHEMA public; --`, "a b"} {
 		_, err := postgres.New(db.Pool, postgres.Config{Schema: schema})
 		require.ErrorIs(t, err, postgres.ErrInvalidConfig, schema)
 		require.ErrorContains(t, err, "lowercase letters, digits and _", schema)
 	}
-	for _, cfg := range []postgres.Config{{PollInterval: -time.Second}, {AckDeadline: -1}, {BatchSize: -1}} {
-		_, err := postgres.New(db.Pool, cfg)
-		require.ErrorIs(t, err, postgres.ErrInvalidConfig)
+	cases := map[string]postgres.Config{
+		"PollInterval":   {PollInterval: -time.Second},
+		"AckDeadline":    {AckDeadline: -1},
+		"ResendInterval": {ResendInterval: -1},
+		"RetryInterval":  {RetryInterval: -1},
+		"BatchSize":      {BatchSize: -1},
+	}
+	for field, bad := range cases {
+		_, err := postgres.New(db.Pool, bad)
+		require.ErrorIs(t, err, postgres.ErrInvalidConfig, field)
+		require.ErrorContains(t, err, field, field)
 	}
 	_, err := postgres.New(nil, postgres.Config{})
 	require.ErrorIs(t, err, postgres.ErrInvalidConfig)

@@ -6,6 +6,8 @@ package memory
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -37,11 +39,31 @@ type foldKey struct{ projection, key string }
 
 var _ deadletter.Store = (*Store)(nil)
 
-// New returns an empty store.
-func New(cfg Config) *Store {
+// ErrInvalidConfig is matched (errors.Is) by every error Validate returns for a Config that
+// cannot work; the message names the field and what to do.
+var ErrInvalidConfig = errors.New("deadletter/memory: invalid config")
+
+// WithDefaults returns cfg with every zero field that has a default set to it.
+func (cfg Config) WithDefaults() Config {
 	if cfg.NowFunc == nil {
 		cfg.NowFunc = time.Now
 	}
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults), as an error matching
+// ErrInvalidConfig.
+func (cfg Config) Validate() error {
+	if cfg.NowFunc == nil {
+		return fmt.Errorf("%w: NowFunc is nil; leave it out for time.Now (call WithDefaults first)", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// New returns an empty store. It returns no error: every Config is valid once WithDefaults has
+// filled it in, which New does.
+func New(cfg Config) *Store {
+	cfg = cfg.WithDefaults()
 	return &Store{
 		now:     cfg.NowFunc,
 		records: make(map[int64]*deadletter.Record),

@@ -57,6 +57,23 @@ type Config struct {
 	Schema string
 }
 
+// ErrInvalidConfig is matched (errors.Is) by every error New returns for a Config or a database
+// handle it cannot use; the message names the field and what to do.
+var ErrInvalidConfig = errors.New("deadletter/postgres: invalid config")
+
+// WithDefaults returns cfg with every zero field that has a default set to it. Every field's
+// zero value is its default today (Schema "" is the search path).
+func (cfg Config) WithDefaults() Config { return cfg }
+
+// Validate reports what is wrong with cfg (after WithDefaults), as an error matching
+// ErrInvalidConfig.
+func (cfg Config) Validate() error {
+	if err := postgres.ValidateSchema(cfg.Schema); err != nil {
+		return fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
 // Store is the PostgreSQL dead-letter store. It is safe for concurrent use.
 type Store struct {
 	db     postgres.DB
@@ -70,10 +87,11 @@ var _ deadletter.Store = (*Store)(nil)
 // New returns a store on db. It does not touch the database; call Migrate once at start-up.
 func New(db postgres.DB, cfg Config) (*Store, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: deadletter/postgres.New needs a database handle (a *pgxpool.Pool), got nil", deadletter.ErrInvalidInput)
+		return nil, fmt.Errorf("%w: New needs a database handle (a *pgxpool.Pool), got nil", ErrInvalidConfig)
 	}
-	if err := postgres.ValidateSchema(cfg.Schema); err != nil {
-		return nil, fmt.Errorf("%w: Config.Schema: %w", deadletter.ErrInvalidInput, err)
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	return &Store{db: db, schema: cfg.Schema, sql: newStatements(cfg.Schema), now: time.Now}, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/nudgeworks/nudge/deadletter/postgres"
 	"github.com/nudgeworks/nudge/internal/pgtest"
 	"github.com/nudgeworks/nudge/internal/testwait"
+	nudgepg "github.com/nudgeworks/nudge/postgres"
 )
 
 // newStore returns a migrated store on a database of the test's own.
@@ -43,16 +44,25 @@ func TestSuiteInSchema(t *testing.T) {
 	})
 }
 
-func TestNewRefusesBadConfig(t *testing.T) {
+// TestConfig: New refuses a nil database and a Config that cannot work with an error matching
+// ErrInvalidConfig that names the field.
+func TestConfig(t *testing.T) {
 	t.Parallel()
+	require.Equal(t, postgres.Config{Schema: "ops"}, postgres.Config{Schema: "ops"}.WithDefaults())
+	require.NoError(t, postgres.Config{}.WithDefaults().Validate())
+
 	_, err := postgres.New(nil, postgres.Config{})
-	require.ErrorIs(t, err, deadletter.ErrInvalidInput)
+	require.ErrorIs(t, err, postgres.ErrInvalidConfig)
 	require.ErrorContains(t, err, "pgxpool")
 
 	db := pgtest.New(t)
-	_, err = postgres.New(db.Pool, postgres.Config{Schema: "Ops; DROP"})
-	require.ErrorIs(t, err, deadletter.ErrInvalidInput)
-	require.ErrorContains(t, err, "lowercase")
+	for _, schema := range []string{"Ops; DROP", "1ops", "o-ps"} {
+		_, err = postgres.New(db.Pool, postgres.Config{Schema: schema})
+		require.ErrorIs(t, err, postgres.ErrInvalidConfig, schema)
+		require.ErrorIs(t, err, nudgepg.ErrInvalidSchema, schema)
+		require.ErrorContains(t, err, "Schema: ", schema)
+		require.ErrorContains(t, err, "lowercase", schema)
+	}
 }
 
 func TestMigrateTwiceAndConcurrently(t *testing.T) {

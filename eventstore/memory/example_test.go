@@ -10,7 +10,7 @@ import (
 
 func ExampleStore_Append() {
 	ctx := context.Background()
-	store := memory.New(memory.Config{})
+	store, _ := memory.New(memory.Config{})
 
 	registered, _ := eventstore.NewEventData("TicketWasRegistered", map[string]string{"id": "t-1"})
 	closed, _ := eventstore.NewEventData("TicketWasClosed", map[string]string{"id": "t-1"})

@@ -8,6 +8,7 @@ package memory
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -22,9 +23,8 @@ import (
 // Store is an in-memory event store, safe for concurrent use. The zero value is not usable:
 // create one with New.
 type Store struct {
-	now       func() time.Time
-	limits    eventstore.Limits
-	limitsErr error
+	now    func() time.Time
+	limits eventstore.Limits
 
 	mu      sync.RWMutex
 	events  []eventstore.Event // in read order
@@ -40,28 +40,47 @@ type Config struct {
 	// Limits bound each append as in eventstore/postgres; zero fields take their defaults
 	// (eventstore.MaxEventBytesDefault, 1 MiB; MaxAppendBytesDefault, 16 MiB;
 	// MaxAppendEventsDefault, 10,000). An append beyond them fails with eventstore.ErrTooLarge.
-	// Limits that cannot work (a negative one, say) make every Append fail with an error that
-	// names them, since New returns no error.
 	Limits eventstore.Limits
 }
 
-// New returns an empty store.
-func New(cfg Config) *Store {
+// ErrInvalidConfig is matched (errors.Is) by every error New returns for a Config it cannot
+// use; the message names the field and what to do. An error about Limits also carries the
+// *eventstore.ValidationError values of eventstore.Limits.Validate.
+var ErrInvalidConfig = errors.New("memory event store: invalid config")
+
+// WithDefaults returns cfg with every zero field that has a default set to it.
+func (cfg Config) WithDefaults() Config {
 	if cfg.NowFunc == nil {
 		cfg.NowFunc = time.Now
 	}
-	limits := cfg.Limits.WithDefaults()
-	var limitsErr error
-	if err := limits.Validate(); err != nil {
-		limitsErr = fmt.Errorf("memory: Config: %w", err)
+	cfg.Limits = cfg.Limits.WithDefaults()
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults), as an error matching
+// ErrInvalidConfig.
+func (cfg Config) Validate() error {
+	if cfg.NowFunc == nil {
+		return fmt.Errorf("%w: NowFunc is nil; leave it out for time.Now (call WithDefaults first)", ErrInvalidConfig)
+	}
+	if err := cfg.Limits.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// New returns an empty store.
+func New(cfg Config) (*Store, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	return &Store{
-		now:       cfg.NowFunc,
-		limits:    limits,
-		limitsErr: limitsErr,
-		streams:   make(map[string][]int),
-		byID:      make(map[uuid.UUID]int),
-	}
+		now:     cfg.NowFunc,
+		limits:  cfg.Limits,
+		streams: make(map[string][]int),
+		byID:    make(map[uuid.UUID]int),
+	}, nil
 }
 
 var _ eventstore.Store = (*Store)(nil)
@@ -70,9 +89,6 @@ var _ eventstore.Store = (*Store)(nil)
 func (s *Store) Append(ctx context.Context, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error) {
 	if err := ctx.Err(); err != nil {
 		return eventstore.AppendResult{}, err
-	}
-	if s.limitsErr != nil {
-		return eventstore.AppendResult{}, s.limitsErr
 	}
 	if err := storecheck.Append(streamID, expected, events, s.limits); err != nil {
 		return eventstore.AppendResult{}, err

@@ -291,18 +291,34 @@ func TestClosedPool(t *testing.T) {
 	require.ErrorIs(t, s.Migrate(ctx), eventstore.ErrClosed)
 }
 
-func TestNewRefusesBadConfig(t *testing.T) {
+// TestConfig: WithDefaults fills every default; New refuses a nil database and a Config that
+// cannot work with an error matching ErrInvalidConfig that names the field.
+func TestConfig(t *testing.T) {
 	t.Parallel()
+	cfg := postgres.Config{}.WithDefaults()
+	require.Equal(t, postgres.AppendAttemptsDefault, cfg.AppendAttempts)
+	require.Equal(t, eventstore.Limits{}.WithDefaults(), cfg.Limits)
+	require.NoError(t, cfg.Validate())
+
 	_, err := postgres.New(nil, postgres.Config{})
+	require.ErrorIs(t, err, postgres.ErrInvalidConfig)
 	require.ErrorContains(t, err, "nil")
 	db := struct{ nudgepg.DB }{}
 	for _, schema := range []string{"Bad", "1abc", "a-b", `x"; DROP TABLE y; --`, "a b"} {
 		_, err = postgres.New(db, postgres.Config{Schema: schema})
-		require.ErrorIs(t, err, eventstore.ErrInvalidInput, schema)
+		require.ErrorIs(t, err, postgres.ErrInvalidConfig, schema)
+		require.ErrorIs(t, err, nudgepg.ErrInvalidSchema, schema)
 		require.ErrorContains(t, err, "lowercase letters", schema)
 	}
-	_, err = postgres.New(db, postgres.Config{AppendAttempts: -1})
-	require.ErrorIs(t, err, eventstore.ErrInvalidInput)
+	cases := map[string]postgres.Config{
+		"AppendAttempts -1":        {AppendAttempts: -1},
+		"Limits.MaxEventBytes: -1": {Limits: eventstore.Limits{MaxEventBytes: -1}},
+	}
+	for want, bad := range cases {
+		_, err = postgres.New(db, bad)
+		require.ErrorIs(t, err, postgres.ErrInvalidConfig, want)
+		require.ErrorContains(t, err, want)
+	}
 }
 
 // TestCancelledMidAppend: a context cancelled while the append waits for a stream lock ends the

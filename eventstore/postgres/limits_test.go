@@ -77,7 +77,8 @@ func TestTooLargeSendsNoSQL(t *testing.T) {
 func TestNewRefusesBadLimits(t *testing.T) {
 	t.Parallel()
 	_, err := postgres.New(noSQL{t}, postgres.Config{Limits: eventstore.Limits{MaxAppendEvents: -1}})
-	require.ErrorIs(t, err, eventstore.ErrInvalidInput)
+	require.ErrorIs(t, err, postgres.ErrInvalidConfig)
+	require.ErrorIs(t, err, eventstore.ErrInvalidInput) // the *ValidationError inside
 	require.ErrorContains(t, err, "Limits.MaxAppendEvents: -1")
 	_, err = postgres.New(noSQL{t}, postgres.Config{Limits: eventstore.Limits{MaxEventBytes: 2 << 20, MaxAppendBytes: 1 << 20}})
 	require.ErrorContains(t, err, "could never be appended")

@@ -31,10 +31,10 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -44,6 +44,7 @@ import (
 	"github.com/jackc/puddle/v2"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/internal/pgmigrate"
 	"github.com/nudgeworks/nudge/internal/storecheck"
 	"github.com/nudgeworks/nudge/postgres"
@@ -74,6 +75,33 @@ type Config struct {
 	Limits eventstore.Limits
 }
 
+// ErrInvalidConfig is matched (errors.Is) by every error New returns for a Config or a database
+// handle it cannot use; the message names the field and what to do. An error about Limits also
+// carries the *eventstore.ValidationError values of eventstore.Limits.Validate.
+var ErrInvalidConfig = errors.New("postgres event store: invalid config")
+
+// WithDefaults returns cfg with every zero field that has a default set to it.
+func (cfg Config) WithDefaults() Config {
+	cfg.AppendAttempts = cmp.Or(cfg.AppendAttempts, AppendAttemptsDefault)
+	cfg.Limits = cfg.Limits.WithDefaults()
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults), as an error matching
+// ErrInvalidConfig.
+func (cfg Config) Validate() error {
+	if err := postgres.ValidateSchema(cfg.Schema); err != nil {
+		return fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	}
+	if cfg.AppendAttempts < 1 {
+		return fmt.Errorf("%w: AppendAttempts %d: must be 1 or more (0 means %d)", ErrInvalidConfig, cfg.AppendAttempts, AppendAttemptsDefault)
+	}
+	if err := cfg.Limits.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
 // Store is the PostgreSQL event store. It is safe for concurrent use.
 type Store struct {
 	db       postgres.DB
@@ -88,20 +116,11 @@ var _ eventstore.Store = (*Store)(nil)
 // New returns a store on db. It does not touch the database; call Migrate once at start-up.
 func New(db postgres.DB, cfg Config) (*Store, error) {
 	if db == nil {
-		return nil, errors.New("postgres: New needs a database handle (a *pgxpool.Pool), got nil")
+		return nil, fmt.Errorf("%w: New needs a database handle (a *pgxpool.Pool), got nil", ErrInvalidConfig)
 	}
-	if err := postgres.ValidateSchema(cfg.Schema); err != nil {
-		return nil, fmt.Errorf("%w: Config.Schema: %w", eventstore.ErrInvalidInput, err)
-	}
-	if cfg.AppendAttempts < 0 {
-		return nil, fmt.Errorf("%w: AppendAttempts %d: must be 1 or more (0 means %d)", eventstore.ErrInvalidInput, cfg.AppendAttempts, AppendAttemptsDefault)
-	}
-	if cfg.AppendAttempts == 0 {
-		cfg.AppendAttempts = AppendAttemptsDefault
-	}
-	cfg.Limits = cfg.Limits.WithDefaults()
-	if err := cfg.Limits.Validate(); err != nil {
-		return nil, fmt.Errorf("postgres: Config: %w", err)
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	return &Store{db: db, schema: cfg.Schema, attempts: cfg.AppendAttempts, limits: cfg.Limits, sql: newStatements(cfg.Schema)}, nil
 }
@@ -153,6 +172,8 @@ func (s *Store) Append(ctx context.Context, streamID string, expected eventstore
 // for command handlers that call AppendTx, so a conflict is retried like Append retries it; fn
 // must be safe to run more than once.
 func (s *Store) RunInTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	// Back off a little, with jitter, so two racing appenders do not race again.
+	wait := backoff.Exponential{Initial: 3 * time.Millisecond, Max: 50 * time.Millisecond, Multiplier: 1.5, Jitter: 0.6}
 	for attempt := 1; ; attempt++ {
 		err := s.translate(pgx.BeginFunc(ctx, s.db, fn))
 		if err == nil {
@@ -161,12 +182,8 @@ func (s *Store) RunInTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 		if !errors.Is(err, eventstore.ErrConflict) || attempt >= s.attempts {
 			return err
 		}
-		// Back off a little, with jitter, so two racing appenders do not race again.
-		pause := time.Duration(attempt) * time.Duration(1+rand.IntN(5)) * time.Millisecond
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(pause):
+		if err := backoff.Sleep(ctx, wait.Next()); err != nil {
+			return err
 		}
 	}
 }

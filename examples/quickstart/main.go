@@ -119,7 +119,10 @@ func run(ctx context.Context, out io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	ch := gochannel.New(gochannel.Config{})
+	ch, err := gochannel.New(gochannel.Config{})
+	if err != nil {
+		return err
+	}
 	defer ch.Close()
 	client, err := nudge.NewInMemory(nudge.Config{ // on PostgreSQL: nudge.New(pool, …), the same Config
 		Channel: ch, Projections: []*projection.Projection{list, stats}, Logger: logger,

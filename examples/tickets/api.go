@@ -182,7 +182,7 @@ type replayResponse struct {
 
 func (s *service) handleReplay(w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("projection")
-	known := s.runner.Names()
+	known := s.client.Runner().Names()
 	var filter deadletter.ReplayFilter
 	switch {
 	case name == "all":
@@ -196,7 +196,7 @@ func (s *service) handleReplay(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("unknown projection %q: use one of %v, or all", name, known))
 		return
 	}
-	res, err := deadletter.Replay(r.Context(), s.dead, s.ch, filter, replayedBy, time.Now())
+	res, err := deadletter.Replay(r.Context(), s.client.DeadLetters(), s.ch, filter, replayedBy, time.Now())
 	if err != nil {
 		s.fail(w, r, err)
 		return

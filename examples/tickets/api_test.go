@@ -169,7 +169,7 @@ func TestConcurrentClose(t *testing.T) {
 		counts[res.status]++
 	}
 	require.Equal(t, map[int]int{http.StatusOK: 1, http.StatusConflict: closers - 1}, counts)
-	events, err := api.svc.store.ReadStream(context.Background(), streamID(id), 0, 0)
+	events, err := api.svc.client.Store().ReadStream(context.Background(), streamID(id), 0, 0)
 	require.NoError(t, err)
 	require.Len(t, events, 2, "one registration, one closing")
 }

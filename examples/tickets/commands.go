@@ -9,8 +9,8 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/nudgeworks/nudge"
 	"github.com/nudgeworks/nudge/eventstore"
-	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 )
 
 // Limits of what the API accepts, in characters.
@@ -51,13 +51,10 @@ func (e *InputError) Error() string { return e.Field + ": " + e.Reason }
 // Is makes errors.Is(err, ErrInvalidInput) true.
 func (e *InputError) Is(target error) bool { return target == ErrInvalidInput }
 
-// tickets runs the commands: it decides from the ticket's stream and appends events; a
-// relay.Relay publishes their triggers.
+// tickets runs the commands: it decides from the ticket's stream and appends events through
+// the client, which has their triggers published.
 type tickets struct {
-	store *espg.Store
-	// appended, if set, runs after every successful append (relay.Relay.Wake: publish now
-	// rather than at the relay's next poll).
-	appended func()
+	client *nudge.Client
 }
 
 // register opens a ticket and returns its id.
@@ -77,10 +74,9 @@ func (t *tickets) register(ctx context.Context, title, customer string) (string,
 	if err != nil {
 		return "", err
 	}
-	if _, err := t.store.Append(ctx, streamID(id.String()), eventstore.NoStream, data); err != nil {
+	if _, err := t.client.Append(ctx, streamID(id.String()), eventstore.NoStream, data); err != nil {
 		return "", fmt.Errorf("register ticket: %w", err)
 	}
-	t.notify()
 	return id.String(), nil
 }
 
@@ -101,7 +97,7 @@ func (t *tickets) closeTicket(ctx context.Context, id, reason string) error {
 		return err
 	}
 	for attempt := 1; ; attempt++ {
-		events, err := t.store.ReadStream(ctx, streamID(id), 0, 0)
+		events, err := t.client.Store().ReadStream(ctx, streamID(id), 0, 0)
 		if err != nil {
 			return fmt.Errorf("close ticket: read its stream: %w", err)
 		}
@@ -114,21 +110,14 @@ func (t *tickets) closeTicket(ctx context.Context, id, reason string) error {
 			}
 		}
 		version := events[len(events)-1].StreamVersion
-		_, err = t.store.Append(ctx, streamID(id), eventstore.Exact(version), data)
+		_, err = t.client.Append(ctx, streamID(id), eventstore.Exact(version), data)
 		if errors.Is(err, eventstore.ErrWrongExpectedVersion) && attempt < closeAttempts {
 			continue // the stream moved on since we read it: decide again
 		}
 		if err != nil {
 			return fmt.Errorf("close ticket: %w", err)
 		}
-		t.notify()
 		return nil
-	}
-}
-
-func (t *tickets) notify() {
-	if t.appended != nil {
-		t.appended()
 	}
 }
 

@@ -19,9 +19,11 @@ type Mode string
 const (
 	// ModeAll runs the HTTP API and the projections' worker in one process.
 	ModeAll Mode = "all"
-	// ModeAPI runs the HTTP API only: it appends events and publishes their triggers.
+	// ModeAPI runs the HTTP API only: it appends events and serves the read models and
+	// statuses; the workers publish the triggers and run the projections.
 	ModeAPI Mode = "api"
-	// ModeWorker runs the projections only, from their triggers; no HTTP.
+	// ModeWorker runs the projections, from their triggers, and the relay that publishes the
+	// triggers; no HTTP.
 	ModeWorker Mode = "worker"
 )
 
@@ -147,7 +149,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (C
 	fs.StringVar(&cfg.AMQPURL, "amqp", AMQPURLDefault, "RabbitMQ `URL`, for --channel amqp ($NUDGE_AMQP_URL)")
 	fs.StringVar(&cfg.AMQPPrefix, "amqp-prefix", "", "`prefix` of the exchanges and queues ($NUDGE_AMQP_PREFIX)")
 	fs.StringVar(&channelName, "channel", string(ChannelAMQP), "trigger channel: amqp or postgres ($NUDGE_CHANNEL)")
-	fs.StringVar(&modeName, "mode", string(ModeAll), "what to run: all, api (HTTP only) or worker (projections only) ($TICKETS_MODE)")
+	fs.StringVar(&modeName, "mode", string(ModeAll), "what to run: all, api (HTTP only) or worker (projections and relay) ($TICKETS_MODE)")
 	fs.StringVar(&cfg.Addr, "addr", AddrDefault, "HTTP listen `address` ($TICKETS_ADDR)")
 	fs.StringVar(&cfg.Schema, "schema", "", "`schema` of nudge's tables and the read models; default: the search_path ($NUDGE_SCHEMA)")
 	fs.IntVar(&cfg.TitleWidth, "title-width", TitleWidthDefault, "width of ticket_list's title column; start with a wider one to widen it ($TICKETS_TITLE_WIDTH)")

@@ -137,8 +137,8 @@ func withParam(rawURL, key, value string) string {
 	return rawURL + sep + key + "=" + value
 }
 
-// instance is one process of the service, run in the test's process: its background parts
-// (worker, relay) and, unless it is a worker, its HTTP API on an httptest server.
+// instance is one process of the service, run in the test's process: its client's Run (unless
+// it is an API process) and, unless it is a worker, its HTTP API on an httptest server.
 type instance struct {
 	svc    *service
 	server *httptest.Server
@@ -175,9 +175,9 @@ func (e *testEnv) start(cfg Config) *instance {
 		})
 	}
 	t.Cleanup(inst.stop)
-	if svc.worker != nil {
+	if cfg.Mode.RunsWorker() {
 		select {
-		case <-svc.worker.Running():
+		case <-svc.client.Worker().Running():
 		case err := <-done:
 			t.Fatalf("the worker stopped at start: %v", err)
 		case <-time.After(waitFor):

@@ -8,16 +8,15 @@ import (
 )
 
 // TestSplitModes: an API process (--mode api) and two workers (--mode worker) on one database
-// and broker, on both channels. Triggers published while no worker runs wait in the
-// projections' subscriptions; the workers share the work without handling an event twice; one
-// worker stopping does not stop the projections.
+// and broker, on both channels. The API runs nothing in the background: events appended while
+// no worker runs wait, and the workers handle them when they start, and publish the triggers
+// (each worker runs the relay); the workers share the work without handling an event twice; one
+// worker stopping does not stop the projections. The API's /metrics shows no trigger counters:
+// it has no handlers to count them.
 func TestSplitModes(t *testing.T) {
 	t.Parallel()
 	eachChannel(t, func(t *testing.T, e *testEnv) {
 		api := e.start(e.config(ModeAPI))
-		require.Nil(t, api.svc.worker, "an API process runs no projections")
-		require.NotNil(t, api.svc.relay, "it runs the relay, on either channel")
-
 		printer := api.register(t, bodyPrinter)
 		api.register(t, bodyCoffee)
 		var st statusJSON
@@ -29,16 +28,21 @@ func TestSplitModes(t *testing.T) {
 		for _, p := range st.Projections {
 			require.Zero(t, p.EventsProcessed, "%s: nothing handles the events without a worker", p.Name)
 		}
+		require.Nil(t, st.Relay, "an API process publishes no triggers: the relay has not run yet")
+		res := api.do(t, http.MethodGet, "/metrics", "")
+		require.Equal(t, http.StatusOK, res.status)
+		require.Contains(t, string(res.body), `nudge_projection_lag_events{projection="ticket_list"} 2`)
+		require.NotContains(t, string(res.body), "nudge_worker_", "no handlers here, no trigger counters")
 
 		w1 := e.start(e.config(ModeWorker))
 		w2 := e.start(e.config(ModeWorker))
 		require.Nil(t, w1.server, "a worker serves no HTTP")
-		require.Nil(t, w1.svc.relay, "a worker publishes no triggers")
-		api.waitCaughtUp(t)
+		st = api.waitCaughtUp(t)
+		require.NotNil(t, st.Relay, "the workers run the relay")
 		require.Len(t, api.tickets(t, ""), 2)
 
 		w1.stop()
-		received := w2.svc.worker.Stats(ProjectionTicketList).Received
+		received := w2.svc.client.Worker().Stats(ProjectionTicketList).Received
 		api.call(t, http.MethodPost, "/tickets/"+printer+"/close", bodyClose, http.StatusOK, nil)
 		api.register(t, bodyVPN)
 		st = api.waitCaughtUp(t)
@@ -46,6 +50,7 @@ func TestSplitModes(t *testing.T) {
 			require.EqualValues(t, 4, p.EventsProcessed, "%s: every event once, whichever worker handled it", p.Name)
 		}
 		require.Equal(t, []string{printer}, ids(api.tickets(t, "?status=closed")))
-		require.Greater(t, w2.svc.worker.Stats(ProjectionTicketList).Received, received, "the remaining worker got the triggers")
+		require.Greater(t, w2.svc.client.Worker().Stats(ProjectionTicketList).Received, received,
+			"the remaining worker's relay published the triggers, and its handlers got them")
 	})
 }

@@ -114,7 +114,7 @@ func poisonWalkthrough(t *testing.T, e *testEnv, heal string) {
 	require.Equal(t, StatusClosed, tickets[0].Status)
 	require.Equal(t, longTitle, tickets[1].Title, "the long title is stored whole")
 
-	records, err := api.svc.dead.List(ctx, deadletter.Filter{Projection: ProjectionTicketList})
+	records, err := api.svc.client.DeadLetters().List(ctx, deadletter.Filter{Projection: ProjectionTicketList})
 	require.NoError(t, err)
 	require.Len(t, records, 1)
 	require.Equal(t, deadletter.StatusReplayed, records[0].Status)

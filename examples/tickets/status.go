@@ -21,7 +21,8 @@ type statusJSON struct {
 	// the relay (if any) has published every trigger.
 	CaughtUp    bool             `json:"caught_up"`
 	Projections []projectionJSON `json:"projections"`
-	// Relay is the trigger relay's progress (API processes only).
+	// Relay is the progress of the trigger relay, which the workers run (read from the
+	// database, in every process that serves HTTP).
 	Relay *relayJSON `json:"relay,omitempty"`
 }
 
@@ -86,7 +87,7 @@ type relayJSON struct {
 // status reads every projection's status and failed dead letters.
 func (s *service) status(ctx context.Context) (statusJSON, error) {
 	out := statusJSON{Mode: s.cfg.Mode, Channel: s.cfg.Channel, CaughtUp: true}
-	statuses, err := s.runner.Statuses(ctx)
+	statuses, err := s.client.Statuses(ctx)
 	if err != nil {
 		return statusJSON{}, err
 	}
@@ -108,7 +109,7 @@ func (s *service) status(ctx context.Context) (statusJSON, error) {
 		if fe := st.FailingEvent; fe != nil {
 			p.FailingEvent = &failingEventJSON{ID: fe.ID.String(), Type: fe.Type, StreamID: fe.StreamID, Position: fe.Position.String()}
 		}
-		records, err := s.dead.List(ctx, deadletter.Filter{Projection: st.Name, Status: []deadletter.Status{deadletter.StatusFailed}, Limit: deadLettersShown})
+		records, err := s.client.DeadLetters().List(ctx, deadletter.Filter{Projection: st.Name, Status: []deadletter.Status{deadletter.StatusFailed}, Limit: deadLettersShown})
 		if err != nil {
 			return statusJSON{}, fmt.Errorf("list the dead letters of %s: %w", st.Name, err)
 		}
@@ -125,12 +126,12 @@ func (s *service) status(ctx context.Context) (statusJSON, error) {
 		out.CaughtUp = out.CaughtUp && p.CaughtUp
 		out.Projections = append(out.Projections, p)
 	}
-	if s.relay != nil {
-		st, err := s.relay.Status(ctx)
+	if rel := s.client.Relay(); rel != nil {
+		st, err := rel.Status(ctx)
 		if err == nil {
 			out.Relay = &relayJSON{Name: st.Name, State: st.State, Position: st.Position.String(),
 				LagEvents: st.LagEvents, LagSeconds: st.LagTime.Seconds(), LastError: st.LastError}
-		} // else the relay has not registered yet: it is starting
+		} // else the relay has not registered yet: no worker has started
 		// Projections can finish an event's catch-up before the relay, which published its
 		// trigger first, commits its own position: the relay must be caught up too.
 		out.CaughtUp = out.CaughtUp && err == nil && st.CaughtUp()

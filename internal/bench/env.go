@@ -307,7 +307,7 @@ func (h *harness) newAMQP() amqpEnv {
 
 // cleanup deletes the exchange and queues a channel with the env's prefix declared for
 // projections (channel/amqp's names: queue <prefix>nudge.triggers_<name> on exchange
-// <prefix>nudge.triggers, and <prefix>nudge.dead_letters).
+// <prefix>nudge.triggers).
 func (e amqpEnv) cleanup(projections []string) error {
 	conn, err := dialAMQP(e.url, e.prefix+"cleanup")
 	if err != nil {
@@ -318,7 +318,7 @@ func (e amqpEnv) cleanup(projections []string) error {
 	if err != nil {
 		return err
 	}
-	queues := []string{e.prefix + channel.DeadLetterTopic}
+	queues := make([]string, 0, len(projections))
 	for _, p := range projections {
 		queues = append(queues, e.prefix+channel.TriggerTopic+"_"+p)
 	}

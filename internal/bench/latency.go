@@ -124,7 +124,7 @@ func (h *harness) measureHop(ctx context.Context, kind string, rate int, d time.
 			return Latency{}, ctx.Err()
 		case <-tick.C:
 		}
-		if err := w.ch.Publish(ctx, trigger.Trigger{Reason: trigger.ReasonTick, At: time.Now()}); err != nil {
+		if err := w.ch.Publish(ctx, trigger.Trigger{Reason: trigger.ReasonAppend, At: time.Now()}); err != nil {
 			return Latency{}, fmt.Errorf("publish: %w", err)
 		}
 		published++

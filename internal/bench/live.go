@@ -82,7 +82,11 @@ func (h *harness) openChannel(ctx context.Context, f *fixture, kind string, proj
 		}
 		w.store = w.appender
 	case chGoChannel:
-		w.ch = gochannel.New(gochannel.Config{})
+		ch, err := gochannel.New(gochannel.Config{})
+		if err != nil {
+			return nil, err
+		}
+		w.ch = ch
 	default:
 		return nil, fmt.Errorf("unknown channel %q", kind)
 	}

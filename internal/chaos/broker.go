@@ -145,9 +145,6 @@ func (b *broker) deleteTopology(prefix string, projections []string) error {
 			return fmt.Errorf("delete queue %s: %w", queueName(prefix, p), err)
 		}
 	}
-	if _, err := ch.QueueDelete(prefix+channel.DeadLetterTopic, false, false, false); err != nil {
-		return fmt.Errorf("delete queue %s: %w", prefix+channel.DeadLetterTopic, err)
-	}
 	if err := ch.ExchangeDelete(prefix+channel.TriggerTopic, false, false); err != nil {
 		return fmt.Errorf("delete exchange %s: %w", prefix+channel.TriggerTopic, err)
 	}

@@ -139,7 +139,7 @@ func runSecurity(ctx context.Context, e *env, r *result) error {
 	if err != nil {
 		return err
 	}
-	want := []string{e.prefix + "nudge.dead_letters"}
+	var want []string
 	for _, n := range chaosmodel.Names() {
 		want = append(want, queueName(e.prefix, n))
 	}

@@ -59,13 +59,35 @@ type Config struct {
 	NowFunc func() time.Time
 }
 
+// ErrInvalidConfig is matched (errors.Is) by every error New returns for a Config or a store it
+// cannot use; it also matches projection.ErrInvalidConfig.
+var ErrInvalidConfig = fmt.Errorf("projection/memory: %w", projection.ErrInvalidConfig)
+
+// WithDefaults returns cfg with every zero field that has a default set to it.
+func (cfg Config) WithDefaults() Config {
+	if cfg.NowFunc == nil {
+		cfg.NowFunc = time.Now
+	}
+	return cfg
+}
+
+// Validate reports what is wrong with cfg (after WithDefaults), as an error matching
+// ErrInvalidConfig.
+func (cfg Config) Validate() error {
+	if cfg.NowFunc == nil {
+		return fmt.Errorf("%w: NowFunc is nil; leave it out for time.Now (call WithDefaults first)", ErrInvalidConfig)
+	}
+	return nil
+}
+
 // New returns a backend that reads events from store.
 func New(store *memstore.Store, cfg Config) (*Backend, error) {
 	if store == nil {
-		return nil, fmt.Errorf("%w: projection/memory.New needs a memory event store", projection.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: New needs a memory event store (eventstore/memory.New)", ErrInvalidConfig)
 	}
-	if cfg.NowFunc == nil {
-		cfg.NowFunc = time.Now
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	return &Backend{store: store, now: cfg.NowFunc, rows: make(map[string]*row)}, nil
 }

@@ -16,7 +16,8 @@ import (
 
 func newBackend(t *testing.T) (*memstore.Store, *memory.Backend) {
 	t.Helper()
-	store := memstore.New(memstore.Config{})
+	store, err := memstore.New(memstore.Config{})
+	require.NoError(t, err)
 	b, err := memory.New(store, memory.Config{})
 	require.NoError(t, err)
 	return store, b
@@ -44,4 +45,19 @@ func TestRefusesTransactionalHandlers(t *testing.T) {
 
 	_, err = memory.New(nil, memory.Config{})
 	require.ErrorIs(t, err, projection.ErrInvalidConfig)
+}
+
+// TestConfig: WithDefaults fills NowFunc; New refuses a nil store and a Config that cannot work
+// with an error matching ErrInvalidConfig (and projection.ErrInvalidConfig).
+func TestConfig(t *testing.T) {
+	t.Parallel()
+	cfg := memory.Config{}.WithDefaults()
+	require.NotNil(t, cfg.NowFunc)
+	require.NoError(t, cfg.Validate())
+	require.ErrorIs(t, memory.Config{}.Validate(), memory.ErrInvalidConfig)
+
+	_, err := memory.New(nil, memory.Config{})
+	require.ErrorIs(t, err, memory.ErrInvalidConfig)
+	require.ErrorIs(t, err, projection.ErrInvalidConfig)
+	require.ErrorContains(t, err, "memory event store")
 }
