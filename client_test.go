@@ -208,6 +208,7 @@ func TestConfigErrors(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	p := ticketList(t)
+	ps := []*projection.Projection{p}
 	gc, err := gochannel.New(gochannel.Config{})
 	require.NoError(t, err)
 	cases := map[string]struct {
@@ -219,9 +220,10 @@ func TestConfigErrors(t *testing.T) {
 		"unknown mode":        {nudge.Config{Channel: gc, Triggers: "carrier-pigeon"}, "is not one of"},
 		"nil projection":      {nudge.Config{Channel: gc, Projections: []*projection.Projection{nil}}, "Projections[0] is nil"},
 		"projection twice":    {nudge.Config{Channel: gc, Projections: []*projection.Projection{p, p}}, "listed twice"},
-		"negative close wait": {nudge.Config{Channel: gc, CloseTimeout: -time.Second}, "CloseTimeout"},
-		"bad schema":          {nudge.Config{Channel: gc, Schema: "Robert'); DROP"}, "chema"},
-		"bad retry":           {nudge.Config{Channel: gc, Retry: retry.Policy{MaxAttempts: -1}}, "Retry"},
+		"no projections":      {nudge.Config{Channel: gc}, "Projections is empty"},
+		"negative close wait": {nudge.Config{Channel: gc, Projections: ps, CloseTimeout: -time.Second}, "CloseTimeout"},
+		"bad schema":          {nudge.Config{Channel: gc, Projections: ps, Schema: "Robert'); DROP"}, "chema"},
+		"bad retry":           {nudge.Config{Channel: gc, Projections: ps, Retry: retry.Policy{MaxAttempts: -1}}, "Retry"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

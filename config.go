@@ -45,8 +45,9 @@ type Config struct {
 	// Channel carries the triggers: channel/amqp (RabbitMQ), channel/postgres (a PostgreSQL
 	// queue) or channel/gochannel (in process). Required. The client never closes it.
 	Channel channel.Channel
-	// Projections are the projections Run (or AddHandlers) runs. A client without projections
-	// appends, reports status and, in Run, runs the relay only.
+	// Projections are the projections Run (or AddHandlers) runs, and whose status the client
+	// reports. At least one is required; a process that only appends (an API) passes them too
+	// and does not call Run.
 	Projections []*projection.Projection
 	// Schema holds nudge's tables (events, projection status, dead letters). Defaults to "",
 	// the connection's search_path (usually public). Ignored by NewInMemory.
@@ -119,6 +120,9 @@ func (cfg Config) Validate() error {
 		}
 	default:
 		return fmt.Errorf("%w: Triggers %q is not one of %v", ErrInvalidConfig, cfg.Triggers, TriggerModes())
+	}
+	if len(cfg.Projections) == 0 {
+		return fmt.Errorf("%w: Projections is empty: give the client the projections it runs or reports on", ErrInvalidConfig)
 	}
 	seen := make(map[string]bool, len(cfg.Projections))
 	for i, p := range cfg.Projections {
