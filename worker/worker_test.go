@@ -443,8 +443,10 @@ func TestGracefulShutdown(t *testing.T) {
 		runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, slow)
 		require.NoError(t, err)
 		require.NoError(t, runner.Init(context.Background()))
+		// Counts every write, even one that fails because the shutdown ended its context.
+		dead := &addCountingStore{Store: s.dead}
 		w, err := worker.New(worker.Config{Runner: runner, Channel: ch, Logger: s.logger, SafetyNetInterval: -1, CloseTimeout: eventually,
-			DeadLetters: s.dead})
+			DeadLetters: dead})
 		require.NoError(t, err)
 
 		res, err := s.store.Append(context.Background(), "s", eventstore.Any, storeEvent(1))
@@ -479,8 +481,20 @@ func TestGracefulShutdown(t *testing.T) {
 		recs, err := s.dead.List(context.Background(), deadletter.Filter{})
 		require.NoError(t, err)
 		require.Empty(t, recs, "nothing is dead-lettered on shutdown")
+		require.Zero(t, dead.adds.Load(), "no dead letter is even attempted on shutdown")
 		require.NoError(t, ch.Close())
 	})
+}
+
+// addCountingStore counts the calls to Add, whatever they return.
+type addCountingStore struct {
+	deadletter.Store
+	adds atomic.Int64
+}
+
+func (s *addCountingStore) Add(ctx context.Context, e deadletter.Entry) (deadletter.Record, error) {
+	s.adds.Add(1)
+	return s.Store.Add(ctx, e)
 }
 
 // TestRedundantTriggersCostNoRead: a trigger for a position the projection has passed, or for

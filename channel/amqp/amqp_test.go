@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"runtime"
 	"strings"
@@ -151,11 +152,19 @@ func newChannel(t testing.TB, cfg amqp.Config) *amqp.Channel {
 
 func TestSuite(t *testing.T) {
 	t.Parallel()
-	channeltest.Run(t, func(t *testing.T) channel.Channel {
+	channeltest.Run(t, func(t *testing.T) (channel.Channel, channeltest.RestartFunc) {
 		env := amqptest.New(t)
 		ch, err := amqp.New(context.Background(), config(t, env))
 		require.NoError(t, err)
-		return ch
+		// A restart has the broker close every connection of the test, as an outage would,
+		// closes the channel, and connects a new one to the same vhost and prefix.
+		return ch, func(t *testing.T, old channel.Channel) channel.Channel {
+			require.Positive(t, env.CloseConnections(t), "the channel had a connection to close")
+			require.NoError(t, old.Close())
+			re, err := amqp.New(context.Background(), config(t, env))
+			require.NoError(t, err)
+			return re
+		}
 	})
 }
 
@@ -301,10 +310,7 @@ func TestWrongPasswordFailsAtOnce(t *testing.T) {
 	t.Parallel()
 	env := amqptest.New(t)
 	cfg := config(t, env)
-	cfg.URL = strings.Replace(env.URL, "guest:guest@", "guest:wrong-secret@", 1)
-	if cfg.URL == env.URL {
-		t.Skip("NUDGE_TEST_AMQP_URL does not use guest:guest")
-	}
+	cfg.URL = withWrongPassword(t, env.URL, "wrong-secret")
 	cfg.StartupTimeout = time.Hour // were bad credentials retried, New would not return in the test's time
 	l := newLogs(t)
 	cfg.Logger = l.logger()
@@ -316,6 +322,23 @@ func TestWrongPasswordFailsAtOnce(t *testing.T) {
 	require.True(t, cerr.Refused)
 	require.NotContains(t, err.Error(), "wrong-secret")
 	require.Zero(t, l.count("RabbitMQ not reachable, retrying"), "bad credentials are not retried")
+}
+
+// withWrongPassword returns rawURL with the password replaced, keeping its user (AMQP's
+// default user, guest, when the URL names none), host and vhost.
+func withWrongPassword(t *testing.T, rawURL, password string) string {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	require.NoError(t, err)
+	user := "guest"
+	if u.User != nil && u.User.Username() != "" {
+		user = u.User.Username()
+	}
+	if p, ok := u.User.Password(); ok {
+		require.NotEqual(t, password, p, "the test broker's own password")
+	}
+	u.User = url.UserPassword(user, password)
+	return u.String()
 }
 
 func TestBrokerReachableDuringStartup(t *testing.T) {

@@ -55,12 +55,12 @@ func TestNoDeadLetterQueue(t *testing.T) {
 	defer func() { cancel(); require.NoError(t, <-done) }()
 	select {
 	case <-w.Running():
-	case <-time.After(30 * time.Second):
+	case <-time.After(eventually):
 		t.Fatal("the worker did not start")
 	}
 
 	require.NoError(t, ch.Publish(ctx, trigger.Trigger{Projection: "alpha", Reason: trigger.ReasonReplay, At: time.Now().UTC()}))
-	require.Eventually(t, func() bool { return w.Stats("alpha").DeadLettered == 1 }, 30*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return w.Stats("alpha").DeadLettered == 1 }, eventually, 10*time.Millisecond,
 		"the trigger is dead-lettered")
 	recs, err := store.List(ctx, deadletter.Filter{Projection: "alpha"})
 	require.NoError(t, err)

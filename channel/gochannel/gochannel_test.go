@@ -12,10 +12,10 @@ import (
 
 func TestSuite(t *testing.T) {
 	t.Parallel()
-	channeltest.Run(t, func(t *testing.T) channel.Channel {
+	channeltest.Run(t, func(t *testing.T) (channel.Channel, channeltest.RestartFunc) {
 		ch, err := gochannel.New(gochannel.Config{})
 		require.NoError(t, err)
-		return ch
+		return ch, nil // keeps nothing across a restart
 	})
 }
 

@@ -38,10 +38,19 @@ var eventually = testwait.For(time.Minute)
 
 func TestSuite(t *testing.T) {
 	t.Parallel()
-	channeltest.Run(t, func(t *testing.T) channel.Channel {
-		ch, err := postgres.New(pgtest.New(t).Pool, postgres.Config{})
+	channeltest.Run(t, func(t *testing.T) (channel.Channel, channeltest.RestartFunc) {
+		db := pgtest.New(t)
+		ch, err := postgres.New(db.Pool, postgres.Config{})
 		require.NoError(t, err)
-		return ch
+		// A restart closes the channel and every connection of its pool, then opens a new
+		// pool and channel on the same database.
+		return ch, func(t *testing.T, old channel.Channel) channel.Channel {
+			require.NoError(t, old.Close())
+			db.Pool.Close()
+			re, err := postgres.New(db.NewPool(t, 8), postgres.Config{})
+			require.NoError(t, err)
+			return re
+		}
 	})
 }
 
