@@ -108,7 +108,7 @@ func (c *cli) rebuild(ctx context.Context, cmdName string, args []string) error 
 		return err
 	}
 	fmt.Fprintf(c.stdout, "asked the worker of projection %s to rebuild it (request of %s by %s, on the %s channel)\n",
-		target, at.Format(time.RFC3339Nano), actor, c.g.channel)
+		target, at.Format(time.RFC3339Nano), terminalSafe(actor), c.g.channel)
 	if *noWait {
 		fmt.Fprintf(c.stdout, "not waiting; follow the rebuild with: nudge status %s --watch\n", target)
 		return nil
