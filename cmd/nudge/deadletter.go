@@ -140,7 +140,7 @@ func (c *cli) deadletterList(ctx context.Context, args []string) error {
 		if e := r.FailingEvent; e != nil {
 			evType, evID, evStream, evPos = terminalSafe(e.Type), e.ID.String(), streamText(e.StreamID), e.Position.String()
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Projection, r.Status, r.Count, r.Attempts,
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, terminalSafe(r.Projection), r.Status, r.Count, r.Attempts,
 			evType, evID, evStream, evPos, r.LastFailedAt.Format(time.RFC3339), terminalSafe(truncate(r.Error, errorColumnWidth)))
 	}
 	if err := tw.Flush(); err != nil {

@@ -48,7 +48,9 @@ func unsafeRune(r rune) bool {
 }
 
 // terminalSafeLines is terminalSafe for a message of several lines (an error that ends with
-// advice on a line of its own): it keeps the line breaks and escapes everything else.
+// advice on a line of its own): it keeps the line breaks and escapes everything else. Text
+// from the database inside such a message goes through terminalSafe first, so that a line
+// break of its own cannot pass for one of ours.
 func terminalSafeLines(s string) string {
 	lines := strings.Split(s, "\n")
 	for i, l := range lines {
