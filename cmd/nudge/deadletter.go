@@ -140,8 +140,8 @@ func (c *cli) deadletterList(ctx context.Context, args []string) error {
 		if e := r.FailingEvent; e != nil {
 			evType, evID, evStream, evPos = terminalSafe(e.Type), e.ID.String(), streamText(e.StreamID), e.Position.String()
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Projection, r.Status, r.Count, r.Attempts,
-			evType, evID, evStream, evPos, r.LastFailedAt.Format(time.RFC3339), truncate(r.Error, errorColumnWidth))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, terminalSafe(r.Projection), r.Status, r.Count, r.Attempts,
+			evType, evID, evStream, evPos, r.LastFailedAt.Format(time.RFC3339), terminalSafe(truncate(r.Error, errorColumnWidth)))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -275,7 +275,7 @@ func (c *cli) deadletterResolve(ctx context.Context, args []string) error {
 	}
 	if r.Status == deadletter.StatusResolved {
 		fmt.Fprintf(c.stdout, "dead letter %d was already resolved by %s at %s; nothing changed\n",
-			r.ID, r.ResolvedBy, r.ResolvedAt.Format(time.RFC3339))
+			r.ID, terminalSafe(r.ResolvedBy), r.ResolvedAt.Format(time.RFC3339))
 		return nil
 	}
 	if err := store.Resolve(ctx, r.ID, c.actor(*by), *note, time.Time{}); err != nil {
@@ -403,10 +403,11 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// writeRecord prints r as "key: value" lines.
+// writeRecord prints r as "key: value" lines, every key and value made terminal-safe (the
+// error, payload, metadata, "by" and notes come from events and users).
 func writeRecord(w io.Writer, r deadletter.Record) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	line := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
+	line := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", terminalSafe(k), terminalSafe(v)) }
 	when := func(t time.Time) string {
 		if t.IsZero() {
 			return "-"
@@ -419,7 +420,7 @@ func writeRecord(w io.Writer, r deadletter.Record) error {
 	line("count", strconv.Itoa(r.Count))
 	line("attempts", strconv.Itoa(r.Attempts))
 	if e := r.FailingEvent; e != nil {
-		line("failing event type", terminalSafe(e.Type))
+		line("failing event type", e.Type)
 		line("failing event id", e.ID.String())
 		line("failing event stream", streamText(e.StreamID))
 		line("failing event position", e.Position.String())

@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
 
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
@@ -113,19 +111,4 @@ func writeHolder(w io.Writer, h *eventstore.HorizonHolder) error {
 		line("written events", "unknown (another database)")
 	}
 	return tw.Flush()
-}
-
-// terminalSafe escapes control characters (ESC, CR, other C0 and C1) so that text from the
-// server cannot move the cursor or recolour a terminal.
-func terminalSafe(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if unicode.IsControl(r) {
-			q := strconv.QuoteRuneToASCII(r)
-			b.WriteString(q[1 : len(q)-1])
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }

@@ -15,10 +15,6 @@ import (
 	"github.com/nudgeworks/nudge/internal/pgcluster"
 )
 
-func TestTerminalSafe(t *testing.T) {
-	require.Equal(t, `a\x1b[31mb\rc\u009bd é`, terminalSafe("a\x1b[31mb\rc\u009bd é"))
-}
-
 // TestHorizonCommand: on a private cluster, `nudge horizon` says nothing holds the horizon, then
 // names the session of a transaction in another database that holds an event back — with the
 // escape sequences of its application name made harmless — in text and JSON.

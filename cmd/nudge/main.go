@@ -231,9 +231,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(
 		switch {
 		case err == nil, errors.Is(err, errHelp):
 		case errors.Is(err, context.Canceled):
-			fmt.Fprintf(stderr, "nudge: stopped by %s: %s\n", sig.name(), err)
+			fmt.Fprintf(stderr, "nudge: stopped by %s: %s\n", sig.name(), terminalSafeLines(err.Error()))
 		default:
-			fmt.Fprintf(stderr, "nudge: %s\n", err)
+			fmt.Fprintf(stderr, "nudge: %s\n", terminalSafeLines(err.Error()))
 		}
 		return sig.exitCode()
 	}
@@ -241,10 +241,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(
 	case err == nil, errors.Is(err, errHelp):
 		return 0
 	case errors.As(err, &uerr):
-		fmt.Fprintf(stderr, "nudge: %s\nRun 'nudge help' for usage.\n", uerr.msg)
+		fmt.Fprintf(stderr, "nudge: %s\nRun 'nudge help' for usage.\n", terminalSafeLines(uerr.msg))
 		return 2
 	default:
-		fmt.Fprintf(stderr, "nudge: %s\n", err)
+		fmt.Fprintf(stderr, "nudge: %s\n", terminalSafeLines(err.Error()))
 		return 1
 	}
 }

@@ -108,7 +108,7 @@ func (c *cli) rebuild(ctx context.Context, cmdName string, args []string) error 
 		return err
 	}
 	fmt.Fprintf(c.stdout, "asked the worker of projection %s to rebuild it (request of %s by %s, on the %s channel)\n",
-		target, at.Format(time.RFC3339Nano), actor, c.g.channel)
+		target, at.Format(time.RFC3339Nano), terminalSafe(actor), c.g.channel)
 	if *noWait {
 		fmt.Fprintf(c.stdout, "not waiting; follow the rebuild with: nudge status %s --watch\n", target)
 		return nil
@@ -232,7 +232,7 @@ func (w *rebuildWait) failed(st projection.Status) error {
 	done, total := st.Progress()
 	return fmt.Errorf("projection %s failed on %s after %d/%d events of the rebuild: %s\n"+
 		"Fix the handler and replay the projection's dead letters ('nudge deadletter replay --projection %s')%s: the rebuild carries on from there",
-		w.name, event, done, total, strings.TrimSpace(st.LastError), w.name, skip)
+		w.name, event, done, total, terminalSafe(strings.TrimSpace(st.LastError)), w.name, skip)
 }
 
 // deadLettered returns an error if the worker dead-lettered this request (its reset hook
@@ -253,7 +253,7 @@ func (w *rebuildWait) deadLettered(ctx context.Context) error {
 			if err == nil && t.Reason == trigger.ReasonRebuild && t.At.Equal(w.at) {
 				return fmt.Errorf("the worker of projection %s could not start the rebuild and dead-lettered the request (dead letter %d): %s\n"+
 					"The projection is unchanged. Fix the cause, then run 'nudge rebuild %s' again (replaying the dead letter only catches the projection up)",
-					w.name, r.ID, strings.TrimSpace(r.Error), w.name)
+					w.name, r.ID, terminalSafe(strings.TrimSpace(r.Error)), w.name)
 			}
 		}
 		if len(recs) > 0 {

@@ -147,7 +147,7 @@ func (c *cli) watchStatus(ctx context.Context, interval time.Duration, asJSON bo
 		case err != nil && i == 0:
 			return err
 		case err != nil:
-			fmt.Fprintf(c.stderr, "nudge: %s (trying again in %s)\n", err, interval)
+			fmt.Fprintf(c.stderr, "nudge: %s (trying again in %s)\n", terminalSafe(err.Error()), interval)
 		case tty:
 			fmt.Fprintf(c.stdout, "%sEvery %s: nudge status (Ctrl-C to stop)  %s\n\n%s", clearScreen, interval,
 				time.Now().Format(time.TimeOnly), out.Bytes())
@@ -282,7 +282,7 @@ func writeStatusTable(w io.Writer, rows []statusRow) error {
 			dead = strconv.Itoa(*r.deadLetters)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Condition(), r.Position, r.Head, lagText(r.Status),
-			humanDuration(r.LagTime), failing, dead, statusNote(r.Status))
+			humanDuration(r.LagTime), failing, dead, terminalSafe(statusNote(r.Status)))
 	}
 	return tw.Flush()
 }
@@ -296,7 +296,8 @@ func lagText(st projection.Status) string {
 }
 
 // statusNote says what the numbers do not: why the projection waits, what it fails with, how
-// far its rebuild is.
+// far its rebuild is. It holds text from the database (the last error): print it through
+// terminalSafe.
 func statusNote(st projection.Status) string {
 	var notes []string
 	if st.HeldByHorizon {

@@ -143,13 +143,32 @@ func secretsOf(raw string) ([]string, bool) {
 	if !ok {
 		return nil, false
 	}
-	for _, m := range passwordParam.FindAllStringSubmatch(raw, -1) {
-		secrets = append(secrets, m[2])
-	}
+	secrets = append(secrets, paramPasswords(raw)...)
 	secrets = withEncodings(secrets)
 	secrets = slices.DeleteFunc(secrets, func(s string) bool { return s == "" || s == Mask })
 	slices.SortFunc(secrets, func(a, b string) int { return cmp.Compare(len(b), len(a)) })
 	return slices.Compact(secrets), known
+}
+
+// paramPasswords returns the values of raw's password parameters (password=… in a URL's query
+// or anywhere in the text), but not the values of a key=value string that dsnPasswords read
+// whole: this pattern stops a quoted value at its first space ('po of 'po secret'), and such a
+// piece would mask the same text elsewhere in a message.
+func paramPasswords(raw string) []string {
+	var whole map[int]bool
+	if isDSN(raw) {
+		whole = make(map[int]bool)
+		for _, v := range dsnPasswords(raw) {
+			whole[v.start] = true
+		}
+	}
+	var out []string
+	for _, m := range passwordParam.FindAllStringSubmatchIndex(raw, -1) {
+		if !whole[m[4]] {
+			out = append(out, raw[m[4]:m[5]])
+		}
+	}
+	return out
 }
 
 // passwordsOf returns the passwords of raw's key=value pairs or user information, each with

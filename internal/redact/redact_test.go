@@ -40,6 +40,9 @@ func TestURL(t *testing.T) {
 		"host=h password=s3cret":                       "host=h password=xxxxx",
 		`password = 'it\'s secret' port=5432`:          "password = xxxxx port=5432",
 		"host=h password='po secret":                   "host=h password=xxxxx",
+		`host=h password='it\'s a \\ secret' user=it`:  "host=h password=xxxxx user=it",
+		`password='a\\' b`:                             "password=xxxxx b",
+		"sslpassword='two words' password='po secret'": "sslpassword=xxxxx password=xxxxx",
 	} {
 		require.Equal(t, want, redact.URL(raw), "%q", raw)
 	}
@@ -56,6 +59,15 @@ func TestMessage(t *testing.T) {
 	// A quoted value is masked whole, and its words elsewhere are left alone.
 	require.Equal(t, "user po on port 5432: password xxxxx refused (xxxxx)",
 		redact.Message("user po on port 5432: password po secret refused ('po secret')", "host=h user=po password='po secret'"))
+	// ... and so is the quoted value's first word with its opening quote, which a password
+	// parameter of a URL's query would end at the space.
+	require.Equal(t, "role 'po is not xxxxx",
+		redact.Message("role 'po is not 'po secret'", "host=h user=po password='po secret'"))
+	// Escaped quotes and backslashes: the value as written and as libpq reads it are masked;
+	// its words, and its first word with the opening quote, are not.
+	require.Equal(t, `user it: 'it\'s it's xxxxx / xxxxx / xxxxx`,
+		redact.Message(`user it: 'it\'s it's 'it\'s a \\ secret' / it's a \ secret / it\'s a \\ secret`,
+			`host=h password='it\'s a \\ secret' user=it`))
 	// pgx shows an unterminated quote's first word masked and the rest as it was.
 	require.Equal(t, "cannot parse `host=h password=xxxxx xxxxx`",
 		redact.Message("cannot parse `host=h password=xxxxx S3CR3T`", "host=h password='po S3CR3T"))
@@ -115,6 +127,8 @@ func FuzzURL(f *testing.F) {
 	f.Add(uint8(1), "", "u", "12#", "/x", "h", "/db?sslmode=off")
 	f.Add(uint8(0x41), "", "u", "a@", "b c", "h", "/db")
 	f.Add(uint8(2), "x", "", "'", `\`, "h@i", "/p@q")
+	f.Add(uint8(0), "", "u", " secret", "", "h", "")
+	f.Add(uint8(0), "", "u", `'s \`, ` '\'`, "h", "")
 	f.Fuzz(func(t *testing.T, shape uint8, scheme, user, a, b, host, rest string) {
 		if strings.Contains(scheme+user, "=") {
 			t.Skip("an '=' before the password makes a key=value string, which dsnShape covers")
@@ -125,6 +139,12 @@ func FuzzURL(f *testing.F) {
 				if strings.Count(raw, core) > 1 || strings.Contains(raw, url.QueryEscape(core)+core) {
 					t.Skip("the fuzzer put a core elsewhere too")
 				}
+			}
+			if dsn := dsnShape(user, password, host); raw == dsn && !strings.Contains(dsn, "://") && !strings.ContainsAny(host, "@=") {
+				// The first word of the password, with the quote before it, is not the password:
+				// a message may show it elsewhere.
+				decoy := "role '" + cores[0] + " unknown"
+				require.Equal(t, decoy, redact.Message(decoy, dsn), "%q", dsn)
 			}
 			msg := "dial " + raw + ": password " + password + " (" + url.QueryEscape(password) + ") refused"
 			for what, out := range map[string]string{"URL": redact.URL(raw), "Message": redact.Message(msg, raw), "Args": strings.Join(redact.Args([]string{"--db", raw, "--db=" + raw}), " ")} {
