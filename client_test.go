@@ -261,15 +261,7 @@ func TestMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := metrics.New(metrics.Config{Registerer: reg, CacheTTL: -1})
 	require.NoError(t, err)
-	list, err := projection.New("ticket_list", projection.Config{},
-		projection.OnIdempotent("TicketRegistered", func(context.Context, projection.Event[ticketRegistered]) error { return nil }))
-	require.NoError(t, err)
-	ch, err := gochannel.New(gochannel.Config{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ch.Close() })
-	client, err := nudge.NewInMemory(nudge.Config{Channel: ch, Projections: []*projection.Projection{list}, Logger: testlog.New(t),
-		Metrics: m})
-	require.NoError(t, err)
+	client := newMemoryClient(t, nudge.Config{Metrics: m})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- client.Run(ctx) }()
@@ -356,17 +348,10 @@ func TestPrepare(t *testing.T) {
 // waits for them (a projection no worker has started is not caught up) instead of failing.
 func TestWaitCaughtUpBeforeRun(t *testing.T) {
 	t.Parallel()
-	list, err := projection.New("ticket_list", projection.Config{},
-		projection.OnIdempotent("TicketRegistered", func(context.Context, projection.Event[ticketRegistered]) error { return nil }))
-	require.NoError(t, err)
-	ch, err := gochannel.New(gochannel.Config{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ch.Close() })
-	client, err := nudge.NewInMemory(nudge.Config{Channel: ch, Projections: []*projection.Projection{list}, Logger: testlog.New(t)})
-	require.NoError(t, err)
+	client := newMemoryClient(t, nudge.Config{})
 	short, cancelShort := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancelShort()
-	err = client.WaitCaughtUp(short)
+	err := client.WaitCaughtUp(short)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorContains(t, err, "ticket_list not registered yet")
 
@@ -377,4 +362,20 @@ func TestWaitCaughtUpBeforeRun(t *testing.T) {
 	go func() { done <- client.Run(ctx) }()
 	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 	require.NoError(t, <-waited)
+}
+
+// newMemoryClient returns an in-memory client of cfg on a GoChannel of its own, with one
+// projection, ticket_list, that accepts every TicketRegistered.
+func newMemoryClient(t *testing.T, cfg nudge.Config) *nudge.Client {
+	t.Helper()
+	list, err := projection.New("ticket_list", projection.Config{},
+		projection.OnIdempotent("TicketRegistered", func(context.Context, projection.Event[ticketRegistered]) error { return nil }))
+	require.NoError(t, err)
+	ch, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	cfg.Channel, cfg.Projections, cfg.Logger = ch, []*projection.Projection{list}, testlog.New(t)
+	client, err := nudge.NewInMemory(cfg)
+	require.NoError(t, err)
+	return client
 }

@@ -170,7 +170,7 @@ func newClient(cfg Config, p parts) (*Client, error) {
 // are added (Run, AddHandlers): a client that only appends and reports status (Prepare) shows
 // no counters that nothing updates.
 func (c *Client) watchWorker() error {
-	if c.cfg.Metrics == nil || len(c.cfg.Projections) == 0 || !c.watched.CompareAndSwap(false, true) {
+	if c.cfg.Metrics == nil || !c.watched.CompareAndSwap(false, true) {
 		return nil
 	}
 	if err := c.cfg.Metrics.WatchWorker(c.worker, c.runner.Names()...); err != nil {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/nudgeworks/nudge/internal/backoff"
 )
 
 // Sizes and bounds of a crowd.
@@ -153,7 +155,7 @@ func writeOnce(ctx context.Context, conn *pgx.Conn, id, n int, opts pgx.TxOption
 	if _, err := tx.Exec(ctx, crowdInsertSQL, id, n); err != nil {
 		return err
 	}
-	if err := sleepCtx(ctx, crowdHold); err != nil {
+	if err := backoff.Sleep(ctx, crowdHold); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)

@@ -21,6 +21,7 @@ import (
 	"github.com/nudgeworks/nudge/channel"
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/internal/eventload"
 	"github.com/nudgeworks/nudge/internal/redact"
 	pgproj "github.com/nudgeworks/nudge/projection/postgres"
@@ -237,7 +238,7 @@ func (f *fixture) waitReadable(ctx context.Context, last eventstore.Position, ti
 		if time.Now().After(deadline) {
 			return fmt.Errorf("the events up to %s were not readable within %s (head %s): a long transaction elsewhere in the cluster holds readers back", last, timeout, head)
 		}
-		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+		if err := backoff.Sleep(ctx, 10*time.Millisecond); err != nil {
 			return err
 		}
 	}
@@ -348,18 +349,6 @@ func dialAMQP(rawURL, name string) (*amqp091.Connection, error) {
 	return conn, nil
 }
 
-// sleepCtx waits for d or until ctx ends.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
 // waitUntil polls cond every interval until it is true, ctx ends or timeout passes; what
 // describes the condition in the error.
 func waitUntil(ctx context.Context, timeout, interval time.Duration, what string, cond func() (bool, error)) error {
@@ -375,7 +364,7 @@ func waitUntil(ctx context.Context, timeout, interval time.Duration, what string
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s did not happen within %s", what, timeout)
 		}
-		if err := sleepCtx(ctx, interval); err != nil {
+		if err := backoff.Sleep(ctx, interval); err != nil {
 			return err
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
 	dlmemory "github.com/nudgeworks/nudge/deadletter/memory"
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/worker"
@@ -332,7 +333,7 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 	if cfg.slow {
 		p, err := liveProjection("live_slow", func(ctx context.Context, _ projection.FlushParams) error {
 			slowBatches.Add(1)
-			return sleepCtx(ctx, slowBatch) // after the handlers wrote: the transaction holds an xid
+			return backoff.Sleep(ctx, slowBatch) // after the handlers wrote: the transaction holds an xid
 		})
 		if err != nil {
 			return res, err

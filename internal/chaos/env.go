@@ -315,18 +315,6 @@ func allCaughtUp(sts []projection.Status) bool {
 	return len(sts) > 0
 }
 
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
 // between returns a random duration in [lo, hi).
 func (e *env) between(lo, hi time.Duration) time.Duration {
 	return lo + time.Duration(e.rng.Int64N(int64(hi-lo)))

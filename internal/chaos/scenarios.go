@@ -16,6 +16,7 @@ import (
 
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/internal/chaos/chaosmodel"
 	"github.com/nudgeworks/nudge/internal/redact"
 	"github.com/nudgeworks/nudge/projection"
@@ -137,7 +138,7 @@ func runSigkill(ctx context.Context, e *env, r *result) error {
 	// Catch-up: kill while the projections still work through the backlog.
 	inCatchUp := 0
 	for inCatchUp < catchUpKills {
-		if err := sleep(ctx, e.between(100*time.Millisecond, 400*time.Millisecond)); err != nil {
+		if err := backoff.Sleep(ctx, e.between(100*time.Millisecond, 400*time.Millisecond)); err != nil {
 			return err
 		}
 		if e.caughtUpTo(ctx, backlogHead) {
@@ -149,7 +150,7 @@ func runSigkill(ctx context.Context, e *env, r *result) error {
 	e.s.progress(e.name, "%d kills during catch-up (%s); now under live load", inCatchUp, time.Since(catchUpStarted).Round(100*time.Millisecond))
 	liveStart := time.Now()
 	for r.Faults < minKills || time.Since(liveStart) < minLive {
-		if err := sleep(ctx, e.between(300*time.Millisecond, 1100*time.Millisecond)); err != nil {
+		if err := backoff.Sleep(ctx, e.between(300*time.Millisecond, 1100*time.Millisecond)); err != nil {
 			return err
 		}
 		killOne()
@@ -158,7 +159,7 @@ func runSigkill(ctx context.Context, e *env, r *result) error {
 	r.Notes = append(r.Notes, fmt.Sprintf("%d kills during the catch-up of a %d-event backlog, %d under live load", inCatchUp, backlog, r.Faults-inCatchUp))
 	r.addCheck("kills during catch-up", inCatchUp >= 5, "%d before the backlog was handled", inCatchUp)
 	e.faultsOver()
-	return sleep(ctx, 3*time.Second)
+	return backoff.Sleep(ctx, 3*time.Second)
 }
 
 // runBrokerRestart: the broker closes every connection of the scenario, several times.
@@ -167,7 +168,7 @@ func runBrokerRestart(ctx context.Context, e *env, r *result) error {
 	if err := e.startAll(ctx); err != nil {
 		return err
 	}
-	if err := sleep(ctx, 2*time.Second); err != nil {
+	if err := backoff.Sleep(ctx, 2*time.Second); err != nil {
 		return err
 	}
 	closed := 0
@@ -183,14 +184,14 @@ func runBrokerRestart(ctx context.Context, e *env, r *result) error {
 		e.s.progress(e.name, "cut %d closed %d connections", i+1, n)
 		r.addCheck(fmt.Sprintf("cut %d closes the workers' and the publisher's connections", i+1), n >= 3, "%d closed", n)
 		if i < cuts-1 {
-			if err := sleep(ctx, e.between(2500*time.Millisecond, 4500*time.Millisecond)); err != nil {
+			if err := backoff.Sleep(ctx, e.between(2500*time.Millisecond, 4500*time.Millisecond)); err != nil {
 				return err
 			}
 		}
 	}
 	r.FaultKind = fmt.Sprintf("cuts (%d connections)", closed)
 	e.faultEnd = lastCut // the clients see the outage from the first close on
-	return sleep(ctx, 3*time.Second)
+	return backoff.Sleep(ctx, 3*time.Second)
 }
 
 // runPostgresRestart: fast shutdown and start of the private cluster, several times.
@@ -199,7 +200,7 @@ func runPostgresRestart(ctx context.Context, e *env, r *result) error {
 	if err := e.startAll(ctx); err != nil {
 		return err
 	}
-	if err := sleep(ctx, 2*time.Second); err != nil {
+	if err := backoff.Sleep(ctx, 2*time.Second); err != nil {
 		return err
 	}
 	for i := range restarts {
@@ -207,7 +208,7 @@ func runPostgresRestart(ctx context.Context, e *env, r *result) error {
 		if err := e.s.cluster.Stop(ctx, "fast"); err != nil {
 			return fmt.Errorf("restart %d: %w", i+1, err)
 		}
-		if err := sleep(ctx, 1500*time.Millisecond); err != nil {
+		if err := backoff.Sleep(ctx, 1500*time.Millisecond); err != nil {
 			return err
 		}
 		if err := e.s.cluster.Start(ctx); err != nil {
@@ -216,14 +217,14 @@ func runPostgresRestart(ctx context.Context, e *env, r *result) error {
 		r.Faults++
 		e.s.progress(e.name, "restart %d: down for %s", i+1, time.Since(began).Round(10*time.Millisecond))
 		if i < restarts-1 {
-			if err := sleep(ctx, e.between(3*time.Second, 5*time.Second)); err != nil {
+			if err := backoff.Sleep(ctx, e.between(3*time.Second, 5*time.Second)); err != nil {
 				return err
 			}
 		}
 	}
 	r.FaultKind = "restarts"
 	e.faultsOver()
-	return sleep(ctx, 3*time.Second)
+	return backoff.Sleep(ctx, 3*time.Second)
 }
 
 // runDroppedTriggers: half the triggers are lost, then all of them for the last appends.
@@ -232,13 +233,13 @@ func runDroppedTriggers(ctx context.Context, e *env, r *result) error {
 		return err
 	}
 	e.lossy.setDropRate(0.5)
-	if err := sleep(ctx, 12*time.Second); err != nil {
+	if err := backoff.Sleep(ctx, 12*time.Second); err != nil {
 		return err
 	}
 	// Every trigger of the last appends is lost: only the safety net can bring them in.
 	e.lossy.setDropRate(1)
 	e.droppedBefore = e.lossy.dropped.Load()
-	if err := sleep(ctx, time.Second); err != nil {
+	if err := backoff.Sleep(ctx, time.Second); err != nil {
 		return err
 	}
 	e.load.stopWriters()
@@ -263,7 +264,7 @@ func runLongTransaction(ctx context.Context, e *env, r *result) error {
 	if err := e.startAll(ctx); err != nil {
 		return err
 	}
-	if err := sleep(ctx, 3*time.Second); err != nil {
+	if err := backoff.Sleep(ctx, 3*time.Second); err != nil {
 		return err
 	}
 	conn, err := pgx.Connect(ctx, e.dbURL)
@@ -304,7 +305,7 @@ func runLongTransaction(ctx context.Context, e *env, r *result) error {
 	var early, late map[string]int64
 	appendedEarly := 0
 	for time.Since(heldAt) < hold {
-		if err := sleep(ctx, 500*time.Millisecond); err != nil {
+		if err := backoff.Sleep(ctx, 500*time.Millisecond); err != nil {
 			return err
 		}
 		p, err := processed()
@@ -328,7 +329,7 @@ func runLongTransaction(ctx context.Context, e *env, r *result) error {
 			late[name]-early[name], appendedLate-appendedEarly)
 	}
 	r.Notes = append(r.Notes, fmt.Sprintf("oldest open transaction seen by the status: %s", round(oldest)))
-	return sleep(ctx, 3*time.Second)
+	return backoff.Sleep(ctx, 3*time.Second)
 }
 
 // runPoison: an event the exactly-once projection cannot handle until it is fixed.
@@ -336,7 +337,7 @@ func runPoison(ctx context.Context, e *env, r *result) error {
 	if err := e.startAll(ctx); err != nil {
 		return err
 	}
-	if err := sleep(ctx, 3*time.Second); err != nil {
+	if err := backoff.Sleep(ctx, 3*time.Second); err != nil {
 		return err
 	}
 	poison, err := e.load.appendPoison(ctx)
@@ -350,14 +351,14 @@ func runPoison(ctx context.Context, e *env, r *result) error {
 	var recs []deadletter.Record
 	deadline := time.Now().Add(30 * time.Second)
 	for len(recs) == 0 && time.Now().Before(deadline) {
-		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+		if err := backoff.Sleep(ctx, 200*time.Millisecond); err != nil {
 			return err
 		}
 		recs, _ = e.dead.List(ctx, deadletter.Filter{Projection: chaosmodel.ExactProjection})
 	}
 	r.addCheck("dead-lettered", len(recs) > 0, "%d record(s) for %s within 30 s", len(recs), chaosmodel.ExactProjection)
 	e.s.progress(e.name, "dead-lettered after %s", time.Since(e.poisonAt).Round(10*time.Millisecond))
-	if err := sleep(ctx, 5*time.Second); err != nil {
+	if err := backoff.Sleep(ctx, 5*time.Second); err != nil {
 		return err
 	}
 	st, err := e.status.Status(ctx, chaosmodel.ExactProjection)
@@ -390,7 +391,7 @@ func runPoison(ctx context.Context, e *env, r *result) error {
 	}
 	r.addCheck("nudge deadletter replay", code == 0 && strings.Contains(out, "replayed 1 dead letter"), "exit %d: %s", code, strings.TrimSpace(out))
 	e.faultsOver()
-	return sleep(ctx, 3*time.Second)
+	return backoff.Sleep(ctx, 3*time.Second)
 }
 
 func failingID(st projection.Status) string {
@@ -479,7 +480,7 @@ func runMalformed(ctx context.Context, e *env, r *result) error {
 	if err := e.startAll(ctx); err != nil {
 		return err
 	}
-	if err := sleep(ctx, 3*time.Second); err != nil {
+	if err := backoff.Sleep(ctx, 3*time.Second); err != nil {
 		return err
 	}
 	e.malformed = map[string]malformed{}
@@ -501,7 +502,7 @@ func runMalformed(ctx context.Context, e *env, r *result) error {
 	r.FaultKind = "bad messages"
 	e.faultsOver()
 	e.s.progress(e.name, "%d bad messages published", r.Faults)
-	return sleep(ctx, 5*time.Second)
+	return backoff.Sleep(ctx, 5*time.Second)
 }
 
 // checkMalformed: each bad message is a dead letter with its reason and bytes.

@@ -19,6 +19,7 @@ import (
 	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
 	"github.com/nudgeworks/nudge/deadletter"
 	dlpostgres "github.com/nudgeworks/nudge/deadletter/postgres"
+	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/internal/chaos/chaosmodel"
 	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/projection"
@@ -151,7 +152,7 @@ func runSecurity(ctx context.Context, e *env, r *result) error {
 	}
 	r.addCheck("no queue declared for a bad name", len(extra) == 0, "unexpected queues: %v", extra)
 	e.faultsOver()
-	return sleep(ctx, 3*time.Second)
+	return backoff.Sleep(ctx, 3*time.Second)
 }
 
 // describeSecret names a generated password without showing it: its fixed prefix and length.
