@@ -222,6 +222,11 @@ type Config struct {
 	// ReconnectMaxInterval caps the wait between attempts to re-establish a lost connection.
 	// Defaults to ReconnectMaxIntervalDefault.
 	ReconnectMaxInterval time.Duration
+	// QueueType is the kind of queue declared for each projection: QueueClassic or QueueQuorum
+	// (the production choice for a clustered broker). An existing queue keeps its kind; New
+	// does not change it, and Declare fails with ErrQueueTypeMismatch on one of another kind.
+	// Defaults to QueueTypeDefault.
+	QueueType QueueType
 }
 
 // Channel is the RabbitMQ channel. Its methods are safe for concurrent use.
@@ -234,6 +239,7 @@ type Channel struct {
 	pubConfig    amqp.Config
 	slots        chan *amqp.Publisher // PublishChannels entries; nil: to be created
 	triggerTopic string
+	serverMajor  int // the broker's major version, 0 if unknown
 
 	declared sync.Map // projection name → struct{}: its queue is declared
 
@@ -292,6 +298,7 @@ func (cfg Config) WithDefaults() Config {
 	cfg.StartupTimeout = cmp.Or(cfg.StartupTimeout, StartupTimeoutDefault)
 	cfg.PublishChannels = cmp.Or(cfg.PublishChannels, PublishChannelsDefault)
 	cfg.ReconnectMaxInterval = cmp.Or(cfg.ReconnectMaxInterval, ReconnectMaxIntervalDefault)
+	cfg.QueueType = cmp.Or(cfg.QueueType, QueueTypeDefault)
 	return cfg
 }
 
@@ -330,6 +337,9 @@ func (cfg Config) validate() (amqp091.URI, error) {
 	}
 	if cfg.Logger == nil {
 		return amqp091.URI{}, &ConfigError{Field: "Logger", Problem: "is nil; call WithDefaults first"}
+	}
+	if !cfg.QueueType.valid() {
+		return amqp091.URI{}, &ConfigError{Field: "QueueType", Problem: fmt.Sprintf("is %q; it must be one of %q", cfg.QueueType, QueueTypes())}
 	}
 	return uri, nil
 }
@@ -404,6 +414,7 @@ func (c *Channel) connect(ctx context.Context) error {
 		conn, err := amqp.NewConnection(connCfg, c.wlog)
 		if err == nil {
 			c.conn = conn
+			c.serverMajor = serverMajor(conn.Connection().Properties)
 			c.log.Info("amqp: connected to RabbitMQ", slog.String("url", redacted),
 				slog.Int("attempts", attempt), slog.Duration("took", time.Since(started).Round(time.Millisecond)))
 			return nil
@@ -457,6 +468,7 @@ func (c *Channel) publisherConfig() amqp.Config {
 		return topic
 	}
 	cfg.Publish.ConfirmDelivery = true
+	cfg.Marshaler = marshaler{}
 	// One channel per publisher, and a pool of publishers (c.slots) instead of one publisher
 	// with a pool of channels: watermill-amqp v2.1.3 loses a pooled channel for good when it
 	// fails to reopen it after a connection loss (pooledChannelProvider.Channel does not put
@@ -524,7 +536,10 @@ func closePublisher(pub *amqp.Publisher) {
 
 // projectionConfig is the subscriber config of one projection's queue.
 func (c *Channel) projectionConfig(name string) amqp.Config {
-	return amqp.NewDurablePubSubConfig("", amqp.GenerateQueueNameTopicNameWithSuffix(name))
+	cfg := amqp.NewDurablePubSubConfig("", amqp.GenerateQueueNameTopicNameWithSuffix(name))
+	cfg.Queue.Arguments = queueArguments(c.cfg.QueueType, c.serverMajor)
+	cfg.Marshaler = marshaler{}
+	return cfg
 }
 
 // QueueName returns the name of the projection's queue: Config.Prefix + "nudge.triggers_" +
@@ -588,6 +603,9 @@ func (c *Channel) initialize(cfg amqp.Config, topic, queue string, log watermill
 	}
 	defer func() { _ = sub.Close() }()
 	if err := sub.SubscribeInitialize(topic); err != nil {
+		if terr := c.queueTypeError(queue, err); terr != nil {
+			return terr
+		}
 		return c.brokerError("declare queue "+queue, err)
 	}
 	return nil

@@ -177,6 +177,7 @@ func TestConfig(t *testing.T) {
 	require.Equal(t, amqp.StartupTimeoutDefault, cfg.StartupTimeout)
 	require.Equal(t, amqp.PublishChannelsDefault, cfg.PublishChannels)
 	require.Equal(t, amqp.ReconnectMaxIntervalDefault, cfg.ReconnectMaxInterval)
+	require.Equal(t, amqp.QueueClassic, cfg.QueueType)
 	require.NotNil(t, cfg.Logger)
 	require.NoError(t, cfg.Validate())
 
@@ -196,6 +197,7 @@ func TestConfig(t *testing.T) {
 		{"negative attempts", amqp.Config{URL: amqptest.URLDefault, StartupAttempts: -1}, "StartupAttempts", "must not be negative"},
 		{"negative timeout", amqp.Config{URL: amqptest.URLDefault, StartupTimeout: -time.Second}, "StartupTimeout", "must not be negative"},
 		{"negative reconnect", amqp.Config{URL: amqptest.URLDefault, ReconnectMaxInterval: -1}, "ReconnectMaxInterval", "must not be negative"},
+		{"unknown queue type", amqp.Config{URL: amqptest.URLDefault, QueueType: "stream"}, "QueueType", `"stream"; it must be one of ["classic" "quorum"]`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := amqp.New(context.Background(), tc.cfg)

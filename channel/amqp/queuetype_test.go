@@ -1,0 +1,125 @@
+package amqp_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/channel/amqp"
+	"github.com/nudgeworks/nudge/channel/channeltest"
+	"github.com/nudgeworks/nudge/internal/amqptest"
+	"github.com/nudgeworks/nudge/internal/testwait"
+	"github.com/nudgeworks/nudge/trigger"
+)
+
+func quorumConfig(t testing.TB, env *amqptest.Env) amqp.Config {
+	cfg := config(t, env)
+	cfg.QueueType = amqp.QueueQuorum
+	return cfg
+}
+
+// TestQuorumSuite runs the channel's whole conformance suite on quorum queues.
+func TestQuorumSuite(t *testing.T) {
+	t.Parallel()
+	channeltest.Run(t, func(t *testing.T) (channel.Channel, channeltest.RestartFunc) {
+		env := amqptest.New(t)
+		ch, err := amqp.New(context.Background(), quorumConfig(t, env))
+		require.NoError(t, err)
+		return ch, func(t *testing.T, old channel.Channel) channel.Channel {
+			require.Positive(t, env.CloseConnections(t), "the channel had a connection to close")
+			require.NoError(t, old.Close())
+			re, err := amqp.New(context.Background(), quorumConfig(t, env))
+			require.NoError(t, err)
+			return re
+		}
+	})
+}
+
+// redeclare declares queue on a channel of its own with args and returns the broker's answer.
+func redeclare(t *testing.T, env *amqptest.Env, queue string, args amqp091.Table) error {
+	t.Helper()
+	conn, err := amqp091.Dial(env.URL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	raw, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = raw.QueueDeclare(queue, true, false, false, false, args)
+	return err
+}
+
+// TestQuorumQueueDeclared: with QueueQuorum the projection's queue is a quorum queue — the
+// broker refuses to redeclare it as a classic one and accepts it as a quorum one.
+func TestQuorumQueueDeclared(t *testing.T) {
+	t.Parallel()
+	env := amqptest.New(t)
+	ch := newChannel(t, quorumConfig(t, env))
+	require.NoError(t, ch.Declare(context.Background(), "alpha"))
+	queue := ch.QueueName("alpha")
+	err := redeclare(t, env, queue, amqp091.Table{"x-queue-type": "classic"})
+	require.ErrorContains(t, err, "inequivalent arg 'x-queue-type'", "the queue is not classic")
+	require.NoError(t, redeclare(t, env, queue, amqp091.Table{"x-queue-type": "quorum"}))
+}
+
+// TestQueueTypeMismatch: a worker configured for quorum queues meeting a projection's classic
+// queue (declared by an earlier deployment) fails with ErrQueueTypeMismatch and says what to do;
+// the queue is left as it was.
+func TestQueueTypeMismatch(t *testing.T) {
+	t.Parallel()
+	env := amqptest.New(t)
+	classic := newChannel(t, config(t, env))
+	require.NoError(t, classic.Declare(context.Background(), "alpha"))
+
+	quorum := newChannel(t, quorumConfig(t, env))
+	err := quorum.Declare(context.Background(), "alpha")
+	require.ErrorIs(t, err, amqp.ErrQueueTypeMismatch)
+	require.ErrorContains(t, err, "delete the queue")
+	require.ErrorContains(t, err, `is not a quorum queue`)
+	require.NoError(t, redeclare(t, env, classic.QueueName("alpha"), nil), "the classic queue is still there, unchanged")
+}
+
+// TestQuorumQueueKeepsNackedTriggers: a trigger nacked many times (a projection's outage) is
+// redelivered every time, never dropped by a delivery limit (RabbitMQ 4 sets one of 20 on quorum
+// queues by default; on RabbitMQ 3 the value that lifts it there, -1, drops at the first nack).
+func TestQuorumQueueKeepsNackedTriggers(t *testing.T) {
+	t.Parallel()
+	env := amqptest.New(t)
+	ch := newChannel(t, quorumConfig(t, env))
+	ctx := context.Background()
+	require.NoError(t, ch.Declare(ctx, "alpha"))
+	sub, topic, err := ch.Subscriber("alpha")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	require.NoError(t, ch.Publish(ctx, channeltest.Trigger(5)))
+
+	const nacks = 25
+	for i := range nacks + 1 {
+		msg := nextMessage(t, msgs)
+		tr, err := trigger.FromMessage(msg)
+		require.NoError(t, err)
+		require.Equal(t, int64(5), tr.Position.GlobalPosition, "delivery %d", i+1)
+		if i < nacks {
+			msg.Nack()
+			continue
+		}
+		msg.Ack()
+	}
+}
+
+func nextMessage(t *testing.T, msgs <-chan *message.Message) *message.Message {
+	t.Helper()
+	select {
+	case msg := <-msgs:
+		return msg
+	case <-time.After(testwait.For(time.Minute)):
+		t.Fatal("no message came")
+	}
+	return nil
+}
