@@ -191,3 +191,49 @@ func (b *broker) publishRaw(ctx context.Context, connName, queue string, msgs []
 	}
 	return nil
 }
+
+// survivorQueue is a durable queue bound to the scenario's trigger exchange that nobody
+// consumes: it collects a persistent copy of every trigger, so its message count shows that
+// queues, bindings and persistent messages survive a broker restart.
+func survivorQueue(prefix string) string { return prefix + "survivor" }
+
+// declareSurvivor declares the survivor queue and binds it to the trigger exchange.
+func (b *broker) declareSurvivor(prefix string) error {
+	conn, err := b.dial(prefix + "survivor")
+	if err != nil {
+		return fmt.Errorf("declare the survivor queue: %s", redact.Message(err.Error(), b.url))
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if _, err := ch.QueueDeclare(survivorQueue(prefix), true, false, false, false, nil); err != nil {
+		return err
+	}
+	return ch.QueueBind(survivorQueue(prefix), "", prefix+channel.TriggerTopic, false, nil)
+}
+
+// queueDepths returns the number of ready messages of each queue (a passive declare, which
+// fails if the queue does not exist).
+func (b *broker) queueDepths(names ...string) (map[string]int, error) {
+	conn, err := b.dial("nudge_chaos.depth")
+	if err != nil {
+		return nil, fmt.Errorf("count the messages: %s", redact.Message(err.Error(), b.url))
+	}
+	defer func() { _ = conn.Close() }()
+	out := map[string]int{}
+	for _, name := range names {
+		ch, err := conn.Channel()
+		if err != nil {
+			return nil, err
+		}
+		q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+		if err != nil {
+			return nil, fmt.Errorf("queue %s: %w", name, err)
+		}
+		out[name] = q.Messages
+		_ = ch.Close()
+	}
+	return out, nil
+}

@@ -36,11 +36,12 @@ import (
 type suite struct {
 	cluster    *pgcluster.Cluster
 	broker     *broker
+	rabbit     *rabbitNode // the private RabbitMQ node, nil unless broker-restart runs
 	workerBin  string
 	cliBin     string
 	logDir     string // chaos-results/logs
 	runID      string
-	pgPassword string // in every PostgreSQL URL; trust authentication ignores it
+	pgPassword string // the private cluster's password (scram-sha-256), in every PostgreSQL URL
 	seed       uint64
 	rate       int
 	verbose    bool
@@ -59,7 +60,9 @@ func (s *suite) progress(scenario, format string, args ...any) {
 type env struct {
 	s       *suite
 	name    string
+	broker  *broker // the shared broker, or the private node in broker-restart
 	log     *slog.Logger
+	dbName  string
 	dbURL   string
 	prefix  string
 	pool    *pgxpool.Pool
@@ -103,6 +106,12 @@ type verified struct {
 // scenarioSettings are a scenario's knobs for its environment.
 type scenarioSettings struct {
 	safetyNet time.Duration
+	// outage marks the scenarios whose faults are outages (a database or broker away, cut
+	// connections): they must leave no dead letter.
+	outage bool
+	// privateBroker runs the scenario on the suite's own RabbitMQ node instead of the shared
+	// broker.
+	privateBroker bool
 }
 
 func randomHex(n int) string {
@@ -117,11 +126,16 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 	dbName := "chaos_" + strings.ReplaceAll(name, "-", "_")
 	e := &env{
 		s: s, name: name, log: s.log.With(slog.String("scenario", name)),
+		dbName:   dbName,
 		dbURL:    s.cluster.URL(dbName, s.pgPassword),
 		prefix:   fmt.Sprintf("nudge_chaos.%s.%s.", s.runID, name),
 		logDir:   filepath.Join(s.logDir, name),
 		rng:      mrand.New(mrand.NewPCG(s.seed, hashName(name))),
 		settings: set,
+		broker:   s.broker,
+	}
+	if set.privateBroker {
+		e.broker = &broker{url: s.rabbit.url()}
 	}
 	defer func() {
 		if err != nil {
@@ -179,7 +193,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 	if err := e.status.Init(ctx); err != nil {
 		return nil, err
 	}
-	e.channel, err = amqpchannel.New(ctx, amqpchannel.Config{URL: s.broker.url, Prefix: e.prefix, ConnectionName: e.prefix + "publisher",
+	e.channel, err = amqpchannel.New(ctx, amqpchannel.Config{URL: e.broker.url, Prefix: e.prefix, ConnectionName: e.prefix + "publisher",
 		Logger: e.log, StartupTimeout: 10 * time.Second})
 	if err != nil {
 		return nil, err
@@ -200,7 +214,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 			e.log.Error("relay stopped", slog.String("projection", relay.NameDefault), slog.Any("error", err))
 		}
 	}()
-	e.workers = newPool(workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: s.broker.url, prefix: e.prefix,
+	e.workers = newPool(workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: e.broker.url, prefix: e.prefix,
 		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet}, 2)
 	e.load = newLoad(e.store, e.log, 4, s.rate, s.seed^hashName(name))
 	return e, nil
@@ -231,7 +245,7 @@ func (e *env) close() {
 	}
 	if e.channel != nil {
 		_ = e.channel.Close()
-		if err := e.s.broker.deleteTopology(e.prefix, chaosmodel.Names()); err != nil {
+		if err := e.broker.deleteTopology(e.prefix, chaosmodel.Names()); err != nil {
 			e.log.Warn("could not delete the scenario's queues", slog.Any("error", err))
 		}
 	}

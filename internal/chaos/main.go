@@ -121,10 +121,17 @@ func run() int {
 	}
 	defer func() {
 		s.cluster.Remove(context.Background())
+		if s.rabbit != nil {
+			s.rabbit.remove()
+		}
 		_ = os.RemoveAll(filepath.Dir(s.workerBin))
 	}()
-	fmt.Printf("chaos: built the worker and the CLI, started a private PostgreSQL on 127.0.0.1:%d (%s)\n",
-		s.cluster.Port(), time.Since(started).Round(100*time.Millisecond))
+	rabbit := ""
+	if s.rabbit != nil {
+		rabbit = fmt.Sprintf(" and a private RabbitMQ node %s on 127.0.0.1:%d", s.rabbit.node, s.rabbit.port)
+	}
+	fmt.Printf("chaos: built the worker and the CLI, started a private PostgreSQL on 127.0.0.1:%d%s (%s)\n",
+		s.cluster.Port(), rabbit, time.Since(started).Round(100*time.Millisecond))
 
 	for _, sc := range selected {
 		var r *result
@@ -213,7 +220,7 @@ func (s *suite) prepare(ctx context.Context, selected []scenario) error {
 		return err
 	}
 	for _, sc := range selected {
-		if sc.name == "broker-restart" || sc.name == "security" {
+		if sc.name == "connection-cut" || sc.name == "security" {
 			if _, err := rabbitmqctl(ctx, "status"); err != nil {
 				return fmt.Errorf("scenario %s needs rabbitmqctl (or NUDGE_TEST_RABBITMQCTL): %w", sc.name, err)
 			}
@@ -226,18 +233,26 @@ func (s *suite) prepare(ctx context.Context, selected []scenario) error {
 	}
 	s.workerBin, s.cliBin = filepath.Join(binDir, "chaosworker"), filepath.Join(binDir, "nudge")
 	var wg sync.WaitGroup
-	errs := make([]error, 3)
+	errs := make([]error, 4)
+	if slices.ContainsFunc(selected, func(sc scenario) bool { return sc.settings.privateBroker }) {
+		wg.Go(func() { s.rabbit, errs[3] = newRabbitNode(ctx, s.runID, s.log) })
+	}
 	wg.Go(func() { errs[0] = goBuild(ctx, s.workerBin, "./internal/chaos/chaosworker") })
 	wg.Go(func() { errs[1] = goBuild(ctx, s.cliBin, "./cmd/nudge") })
 	wg.Go(func() {
 		var c *pgcluster.Cluster
-		c, errs[2] = pgcluster.New(ctx, s.log)
+		// Durable and with scram passwords, as production runs: crashes are recovered from
+		// the WAL, and every process authenticates.
+		c, errs[2] = pgcluster.NewWith(ctx, s.log, pgcluster.Options{Durable: true, Password: s.pgPassword})
 		s.cluster = c
 	})
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		if s.cluster != nil {
 			s.cluster.Remove(context.WithoutCancel(ctx))
+		}
+		if s.rabbit != nil {
+			s.rabbit.remove()
 		}
 		_ = os.RemoveAll(binDir)
 		return err
