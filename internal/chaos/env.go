@@ -38,6 +38,7 @@ type suite struct {
 	broker     *broker
 	rabbit     *rabbitNode // the private RabbitMQ node, nil unless broker-restart runs
 	workerBin  string
+	relayBin   string
 	cliBin     string
 	logDir     string // chaos-results/logs
 	runID      string
@@ -89,9 +90,12 @@ type env struct {
 	malformed         map[string]malformed // malformed-input: "<projection>/<message uuid>" → what was sent
 	secrets           []string             // security: passwords that must appear nowhere
 	droppedBefore     int64                // dropped-triggers: triggers dropped before all were
+	relayDown         time.Duration        // relay-kill: the relay's longest absence, kill to ready
 
 	relayCancel context.CancelFunc
 	relayDone   chan struct{}
+	// relayProc is the relay process when the scenario runs it apart (externalRelay).
+	relayProc *workerSlot
 
 	// faultEnd is when the last fault ended (faultsOver); zero if never.
 	faultEnd time.Time
@@ -112,6 +116,9 @@ type scenarioSettings struct {
 	// privateBroker runs the scenario on the suite's own RabbitMQ node instead of the shared
 	// broker.
 	privateBroker bool
+	// externalRelay runs the relay in a process of its own (chaosrelay) instead of in the
+	// suite's process.
+	externalRelay bool
 }
 
 func randomHex(n int) string {
@@ -202,9 +209,23 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 		return nil, err
 	}
 	e.lossy = &lossyPublisher{inner: e.channel, rng: mrand.New(mrand.NewPCG(s.seed, 7))}
+	if set.externalRelay {
+		e.relayProc = &workerSlot{name: "relay", set: workerSettings{binary: s.relayBin, dbURL: e.dbURL, amqpURL: e.broker.url,
+			prefix: e.prefix, logDir: e.logDir, relay: true}}
+	} else if err := e.startRelay(ctx); err != nil {
+		return nil, err
+	}
+	e.workers = newPool(workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: e.broker.url, prefix: e.prefix,
+		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet}, 2)
+	e.load = newLoad(e.store, e.log, 4, s.rate, s.seed^hashName(name))
+	return e, nil
+}
+
+// startRelay runs a relay in the suite's process, publishing through the lossy publisher.
+func (e *env) startRelay(ctx context.Context) error {
 	rel, err := relay.New(e.backend, e.lossy, relay.Config{Logger: e.log, MinInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	relayCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.relayCancel, e.relayDone = cancel, make(chan struct{})
@@ -214,10 +235,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 			e.log.Error("relay stopped", slog.String("projection", relay.NameDefault), slog.Any("error", err))
 		}
 	}()
-	e.workers = newPool(workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: e.broker.url, prefix: e.prefix,
-		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet}, 2)
-	e.load = newLoad(e.store, e.log, 4, s.rate, s.seed^hashName(name))
-	return e, nil
+	return nil
 }
 
 // hashName turns a scenario name into a seed component.
@@ -242,6 +260,9 @@ func (e *env) close() {
 	if e.relayCancel != nil {
 		e.relayCancel()
 		<-e.relayDone
+	}
+	if e.relayProc != nil {
+		e.relayProc.stop(10 * time.Second)
 	}
 	if e.channel != nil {
 		_ = e.channel.Close()

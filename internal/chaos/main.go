@@ -231,9 +231,10 @@ func (s *suite) prepare(ctx context.Context, selected []scenario) error {
 	if err != nil {
 		return err
 	}
-	s.workerBin, s.cliBin = filepath.Join(binDir, "chaosworker"), filepath.Join(binDir, "nudge")
+	s.workerBin, s.relayBin, s.cliBin = filepath.Join(binDir, "chaosworker"), filepath.Join(binDir, "chaosrelay"), filepath.Join(binDir, "nudge")
 	var wg sync.WaitGroup
-	errs := make([]error, 4)
+	errs := make([]error, 5)
+	wg.Go(func() { errs[4] = goBuild(ctx, s.relayBin, "./internal/chaos/chaosrelay") })
 	if slices.ContainsFunc(selected, func(sc scenario) bool { return sc.settings.privateBroker }) {
 		wg.Go(func() { s.rabbit, errs[3] = newRabbitNode(ctx, s.runID, s.log) })
 	}

@@ -71,6 +71,10 @@ func (s *suite) runScenario(ctx context.Context, sc scenario) *result {
 	}
 	// Only the suite ends workers: an exit of their own or a hang at shutdown fails the run.
 	problems := e.workers.problems()
+	if e.relayProc != nil {
+		e.relayProc.stop(10 * time.Second)
+		problems = errors.Join(problems, (&pool{slots: []*workerSlot{e.relayProc}}).problems())
+	}
 	r.addCheck("workers exit only when stopped, promptly", problems == nil, "%s", errText(problems))
 	if err := s.verify(ctx, e, r); err != nil {
 		return fail(fmt.Errorf("verify: %w", err))
@@ -103,7 +107,7 @@ func errText(err error) string {
 
 // verify compares every read model with the event store.
 func (s *suite) verify(ctx context.Context, e *env, r *result) error {
-	appended, err := readAppended(ctx, e.store)
+	appended, contents, err := readAppended(ctx, e.store)
 	if err != nil {
 		return err
 	}
@@ -133,6 +137,9 @@ func (s *suite) verify(ctx context.Context, e *env, r *result) error {
 		compare(chaosmodel.ExactProjection, true, appended, exact),
 		compare(chaosmodel.IdempotentProjection, false, appended, idem),
 		fm,
+	}
+	for i, seen := range []map[uuid.UUID]sighting{exact, idem, file} {
+		r.Models[i].Mismatched, r.Models[i].OutOfOrder = checkContent(contents, seen)
 	}
 	e.verified = verified{appended: appended, seen: map[string]map[uuid.UUID]sighting{
 		chaosmodel.ExactProjection: exact, chaosmodel.IdempotentProjection: idem, chaosmodel.FileProjection: file,

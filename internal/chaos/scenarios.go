@@ -47,10 +47,18 @@ func scenarios() []scenario {
 		},
 		{
 			name:     "broker-restart",
-			injects:  "a RabbitMQ node of the suite's own (private node name, ports and directories) stopped with rabbitmqctl stop and killed with SIGKILL, twice each, and started again while triggers are in flight; the workers' safety net is off",
+			injects:  "a RabbitMQ node of the suite's own (private node name, ports and directories) stopped with rabbitmqctl stop, then killed with SIGKILL, and started again each time while triggers are in flight; the workers' safety net is off",
 			checks:   "a durable queue bound to the trigger exchange keeps its persistent messages and its binding; the workers' consumers come back without a restart; every event in every read model; no dead letter",
 			settings: scenarioSettings{safetyNet: -1, outage: true, privateBroker: true},
 			run:      runBrokerRestart,
+		},
+		{
+			name:     "relay-kill",
+			injects:  "the relay, in a process of its own (chaosrelay), SIGKILLed 12 times under load (every 0.5–1.5 s, away 0.2–0.8 s before its restart); the workers' safety net is off",
+			checks:   "every event in every read model, none twice in the exactly-once one; every event applied within the relay's longest absence (kill to ready) + 5 s",
+			settings: scenarioSettings{safetyNet: -1, externalRelay: true},
+			run:      runRelayKill,
+			after:    checkRelayKill,
 		},
 		{
 			name:     "postgres-restart",
@@ -109,10 +117,15 @@ func scenarios() []scenario {
 	}
 }
 
-// startAll starts the workers and then the writers.
+// startAll starts the workers (and the relay process, if any) and then the writers.
 func (e *env) startAll(ctx context.Context) error {
 	if err := e.workers.startAll(ctx); err != nil {
 		return err
+	}
+	if e.relayProc != nil {
+		if _, err := e.startRelayProc(ctx); err != nil {
+			return err
+		}
 	}
 	e.load.start(ctx)
 	return nil
@@ -738,7 +751,7 @@ func runBrokerRestart(ctx context.Context, e *env, r *result) error {
 	for _, n := range chaosmodel.Names() {
 		queues = append(queues, queueName(e.prefix, n))
 	}
-	for i, graceful := range []bool{true, false, true, false} {
+	for i, graceful := range []bool{true, false} {
 		before, err := e.broker.queueDepths(queues...)
 		if err != nil {
 			return err
@@ -762,7 +775,7 @@ func runBrokerRestart(ctx context.Context, e *env, r *result) error {
 	// Bound to the exchange after the restarts too: new triggers reach the survivor queue.
 	grown, err := e.awaitSurvivorGrowth(ctx)
 	r.addCheck("the binding delivers after the restarts", grown, "%v", errText(err))
-	r.FaultKind = "restarts of a private node (2 graceful, 2 SIGKILL)"
+	r.FaultKind = "restarts of a private node (rabbitmqctl stop, SIGKILL)"
 	e.faultsOver()
 	if err := backoff.Sleep(ctx, 3*time.Second); err != nil {
 		return err
@@ -817,4 +830,66 @@ func (e *env) awaitSurvivorGrowth(ctx context.Context) (bool, error) {
 		}
 	}
 	return false, errors.New("no new message in 10 s")
+}
+
+// startRelayProc starts a new incarnation of the relay process and waits until it is ready;
+// it returns when it was ready.
+func (e *env) startRelayProc(ctx context.Context) (time.Time, error) {
+	p, err := e.relayProc.start()
+	if err != nil {
+		return time.Time{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := p.waitReady(ctx); err != nil {
+		return time.Time{}, fmt.Errorf("relay: %w (see its log)", err)
+	}
+	return time.Now(), nil
+}
+
+// relayBoundSlack is what the relay-kill scenario allows beyond the relay's longest absence:
+// the relay's polling, the trigger's way through the broker and the batch that applies it.
+const relayBoundSlack = 5 * time.Second
+
+// runRelayKill: the relay, in a process of its own, is SIGKILLed again and again under load
+// while the workers' safety net is off: only the relay's triggers bring events in.
+func runRelayKill(ctx context.Context, e *env, r *result) error {
+	const kills = 12
+	if err := e.startAll(ctx); err != nil {
+		return err
+	}
+	var longest time.Duration
+	for range kills {
+		if err := backoff.Sleep(ctx, e.between(500*time.Millisecond, 1500*time.Millisecond)); err != nil {
+			return err
+		}
+		killed := time.Now()
+		if !e.relayProc.kill() {
+			r.addCheck("the relay runs until killed", false, "it had exited before kill %d", r.Faults+1)
+		}
+		r.Faults++
+		// Stay away a moment while the writers append: those events wait for the next relay.
+		if err := backoff.Sleep(ctx, e.between(200*time.Millisecond, 800*time.Millisecond)); err != nil {
+			return err
+		}
+		ready, err := e.startRelayProc(ctx)
+		if err != nil {
+			return err
+		}
+		longest = max(longest, ready.Sub(killed))
+	}
+	e.relayDown = longest
+	r.FaultKind = "relay SIGKILLs"
+	e.faultsOver()
+	return backoff.Sleep(ctx, 3*time.Second)
+}
+
+// checkRelayKill: every event was applied within the relay's longest absence plus the slack.
+func checkRelayKill(_ context.Context, e *env, r *result) error {
+	bound := e.relayDown + relayBoundSlack
+	for _, m := range r.Models {
+		r.addCheck("max lag within the bound: "+m.Name, m.MaxLag <= bound, "max lag %s, bound %s (longest relay absence %s + %s)",
+			round(m.MaxLag), round(bound), round(e.relayDown), relayBoundSlack)
+	}
+	return nil
 }

@@ -25,6 +25,8 @@ type workerSettings struct {
 	logDir    string
 	safetyNet time.Duration
 	debug     bool
+	// relay makes the slot a chaosrelay process (binary is chaosrelay) instead of a worker.
+	relay bool
 }
 
 // workerSlot is one of a scenario's worker processes, restarted under the same name after
@@ -69,8 +71,10 @@ func (s *workerSlot) start() (*workerProc, error) {
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"-name", s.name, "-prefix", s.set.prefix, "-sink", filepath.Join(s.set.sinkDir, id+".lines"),
-		"-safety-net", s.set.safetyNet.String()}
+	args := []string{"-name", s.name, "-prefix", s.set.prefix}
+	if !s.set.relay {
+		args = append(args, "-sink", filepath.Join(s.set.sinkDir, id+".lines"), "-safety-net", s.set.safetyNet.String())
+	}
 	if s.set.debug {
 		args = append(args, "-debug")
 	}
