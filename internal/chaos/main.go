@@ -1,14 +1,17 @@
 // Command chaos is nudge's fault-injection suite (`make chaos`): it injects the faults real
-// deployments see — killed workers, a restarted broker and database, lost triggers, a long
-// transaction, a poison event, malformed input, hostile names — while writers append and
-// worker processes project, then verifies every read model against the event store: every
-// appended event present, none twice in the exactly-once model.
+// deployments see — killed workers and relays, crashed and restarted databases, restarted
+// brokers and cut connections, lost triggers, a long transaction, a poison event, malformed
+// input, hostile names — while writers append and worker processes project, then verifies
+// every read model against the event store: every appended event present with the store's
+// content and in stream order, none twice in the exactly-once model.
 //
 // Each scenario gets a database of its own on a private PostgreSQL cluster that the suite
-// creates (initdb, as the postgres OS user when run as root) and removes at the end, so
-// restarting it disturbs nobody, and RabbitMQ names and connection names under a prefix of its
-// own on the shared broker, whose connections it closes instead of restarting it. Worker
-// processes are the chaosworker binary, built once into a temporary directory.
+// creates (initdb, as the postgres OS user when run as root; fsync on, scram-sha-256
+// passwords) and removes at the end, so crashing it disturbs nobody, and RabbitMQ names and
+// connection names under a prefix of its own on the shared broker, whose connections it
+// closes; broker-restart runs on a private RabbitMQ node the suite starts, restarts and
+// removes. Worker and relay processes are the chaosworker and chaosrelay binaries, built once
+// into a temporary directory.
 //
 // Usage:
 //

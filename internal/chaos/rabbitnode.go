@@ -72,7 +72,7 @@ func newRabbitNode(ctx context.Context, runID string, log *slog.Logger) (*rabbit
 	}
 	n := &rabbitNode{dir: dir, node: "nudge-chaos-" + runID + "@localhost", server: server, ctl: ctl, log: log}
 	files := map[string]string{
-		"rabbitmq.conf":   "log.file.level = warning\n",
+		"rabbitmq.conf":   "log.file.level = info\n",
 		"enabled_plugins": "[].\n", // no management plugin: a faster boot
 		"env.conf":        "",      // not the machine's rabbitmq-env.conf, which names the shared node
 	}

@@ -240,9 +240,14 @@ func checkSecrets(_ context.Context, e *env, r *result) error {
 	if err != nil {
 		return err
 	}
-	// The private PostgreSQL server's own log, too.
+	// The private PostgreSQL server's own log, and the private RabbitMQ node's, too.
 	if _, err := os.Stat(e.s.cluster.LogPath()); err == nil {
 		files = append(files, e.s.cluster.LogPath())
+	}
+	if e.s.rabbit != nil {
+		logs, _ := filepath.Glob(filepath.Join(e.s.rabbit.dir, "log", "*.log"))
+		files = append(files, logs...)
+		files = append(files, filepath.Join(e.s.rabbit.dir, "server.out"))
 	}
 	type pattern struct {
 		name  string
