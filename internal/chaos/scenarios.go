@@ -40,7 +40,7 @@ func scenarios() []scenario {
 		},
 		{
 			name:     "connection-cut",
-			injects:  "RabbitMQ closes every connection of the workers and of the trigger publisher (rabbitmqctl close_connection), four times, while appends continue",
+			injects:  "RabbitMQ closes every connection of the workers and of the trigger publisher (rabbit_networking:close_connection through rabbitmqctl eval), four times, while appends continue",
 			checks:   "every cut closes connections; every event in every read model through reconnected subscriptions; no dead letter",
 			settings: scenarioSettings{safetyNet: safetyNetDefault, outage: true},
 			run:      runConnectionCut,
