@@ -185,20 +185,6 @@ func (s *workerSlot) stop(grace time.Duration) {
 	}
 }
 
-// exited reports whether the running incarnation has exited, and how.
-func (s *workerSlot) exited() (bool, error) {
-	p := s.current()
-	if p == nil {
-		return true, nil
-	}
-	select {
-	case <-p.done:
-		return true, p.err
-	default:
-		return false, nil
-	}
-}
-
 // pool is a scenario's worker processes.
 type pool struct {
 	slots []*workerSlot
