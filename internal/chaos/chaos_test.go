@@ -355,3 +355,16 @@ func TestWorkerSlotReportsASelfExitAndAHangButNotTheSuitesKills(t *testing.T) {
 	require.NoError(t, (&pool{slots: []*workerSlot{fine}}).problems())
 	require.Equal(t, 2, (&pool{slots: []*workerSlot{fine}}).restarts())
 }
+
+func TestCloseConnectionsRefusesAPrefixItCannotPutIntoErlang(t *testing.T) {
+	// Refused before rabbitmqctl runs: the prefix goes into Erlang code as is.
+	t.Setenv("NUDGE_TEST_RABBITMQCTL", "/nonexistent/rabbitmqctl")
+	for _, bad := range []string{`x">>, halt(), <<"`, "a b", ""} {
+		_, _, err := (&broker{}).closeConnections(context.Background(), bad)
+		require.ErrorContains(t, err, "unexpected prefix", bad)
+	}
+	_, _, err := (&broker{}).closeConnections(context.Background(), "nudge_chaos.1.connection-cut.")
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "unexpected prefix", "a prefix the suite builds goes on to rabbitmqctl")
+	require.Contains(t, closeConnectionsErlang, "~s")
+}

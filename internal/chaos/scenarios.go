@@ -764,7 +764,7 @@ func runBrokerRestart(ctx context.Context, e *env, r *result) error {
 		after, err := e.broker.queueDepths(queues...)
 		survived := err == nil && after[survivorQueue(e.prefix)] >= before[survivorQueue(e.prefix)]
 		r.addCheck(fmt.Sprintf("restart %d: queues, binding and persistent messages survive", i+1), survived,
-			"survivor queue %d messages before, %d after (%v)", before[survivorQueue(e.prefix)], after[survivorQueue(e.prefix)], err)
+			"survivor queue %d messages before, %d after (error: %s)", before[survivorQueue(e.prefix)], after[survivorQueue(e.prefix)], errText(err))
 		r.Notes = append(r.Notes, fmt.Sprintf("restart %d (%s): the node was away %s", i+1, restartKind(graceful), round(down)))
 		e.s.progress(e.name, "restart %d (%s): away %s; survivor queue %d → %d messages", i+1, restartKind(graceful),
 			down.Round(10*time.Millisecond), before[survivorQueue(e.prefix)], after[survivorQueue(e.prefix)])
