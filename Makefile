@@ -25,7 +25,7 @@ help: ## Show the targets and what they do.
 up: ## Find or start PostgreSQL and RabbitMQ (docker compose, else the local services).
 	@scripts/services.sh
 
-tools: ## Install what some tests drive when missing (gdb, PostgreSQL's server programs).
+tools: ## Install what some tests drive when missing (gdb, PostgreSQL's and RabbitMQ's server programs).
 	@scripts/tools.sh
 
 down: ## Stop the docker compose services (local services are left running).
@@ -59,7 +59,7 @@ lint: $(GOLANGCI_LINT) ## Check formatting, go vet and golangci-lint.
 	$(GO) vet ./...
 	$(GOLANGCI_LINT) run --allow-parallel-runners ./...
 
-chaos: up ## Inject faults (kills, outages, poison, bad input) and verify every read model (RELIABILITY.md).
+chaos: up tools ## Inject faults (kills, outages, poison, bad input) and verify every read model (RELIABILITY.md).
 	$(GO) run ./internal/chaos $(CHAOS_FLAGS)
 
 bench: up ## Run the benchmark harness: every figure beside its baseline, same run (BENCH_FLAGS=-quick).

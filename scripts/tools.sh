@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure the programs some tests drive are installed: gdb (the tests that force an
-# interleaving of PostgreSQL backends stop them with it) and PostgreSQL's server programs
-# (those tests run a private cluster). As root with apt-get it installs what is missing;
+# interleaving of PostgreSQL backends stop them with it), PostgreSQL's server programs
+# (those tests and make chaos run a private cluster) and RabbitMQ's server (make chaos's
+# broker-restart runs a private node). As root with apt-get it installs what is missing;
 # otherwise it says what to install. Without them those tests skip, or fail with CI=true.
 set -euo pipefail
 
@@ -9,6 +10,9 @@ missing=()
 command -v gdb >/dev/null 2>&1 || missing+=(gdb)
 if ! command -v pg_ctl >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
 	missing+=(postgresql)
+fi
+if [[ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] && ! command -v rabbitmq-server >/dev/null 2>&1; then
+	missing+=(rabbitmq-server)
 fi
 ((${#missing[@]} == 0)) && exit 0
 

@@ -6,8 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -67,46 +67,37 @@ func rabbitmqctl(ctx context.Context, args ...string) (string, error) {
 	return string(out), nil
 }
 
-// connectionNamePattern finds the connection name in rabbitmqctl's client_properties column.
-var connectionNamePattern = regexp.MustCompile(`\{"connection_name","([^"]*)"\}`)
+// closeConnectionsErlang makes the broker close every connection whose name starts with the
+// prefix (~s) and prints how many it closed: one rabbitmqctl call (an Erlang VM start, seconds
+// on a loaded machine) instead of a listing and one call per connection.
+const closeConnectionsErlang = `Prefix = <<"~s">>,
+Ps = [P || P <- rabbit_networking:connections(),
+	[{client_properties, Props}] <- [catch rabbit_networking:connection_info(P, [client_properties])],
+	{_, longstr, N} <- [lists:keyfind(<<"connection_name">>, 1, Props)],
+	binary:longest_common_prefix([N, Prefix]) =:= byte_size(Prefix)],
+[catch rabbit_networking:close_connection(P, "nudge chaos: connection cut") || P <- Ps],
+length(Ps).`
+
+// safePrefix matches the prefixes the suite builds, so one can go into Erlang code as is.
+var safePrefix = regexp.MustCompile(`^[a-zA-Z0-9_.-]+$`)
 
 // closeConnections makes the broker close every connection whose name starts with prefix, as
 // a broker restart would (connection.close with CONNECTION_FORCED), and returns how many, and
 // when it started closing them.
 func (b *broker) closeConnections(ctx context.Context, prefix string) (int, time.Time, error) {
-	out, err := rabbitmqctl(ctx, "list_connections", "-q", "--no-table-headers", "pid", "client_properties")
-	if err != nil {
-		return 0, time.Time{}, err
+	if !safePrefix.MatchString(prefix) {
+		return 0, time.Time{}, fmt.Errorf("close connections: unexpected prefix %q", prefix)
 	}
-	var pids []string
-	for _, line := range strings.Split(out, "\n") {
-		pid, props, ok := strings.Cut(line, "\t")
-		if !ok {
-			continue
-		}
-		if m := connectionNamePattern.FindStringSubmatch(props); m != nil && strings.HasPrefix(m[1], prefix) {
-			pids = append(pids, strings.TrimSpace(pid))
-		}
-	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(pids))
 	issued := time.Now()
-	for i, pid := range pids {
-		wg.Go(func() {
-			_, errs[i] = rabbitmqctl(ctx, "close_connection", pid, "nudge chaos: simulated broker restart")
-		})
+	out, err := rabbitmqctl(ctx, "eval", strings.ReplaceAll(closeConnectionsErlang, "~s", prefix))
+	if err != nil {
+		return 0, issued, err
 	}
-	wg.Wait()
-	closed := 0
-	for _, err := range errs {
-		if err == nil {
-			closed++
-		}
+	n, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil {
+		return 0, issued, fmt.Errorf("close connections: unexpected answer %q", cut(strings.TrimSpace(out), 200))
 	}
-	if closed == 0 && len(pids) > 0 {
-		return 0, issued, errs[0]
-	}
-	return closed, issued, nil
+	return n, issued, nil
 }
 
 // queueNames lists the queues of the vhost whose names start with prefix.
@@ -190,4 +181,50 @@ func (b *broker) publishRaw(ctx context.Context, connName, queue string, msgs []
 		}
 	}
 	return nil
+}
+
+// survivorQueue is a durable queue bound to the scenario's trigger exchange that nobody
+// consumes: it collects a persistent copy of every trigger, so its message count shows that
+// queues, bindings and persistent messages survive a broker restart.
+func survivorQueue(prefix string) string { return prefix + "survivor" }
+
+// declareSurvivor declares the survivor queue and binds it to the trigger exchange.
+func (b *broker) declareSurvivor(prefix string) error {
+	conn, err := b.dial(prefix + "survivor")
+	if err != nil {
+		return fmt.Errorf("declare the survivor queue: %s", redact.Message(err.Error(), b.url))
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if _, err := ch.QueueDeclare(survivorQueue(prefix), true, false, false, false, nil); err != nil {
+		return err
+	}
+	return ch.QueueBind(survivorQueue(prefix), "", prefix+channel.TriggerTopic, false, nil)
+}
+
+// queueDepths returns the number of ready messages of each queue (a passive declare, which
+// fails if the queue does not exist).
+func (b *broker) queueDepths(names ...string) (map[string]int, error) {
+	conn, err := b.dial("nudge_chaos.depth")
+	if err != nil {
+		return nil, fmt.Errorf("count the messages: %s", redact.Message(err.Error(), b.url))
+	}
+	defer func() { _ = conn.Close() }()
+	out := map[string]int{}
+	for _, name := range names {
+		ch, err := conn.Channel()
+		if err != nil {
+			return nil, err
+		}
+		q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+		if err != nil {
+			return nil, fmt.Errorf("queue %s: %w", name, err)
+		}
+		out[name] = q.Messages
+		_ = ch.Close()
+	}
+	return out, nil
 }

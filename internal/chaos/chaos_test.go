@@ -87,32 +87,67 @@ func TestMaxLagBetween(t *testing.T) {
 	require.Equal(t, 9*time.Second, maxLagBetween(appended, seen, t0, t0.Add(25*time.Second)))
 }
 
+// sinkLine is a line of the file model for id, applied at nanos, of stream s at version v.
+func sinkLine(id uuid.UUID, nanos int64, s string, v int64) string {
+	return string(chaosmodel.Line{ID: id, At: time.Unix(0, nanos), Stream: s, Version: v, Writer: 1, Seq: int(v)}.AppendText(nil))
+}
+
 func TestParseSinkCountsTornLinesAndDuplicates(t *testing.T) {
 	a, b := uuid.New(), uuid.New()
-	text := a.String() + " 1000\n" +
-		b.String() + " 3000\n" +
-		a.String() + " 500\n" + // a duplicate, earlier: First is the earliest
-		"not-a-uuid 7\n" +
-		b.String()[:10] // killed mid-write: no newline
+	text := sinkLine(a, 1000, "s", 1) +
+		sinkLine(b, 3000, "s", 2) +
+		sinkLine(a, 500, "s", 1) + // a duplicate, earlier: First is the earliest
+		"not-a-uuid 7 s 1 1 1\n" +
+		a.String() + " 7\n" + // the old format: fields missing
+		sinkLine(b, 4000, "s", 2)[:20] // killed mid-write: no newline
 	seen := map[uuid.UUID]sighting{}
 	torn, err := parseSink(strings.NewReader(text), seen)
 	require.NoError(t, err)
-	require.Equal(t, 2, torn)
-	require.Equal(t, sighting{Count: 2, First: time.Unix(0, 500)}, seen[a])
-	require.Equal(t, sighting{Count: 1, First: time.Unix(0, 3000)}, seen[b])
+	require.Equal(t, 3, torn)
+	require.Equal(t, sighting{Count: 2, First: time.Unix(0, 500), Order: 500, Content: content{Stream: "s", Version: 1, Writer: 1, Seq: 1}}, seen[a])
+	require.Equal(t, sighting{Count: 1, First: time.Unix(0, 3000), Order: 3000, Content: content{Stream: "s", Version: 2, Writer: 1, Seq: 2}}, seen[b])
 }
 
 func TestReadSinksReadsEveryFileOfTheDirectory(t *testing.T) {
 	dir := t.TempDir()
 	a, b := uuid.New(), uuid.New()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "worker-1.1.lines"), []byte(a.String()+" 1\n"), 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "worker-2.1.lines"), []byte(a.String()+" 2\n"+b.String()+" 3\n"+"torn"), 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "other.txt"), []byte(b.String()+" 3\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "worker-1.1.lines"), []byte(sinkLine(a, 1, "s", 1)), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "worker-2.1.lines"), []byte(sinkLine(a, 2, "s", 1)+sinkLine(b, 3, "s", 2)+"torn"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "other.txt"), []byte(sinkLine(b, 3, "s", 2)), 0o644))
 	seen, torn, err := readSinks(dir)
 	require.NoError(t, err)
 	require.Equal(t, 1, torn)
 	require.Equal(t, 2, seen[a].Count)
 	require.Equal(t, 1, seen[b].Count, "only *.lines files are sinks")
+}
+
+func TestCheckContentFindsOtherContentAndStreamOrder(t *testing.T) {
+	ev := ids(5)
+	stored := map[uuid.UUID]content{
+		ev[0]: {Stream: "a", Version: 1, Writer: 0, Seq: 0},
+		ev[1]: {Stream: "a", Version: 2, Writer: 0, Seq: 1},
+		ev[2]: {Stream: "a", Version: 3, Writer: 0, Seq: 2},
+		ev[3]: {Stream: "b", Version: 1, Writer: 1, Seq: 0},
+		ev[4]: {Stream: "b", Version: 2, Writer: 1, Seq: 1},
+	}
+	right := func(id uuid.UUID, order int64) sighting { return sighting{Count: 1, Content: stored[id], Order: order} }
+	// Streams interleave freely; within a stream the versions come in order.
+	good := map[uuid.UUID]sighting{ev[0]: right(ev[0], 1), ev[3]: right(ev[3], 2), ev[1]: right(ev[1], 3), ev[4]: right(ev[4], 4), ev[2]: right(ev[2], 5)}
+	mismatched, outOfOrder := checkContent(stored, good)
+	require.Zero(t, mismatched)
+	require.Zero(t, outOfOrder)
+
+	// Version 3 of a applied before version 2; b's second event holds another seq.
+	bad := map[uuid.UUID]sighting{ev[0]: right(ev[0], 1), ev[2]: right(ev[2], 2), ev[1]: right(ev[1], 3), ev[3]: right(ev[3], 4), ev[4]: right(ev[4], 5)}
+	wrong := bad[ev[4]]
+	wrong.Content.Seq = 7
+	bad[ev[4]] = wrong
+	mismatched, outOfOrder = checkContent(stored, bad)
+	require.Equal(t, 1, mismatched)
+	require.Equal(t, 1, outOfOrder)
+	m := compare("m", true, map[uuid.UUID]time.Time{}, nil)
+	m.Mismatched, m.OutOfOrder = mismatched, outOfOrder
+	require.False(t, m.ok(), "other content or order fails a model")
 }
 
 func TestChaosModelWritesLinesTheVerifierReads(t *testing.T) {
@@ -128,6 +163,7 @@ func TestChaosModelWritesLinesTheVerifierReads(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, torn)
 	require.Equal(t, 1, seen[id].Count)
+	require.Equal(t, content{Stream: "chaos-w0-s1", Version: 4, Writer: 0, Seq: 1}, seen[id].Content, "the line holds the event's stream, version and payload")
 	require.False(t, seen[id].First.Before(before) || seen[id].First.After(after),
 		"the line records when the event was handled: %s is not within [%s, %s]", seen[id].First, before, after)
 }
@@ -216,7 +252,7 @@ func TestSelectScenarios(t *testing.T) {
 	all := scenarios()
 	got, err := selectScenarios(all, "all")
 	require.NoError(t, err)
-	require.Len(t, got, 8)
+	require.Len(t, got, 11)
 	require.Equal(t, "security", got[len(got)-1].name, "security runs last: it searches the others' outputs")
 	got, err = selectScenarios(all, "poison, sigkill")
 	require.NoError(t, err)
@@ -227,6 +263,10 @@ func TestSelectScenarios(t *testing.T) {
 	for _, sc := range all {
 		require.NotEmpty(t, sc.injects, sc.name)
 		require.NotEmpty(t, sc.checks, sc.name)
+		if sc.name == "broker-restart" || sc.name == "relay-kill" {
+			require.Negative(t, sc.settings.safetyNet, "%s: only triggers may bring the events in", sc.name)
+			continue
+		}
 		require.Positive(t, sc.settings.safetyNet, sc.name)
 	}
 }
@@ -264,5 +304,67 @@ func (noDB) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
 }
 
 func eventOf(id uuid.UUID) eventstore.Event {
-	return eventstore.Event{ID: id, Type: chaosmodel.EventType, Payload: []byte(`{"w":0,"n":1}`)}
+	return eventstore.Event{ID: id, StreamID: "chaos-w0-s1", StreamVersion: 4, Type: chaosmodel.EventType, Payload: []byte(`{"w":0,"n":1}`)}
+}
+
+// script writes an executable shell script to a temporary directory and returns its path.
+func script(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "proc")
+	require.NoError(t, os.WriteFile(path, []byte("#!/bin/sh\n"+body+"\n"), 0o755))
+	return path
+}
+
+func TestWorkerSlotReportsASelfExitAndAHangButNotTheSuitesKills(t *testing.T) {
+	slot := func(body string) *workerSlot {
+		return &workerSlot{name: "w", set: workerSettings{binary: script(t, body), logDir: t.TempDir(), relay: true}}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	// Exits by itself after ready: reported with its exit status.
+	crash := slot("echo ready; exit 3")
+	p, err := crash.start()
+	require.NoError(t, err)
+	require.NoError(t, p.waitReady(ctx))
+	<-p.done
+	err = (&pool{slots: []*workerSlot{crash}}).problems()
+	require.ErrorContains(t, err, "w.1 exited by itself (exit status 3)")
+
+	// Ignores SIGTERM: the graceful stop's deadline passes, SIGKILL ends it, and that is reported.
+	hang := slot("trap '' TERM; echo ready; while :; do sleep 1; done")
+	p, err = hang.start()
+	require.NoError(t, err)
+	require.NoError(t, p.waitReady(ctx))
+	hang.stop(300 * time.Millisecond)
+	err = (&pool{slots: []*workerSlot{hang}}).problems()
+	require.ErrorContains(t, err, "w.1 hung at shutdown")
+
+	// Killed by the suite, and stopped gracefully: nothing to report.
+	fine := slot("trap 'exit 0' TERM; echo ready; while :; do sleep 0.1; done")
+	for range 2 {
+		p, err = fine.start()
+		require.NoError(t, err)
+		require.NoError(t, p.waitReady(ctx))
+		require.True(t, fine.kill())
+	}
+	p, err = fine.start()
+	require.NoError(t, err)
+	require.NoError(t, p.waitReady(ctx))
+	fine.stop(time.Minute)
+	require.NoError(t, (&pool{slots: []*workerSlot{fine}}).problems())
+	require.Equal(t, 2, (&pool{slots: []*workerSlot{fine}}).restarts())
+}
+
+func TestCloseConnectionsRefusesAPrefixItCannotPutIntoErlang(t *testing.T) {
+	// Refused before rabbitmqctl runs: the prefix goes into Erlang code as is.
+	t.Setenv("NUDGE_TEST_RABBITMQCTL", "/nonexistent/rabbitmqctl")
+	for _, bad := range []string{`x">>, halt(), <<"`, "a b", ""} {
+		_, _, err := (&broker{}).closeConnections(context.Background(), bad)
+		require.ErrorContains(t, err, "unexpected prefix", bad)
+	}
+	_, _, err := (&broker{}).closeConnections(context.Background(), "nudge_chaos.1.connection-cut.")
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "unexpected prefix", "a prefix the suite builds goes on to rabbitmqctl")
+	require.Contains(t, closeConnectionsErlang, "~s")
 }

@@ -36,11 +36,13 @@ import (
 type suite struct {
 	cluster    *pgcluster.Cluster
 	broker     *broker
+	rabbit     *rabbitNode // the private RabbitMQ node, nil unless broker-restart runs
 	workerBin  string
+	relayBin   string
 	cliBin     string
 	logDir     string // chaos-results/logs
 	runID      string
-	pgPassword string // in every PostgreSQL URL; trust authentication ignores it
+	pgPassword string // the private cluster's password (scram-sha-256), in every PostgreSQL URL
 	seed       uint64
 	rate       int
 	verbose    bool
@@ -59,7 +61,9 @@ func (s *suite) progress(scenario, format string, args ...any) {
 type env struct {
 	s       *suite
 	name    string
+	broker  *broker // the shared broker, or the private node in broker-restart
 	log     *slog.Logger
+	dbName  string
 	dbURL   string
 	prefix  string
 	pool    *pgxpool.Pool
@@ -86,9 +90,12 @@ type env struct {
 	malformed         map[string]malformed // malformed-input: "<projection>/<message uuid>" → what was sent
 	secrets           []string             // security: passwords that must appear nowhere
 	droppedBefore     int64                // dropped-triggers: triggers dropped before all were
+	relayDown         time.Duration        // relay-kill: the relay's longest absence, kill to ready
 
 	relayCancel context.CancelFunc
 	relayDone   chan struct{}
+	// relayProc is the relay process when the scenario runs it apart (externalRelay).
+	relayProc *workerSlot
 
 	// faultEnd is when the last fault ended (faultsOver); zero if never.
 	faultEnd time.Time
@@ -103,6 +110,15 @@ type verified struct {
 // scenarioSettings are a scenario's knobs for its environment.
 type scenarioSettings struct {
 	safetyNet time.Duration
+	// outage marks the scenarios whose faults are outages (a database or broker away, cut
+	// connections): they must leave no dead letter.
+	outage bool
+	// privateBroker runs the scenario on the suite's own RabbitMQ node instead of the shared
+	// broker.
+	privateBroker bool
+	// externalRelay runs the relay in a process of its own (chaosrelay) instead of in the
+	// suite's process.
+	externalRelay bool
 }
 
 func randomHex(n int) string {
@@ -117,11 +133,16 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 	dbName := "chaos_" + strings.ReplaceAll(name, "-", "_")
 	e := &env{
 		s: s, name: name, log: s.log.With(slog.String("scenario", name)),
+		dbName:   dbName,
 		dbURL:    s.cluster.URL(dbName, s.pgPassword),
 		prefix:   fmt.Sprintf("nudge_chaos.%s.%s.", s.runID, name),
 		logDir:   filepath.Join(s.logDir, name),
 		rng:      mrand.New(mrand.NewPCG(s.seed, hashName(name))),
 		settings: set,
+		broker:   s.broker,
+	}
+	if set.privateBroker {
+		e.broker = &broker{url: s.rabbit.url()}
 	}
 	defer func() {
 		if err != nil {
@@ -179,7 +200,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 	if err := e.status.Init(ctx); err != nil {
 		return nil, err
 	}
-	e.channel, err = amqpchannel.New(ctx, amqpchannel.Config{URL: s.broker.url, Prefix: e.prefix, ConnectionName: e.prefix + "publisher",
+	e.channel, err = amqpchannel.New(ctx, amqpchannel.Config{URL: e.broker.url, Prefix: e.prefix, ConnectionName: e.prefix + "publisher",
 		Logger: e.log, StartupTimeout: 10 * time.Second})
 	if err != nil {
 		return nil, err
@@ -188,9 +209,23 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 		return nil, err
 	}
 	e.lossy = &lossyPublisher{inner: e.channel, rng: mrand.New(mrand.NewPCG(s.seed, 7))}
+	if set.externalRelay {
+		e.relayProc = &workerSlot{name: "relay", set: workerSettings{binary: s.relayBin, dbURL: e.dbURL, amqpURL: e.broker.url,
+			prefix: e.prefix, logDir: e.logDir, relay: true}}
+	} else if err := e.startRelay(ctx); err != nil {
+		return nil, err
+	}
+	e.workers = newPool(workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: e.broker.url, prefix: e.prefix,
+		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet}, 2)
+	e.load = newLoad(e.store, e.log, 4, s.rate, s.seed^hashName(name))
+	return e, nil
+}
+
+// startRelay runs a relay in the suite's process, publishing through the lossy publisher.
+func (e *env) startRelay(ctx context.Context) error {
 	rel, err := relay.New(e.backend, e.lossy, relay.Config{Logger: e.log, MinInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	relayCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.relayCancel, e.relayDone = cancel, make(chan struct{})
@@ -200,10 +235,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 			e.log.Error("relay stopped", slog.String("projection", relay.NameDefault), slog.Any("error", err))
 		}
 	}()
-	e.workers = newPool(workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: s.broker.url, prefix: e.prefix,
-		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet}, 2)
-	e.load = newLoad(e.store, e.log, 4, s.rate, s.seed^hashName(name))
-	return e, nil
+	return nil
 }
 
 // hashName turns a scenario name into a seed component.
@@ -229,9 +261,12 @@ func (e *env) close() {
 		e.relayCancel()
 		<-e.relayDone
 	}
+	if e.relayProc != nil {
+		e.relayProc.stop(10 * time.Second)
+	}
 	if e.channel != nil {
 		_ = e.channel.Close()
-		if err := e.s.broker.deleteTopology(e.prefix, chaosmodel.Names()); err != nil {
+		if err := e.broker.deleteTopology(e.prefix, chaosmodel.Names()); err != nil {
 			e.log.Warn("could not delete the scenario's queues", slog.Any("error", err))
 		}
 	}

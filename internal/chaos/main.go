@@ -1,14 +1,17 @@
 // Command chaos is nudge's fault-injection suite (`make chaos`): it injects the faults real
-// deployments see — killed workers, a restarted broker and database, lost triggers, a long
-// transaction, a poison event, malformed input, hostile names — while writers append and
-// worker processes project, then verifies every read model against the event store: every
-// appended event present, none twice in the exactly-once model.
+// deployments see — killed workers and relays, crashed and restarted databases, restarted
+// brokers and cut connections, lost triggers, a long transaction, a poison event, malformed
+// input, hostile names — while writers append and worker processes project, then verifies
+// every read model against the event store: every appended event present with the store's
+// content and in stream order, none twice in the exactly-once model.
 //
 // Each scenario gets a database of its own on a private PostgreSQL cluster that the suite
-// creates (initdb, as the postgres OS user when run as root) and removes at the end, so
-// restarting it disturbs nobody, and RabbitMQ names and connection names under a prefix of its
-// own on the shared broker, whose connections it closes instead of restarting it. Worker
-// processes are the chaosworker binary, built once into a temporary directory.
+// creates (initdb, as the postgres OS user when run as root; fsync on, scram-sha-256
+// passwords) and removes at the end, so crashing it disturbs nobody, and RabbitMQ names and
+// connection names under a prefix of its own on the shared broker, whose connections it
+// closes; broker-restart runs on a private RabbitMQ node the suite starts, restarts and
+// removes. Worker and relay processes are the chaosworker and chaosrelay binaries, built once
+// into a temporary directory.
 //
 // Usage:
 //
@@ -121,10 +124,17 @@ func run() int {
 	}
 	defer func() {
 		s.cluster.Remove(context.Background())
+		if s.rabbit != nil {
+			s.rabbit.remove()
+		}
 		_ = os.RemoveAll(filepath.Dir(s.workerBin))
 	}()
-	fmt.Printf("chaos: built the worker and the CLI, started a private PostgreSQL on 127.0.0.1:%d (%s)\n",
-		s.cluster.Port(), time.Since(started).Round(100*time.Millisecond))
+	rabbit := ""
+	if s.rabbit != nil {
+		rabbit = fmt.Sprintf(" and a private RabbitMQ node %s on 127.0.0.1:%d", s.rabbit.node, s.rabbit.port)
+	}
+	fmt.Printf("chaos: built the worker and the CLI, started a private PostgreSQL on 127.0.0.1:%d%s (%s)\n",
+		s.cluster.Port(), rabbit, time.Since(started).Round(100*time.Millisecond))
 
 	for _, sc := range selected {
 		var r *result
@@ -213,7 +223,7 @@ func (s *suite) prepare(ctx context.Context, selected []scenario) error {
 		return err
 	}
 	for _, sc := range selected {
-		if sc.name == "broker-restart" || sc.name == "security" {
+		if sc.name == "connection-cut" || sc.name == "security" {
 			if _, err := rabbitmqctl(ctx, "status"); err != nil {
 				return fmt.Errorf("scenario %s needs rabbitmqctl (or NUDGE_TEST_RABBITMQCTL): %w", sc.name, err)
 			}
@@ -224,20 +234,29 @@ func (s *suite) prepare(ctx context.Context, selected []scenario) error {
 	if err != nil {
 		return err
 	}
-	s.workerBin, s.cliBin = filepath.Join(binDir, "chaosworker"), filepath.Join(binDir, "nudge")
+	s.workerBin, s.relayBin, s.cliBin = filepath.Join(binDir, "chaosworker"), filepath.Join(binDir, "chaosrelay"), filepath.Join(binDir, "nudge")
 	var wg sync.WaitGroup
-	errs := make([]error, 3)
+	errs := make([]error, 5)
+	wg.Go(func() { errs[4] = goBuild(ctx, s.relayBin, "./internal/chaos/chaosrelay") })
+	if slices.ContainsFunc(selected, func(sc scenario) bool { return sc.settings.privateBroker }) {
+		wg.Go(func() { s.rabbit, errs[3] = newRabbitNode(ctx, s.runID, s.log) })
+	}
 	wg.Go(func() { errs[0] = goBuild(ctx, s.workerBin, "./internal/chaos/chaosworker") })
 	wg.Go(func() { errs[1] = goBuild(ctx, s.cliBin, "./cmd/nudge") })
 	wg.Go(func() {
 		var c *pgcluster.Cluster
-		c, errs[2] = pgcluster.New(ctx, s.log)
+		// Durable and with scram passwords, as production runs: crashes are recovered from
+		// the WAL, and every process authenticates.
+		c, errs[2] = pgcluster.NewWith(ctx, s.log, pgcluster.Options{Durable: true, Password: s.pgPassword})
 		s.cluster = c
 	})
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		if s.cluster != nil {
 			s.cluster.Remove(context.WithoutCancel(ctx))
+		}
+		if s.rabbit != nil {
+			s.rabbit.remove()
 		}
 		_ = os.RemoveAll(binDir)
 		return err

@@ -85,14 +85,15 @@ func (r *result) line() string {
 		fmt.Fprintf(&b, "%s%s:%d", sep, shortName(m.Name), m.Projected)
 		sep = ","
 	}
-	missing, dup := 0, 0
+	missing, dup, wrong := 0, 0, 0
 	for _, m := range r.Models {
 		missing += m.Missing + m.Unknown
+		wrong += m.Mismatched + m.OutOfOrder
 		if m.ExactlyOnce {
 			dup += m.Duplicated
 		}
 	}
-	fmt.Fprintf(&b, "  missing=%d  duplicated(exactly-once)=%d  max_lag", missing, dup)
+	fmt.Fprintf(&b, "  missing=%d  duplicated(exactly-once)=%d  wrong(content,order)=%d  max_lag", missing, dup, wrong)
 	sep = " "
 	for _, m := range r.Models {
 		fmt.Fprintf(&b, "%s%s:%s", sep, shortName(m.Name), round(m.MaxLag))
@@ -114,7 +115,8 @@ func (r *result) line() string {
 	}
 	for _, m := range r.Models {
 		if !m.ok() {
-			why = append(why, fmt.Sprintf("%s: %d missing, %d unknown, %d duplicated", m.Name, m.Missing, m.Unknown, m.Duplicated))
+			why = append(why, fmt.Sprintf("%s: %d missing, %d unknown, %d duplicated, %d with other content, %d out of stream order",
+				m.Name, m.Missing, m.Unknown, m.Duplicated, m.Mismatched, m.OutOfOrder))
 		}
 	}
 	for _, c := range r.Checks {

@@ -39,18 +39,41 @@ func scenarios() []scenario {
 			run:      runSigkill,
 		},
 		{
+			name:     "connection-cut",
+			injects:  "RabbitMQ closes every connection of the workers and of the trigger publisher (rabbit_networking:close_connection through rabbitmqctl eval), four times, while appends continue",
+			checks:   "every cut closes connections; every event in every read model through reconnected subscriptions; no dead letter",
+			settings: scenarioSettings{safetyNet: safetyNetDefault, outage: true},
+			run:      runConnectionCut,
+		},
+		{
 			name:     "broker-restart",
-			injects:  "RabbitMQ closes every connection of the workers and of the trigger publisher (rabbitmqctl close_connection), four times, while appends continue",
-			checks:   "every cut closes connections; every event in every read model through reconnected subscriptions",
-			settings: scenarioSettings{safetyNet: safetyNetDefault},
+			injects:  "a RabbitMQ node of the suite's own (private node name, ports and directories) stopped with rabbitmqctl stop, then killed with SIGKILL, and started again each time while triggers are in flight; the workers' safety net is off",
+			checks:   "a durable queue bound to the trigger exchange keeps its persistent messages and its binding; the workers' consumers come back without a restart; every event in every read model; no dead letter",
+			settings: scenarioSettings{safetyNet: -1, outage: true, privateBroker: true},
 			run:      runBrokerRestart,
+		},
+		{
+			name:     "relay-kill",
+			injects:  "the relay, in a process of its own (chaosrelay), SIGKILLed 12 times under load (every 0.5–1.5 s, away 0.2–0.8 s before its restart); the workers' safety net is off",
+			checks:   "every event in every read model, none twice in the exactly-once one; every event applied within the relay's longest absence (kill to ready) + 5 s",
+			settings: scenarioSettings{safetyNet: -1, externalRelay: true},
+			run:      runRelayKill,
+			after:    checkRelayKill,
 		},
 		{
 			name:     "postgres-restart",
 			injects:  "fast shutdown and start of the (private) PostgreSQL cluster, three times, while workers run and writers append and retry",
-			checks:   "every acknowledged append is in the store; every committed event in every read model, none twice in the exactly-once one",
-			settings: scenarioSettings{safetyNet: safetyNetDefault},
+			checks:   "every acknowledged append is in the store; every committed event in every read model, none twice in the exactly-once one; no dead letter",
+			settings: scenarioSettings{safetyNet: safetyNetDefault, outage: true},
 			run:      runPostgresRestart,
+		},
+		{
+			name:     "postgres-crash",
+			injects:  "crashes of the durable (fsync=on, full_page_writes=on) private cluster, pg_ctl stop -m immediate and start: during the catch-up of a backlog, under live load, and while a poison event's dead letter is being written",
+			checks:   "every acknowledged append is in the store; every event in every read model, none twice in the exactly-once one; no dead letter but the poison event's, replayed after its fix",
+			settings: scenarioSettings{safetyNet: safetyNetDefault},
+			run:      runPostgresCrash,
+			after:    checkPostgresCrash,
 		},
 		{
 			name:     "dropped-triggers",
@@ -94,10 +117,15 @@ func scenarios() []scenario {
 	}
 }
 
-// startAll starts the workers and then the writers.
+// startAll starts the workers (and the relay process, if any) and then the writers.
 func (e *env) startAll(ctx context.Context) error {
 	if err := e.workers.startAll(ctx); err != nil {
 		return err
+	}
+	if e.relayProc != nil {
+		if _, err := e.startRelayProc(ctx); err != nil {
+			return err
+		}
 	}
 	e.load.start(ctx)
 	return nil
@@ -162,8 +190,8 @@ func runSigkill(ctx context.Context, e *env, r *result) error {
 	return backoff.Sleep(ctx, 3*time.Second)
 }
 
-// runBrokerRestart: the broker closes every connection of the scenario, several times.
-func runBrokerRestart(ctx context.Context, e *env, r *result) error {
+// runConnectionCut: the broker closes every connection of the scenario, several times.
+func runConnectionCut(ctx context.Context, e *env, r *result) error {
 	const cuts = 4
 	if err := e.startAll(ctx); err != nil {
 		return err
@@ -560,7 +588,7 @@ func (s *suite) runCLI(ctx context.Context, e *env, label string, args []string,
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, s.cliBin, args...)
-	cmd.Env = append(os.Environ(), "NUDGE_DATABASE_URL="+e.dbURL, "NUDGE_AMQP_URL="+s.broker.url, "NUDGE_AMQP_PREFIX="+e.prefix)
+	cmd.Env = append(os.Environ(), "NUDGE_DATABASE_URL="+e.dbURL, "NUDGE_AMQP_URL="+e.broker.url, "NUDGE_AMQP_PREFIX="+e.prefix)
 	cmd.Env = append(cmd.Env, extraEnv...)
 	out, err := cmd.CombinedOutput()
 	code := 0
@@ -580,4 +608,288 @@ func (s *suite) runCLI(ctx context.Context, e *env, label string, args []string,
 		return "", 0, err
 	}
 	return string(out), code, nil
+}
+
+// poisonedCount returns the fold count of the poison event's dead-letter record, 0 if none.
+func (e *env) poisonedCount(ctx context.Context) int {
+	recs, err := e.dead.List(ctx, deadletter.Filter{Projection: chaosmodel.ExactProjection})
+	if err != nil {
+		return 0
+	}
+	for _, rec := range recs {
+		if rec.FailingEvent != nil && rec.FailingEvent.ID == e.poisonID {
+			return rec.Count
+		}
+	}
+	return 0
+}
+
+// crash stops the private cluster as a crash would (pg_ctl stop -m immediate: no checkpoint,
+// the server recovers from the WAL at its next start) and starts it again.
+func (e *env) crash(ctx context.Context, r *result, what string) error {
+	began := time.Now()
+	if err := e.s.cluster.Stop(ctx, "immediate"); err != nil {
+		return fmt.Errorf("crash %d (%s): %w", r.Faults+1, what, err)
+	}
+	if err := e.s.cluster.Start(ctx); err != nil {
+		return fmt.Errorf("crash %d (%s): start again: %w", r.Faults+1, what, err)
+	}
+	r.Faults++
+	r.Notes = append(r.Notes, fmt.Sprintf("crash %d %s: down and recovered in %s", r.Faults, what, round(time.Since(began))))
+	e.s.progress(e.name, "crash %d %s: down and recovered in %s", r.Faults, what, time.Since(began).Round(10*time.Millisecond))
+	return nil
+}
+
+// runPostgresCrash: the durable private cluster crashes (immediate stop) during the batches of
+// a catch-up, under live load, and while dead letters of a poison event are being written.
+func runPostgresCrash(ctx context.Context, e *env, r *result) error {
+	const backlog = 8000
+	if err := e.load.backlog(ctx, backlog); err != nil {
+		return err
+	}
+	backlogHead, err := e.store.Head(ctx)
+	if err != nil {
+		return err
+	}
+	if err := e.startAll(ctx); err != nil {
+		return err
+	}
+	// During the catch-up's batches, twice.
+	for range 2 {
+		if err := backoff.Sleep(ctx, e.between(300*time.Millisecond, 900*time.Millisecond)); err != nil {
+			return err
+		}
+		what := "during the catch-up"
+		if e.caughtUpTo(ctx, backlogHead) {
+			what = "under live load"
+		}
+		if err := e.crash(ctx, r, what); err != nil {
+			return err
+		}
+	}
+	if err := backoff.Sleep(ctx, e.between(2*time.Second, 3*time.Second)); err != nil {
+		return err
+	}
+	if err := e.crash(ctx, r, "under live load"); err != nil {
+		return err
+	}
+	return crashWhileDeadLettering(ctx, e, r)
+}
+
+// crashWhileDeadLettering appends a poison event, crashes the cluster twice while its dead
+// letter is folding (every trigger fails it again), then fixes it and replays.
+func crashWhileDeadLettering(ctx context.Context, e *env, r *result) error {
+	poison, err := e.load.appendPoison(ctx)
+	if err != nil {
+		return err
+	}
+	e.poisonID, e.poisonAt = poison, time.Now()
+	for i := range 2 {
+		// Wait until the record's count grows: dead letters are being written right now.
+		start, deadline := e.poisonedCount(ctx), time.Now().Add(30*time.Second)
+		for e.poisonedCount(ctx) <= start && time.Now().Before(deadline) {
+			if err := backoff.Sleep(ctx, 50*time.Millisecond); err != nil {
+				return err
+			}
+		}
+		folding := e.poisonedCount(ctx) > start
+		r.addCheck(fmt.Sprintf("dead letters being written before crash %d", r.Faults+1), folding, "poison record count %d (was %d)", e.poisonedCount(ctx), start)
+		if err := e.crash(ctx, r, "while dead-lettering"); err != nil {
+			return err
+		}
+		if i == 0 {
+			if err := backoff.Sleep(ctx, e.between(time.Second, 2*time.Second)); err != nil {
+				return err
+			}
+		}
+	}
+	if err := backoff.Sleep(ctx, 2*time.Second); err != nil {
+		return err
+	}
+	e.fixedAt = time.Now()
+	if _, err := e.pool.Exec(ctx, `INSERT INTO `+chaosmodel.ControlTable+` (key) VALUES ($1)`, chaosmodel.PoisonFixedKey); err != nil {
+		return err
+	}
+	out, code, err := e.s.runCLI(ctx, e, "poison-replay", []string{"deadletter", "replay", "--projection", chaosmodel.ExactProjection, "--by", "chaos"}, nil)
+	if err != nil {
+		return err
+	}
+	r.addCheck("nudge deadletter replay", code == 0 && strings.Contains(out, "replayed 1 dead letter"), "exit %d: %s", code, strings.TrimSpace(out))
+	r.FaultKind = "crashes (pg_ctl stop -m immediate, fsync=on)"
+	e.faultsOver()
+	return backoff.Sleep(ctx, 3*time.Second)
+}
+
+// checkPostgresCrash: the crashes left no dead letter but the poison event's, replayed.
+func checkPostgresCrash(ctx context.Context, e *env, r *result) error {
+	recs, err := e.dead.List(ctx, deadletter.Filter{Limit: deadletter.ListLimitMax})
+	if err != nil {
+		return err
+	}
+	ok := len(recs) == 1 && recs[0].Projection == chaosmodel.ExactProjection && recs[0].FailingEvent != nil &&
+		recs[0].FailingEvent.ID == e.poisonID && recs[0].Status == deadletter.StatusReplayed
+	r.addCheck("no dead letter but the poison event's (replayed)", ok, "%s", describeRecords(recs))
+	exact := e.verified.seen[chaosmodel.ExactProjection][e.poisonID]
+	r.addCheck("the poison event is handled once after the fix", exact.Count == 1, "applied %d time(s)", exact.Count)
+	return nil
+}
+
+// runBrokerRestart: the suite's own RabbitMQ node is stopped and started again, gracefully and
+// by SIGKILL, while triggers are in flight; the workers' safety net is off, so only triggers
+// that survived or were published again bring the events in.
+func runBrokerRestart(ctx context.Context, e *env, r *result) error {
+	if err := e.startAll(ctx); err != nil {
+		return err
+	}
+	if err := e.broker.declareSurvivor(e.prefix); err != nil {
+		return err
+	}
+	if err := backoff.Sleep(ctx, 2*time.Second); err != nil {
+		return err
+	}
+	queues := []string{survivorQueue(e.prefix)}
+	for _, n := range chaosmodel.Names() {
+		queues = append(queues, queueName(e.prefix, n))
+	}
+	for i, graceful := range []bool{true, false} {
+		before, err := e.broker.queueDepths(queues...)
+		if err != nil {
+			return err
+		}
+		down, err := e.restartBroker(ctx, graceful)
+		if err != nil {
+			return fmt.Errorf("restart %d: %w", i+1, err)
+		}
+		r.Faults++
+		after, err := e.broker.queueDepths(queues...)
+		survived := err == nil && after[survivorQueue(e.prefix)] >= before[survivorQueue(e.prefix)]
+		r.addCheck(fmt.Sprintf("restart %d: queues, binding and persistent messages survive", i+1), survived,
+			"survivor queue %d messages before, %d after (error: %s)", before[survivorQueue(e.prefix)], after[survivorQueue(e.prefix)], errText(err))
+		r.Notes = append(r.Notes, fmt.Sprintf("restart %d (%s): the node was away %s", i+1, restartKind(graceful), round(down)))
+		e.s.progress(e.name, "restart %d (%s): away %s; survivor queue %d → %d messages", i+1, restartKind(graceful),
+			down.Round(10*time.Millisecond), before[survivorQueue(e.prefix)], after[survivorQueue(e.prefix)])
+		if err := backoff.Sleep(ctx, e.between(2*time.Second, 3*time.Second)); err != nil {
+			return err
+		}
+	}
+	// Bound to the exchange after the restarts too: new triggers reach the survivor queue.
+	grown, err := e.awaitSurvivorGrowth(ctx)
+	r.addCheck("the binding delivers after the restarts", grown, "%v", errText(err))
+	r.FaultKind = "restarts of a private node (rabbitmqctl stop, SIGKILL)"
+	e.faultsOver()
+	if err := backoff.Sleep(ctx, 3*time.Second); err != nil {
+		return err
+	}
+	restarted := e.workers.restarts()
+	r.addCheck("consumers come back without a worker restart", restarted == 0, "%d worker restarts", restarted)
+	return nil
+}
+
+func restartKind(graceful bool) string {
+	if graceful {
+		return "rabbitmqctl stop"
+	}
+	return "SIGKILL"
+}
+
+// restartBroker stops the private node (rabbitmqctl stop, or SIGKILL), keeps it away for a
+// moment while appends continue, starts it and returns how long it was away.
+func (e *env) restartBroker(ctx context.Context, graceful bool) (time.Duration, error) {
+	began := time.Now()
+	if graceful {
+		if err := e.s.rabbit.stopGracefully(ctx); err != nil {
+			return 0, err
+		}
+	} else {
+		e.s.rabbit.kill()
+	}
+	if err := backoff.Sleep(ctx, time.Second); err != nil {
+		return 0, err
+	}
+	if err := e.s.rabbit.start(ctx); err != nil {
+		return 0, err
+	}
+	return time.Since(began), nil
+}
+
+// awaitSurvivorGrowth waits up to 10 s for a new message in the survivor queue.
+func (e *env) awaitSurvivorGrowth(ctx context.Context) (bool, error) {
+	q := survivorQueue(e.prefix)
+	first, err := e.broker.queueDepths(q)
+	if err != nil {
+		return false, err
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := backoff.Sleep(ctx, 200*time.Millisecond); err != nil {
+			return false, err
+		}
+		now, err := e.broker.queueDepths(q)
+		if err == nil && now[q] > first[q] {
+			return true, nil
+		}
+	}
+	return false, errors.New("no new message in 10 s")
+}
+
+// startRelayProc starts a new incarnation of the relay process and waits until it is ready;
+// it returns when it was ready.
+func (e *env) startRelayProc(ctx context.Context) (time.Time, error) {
+	p, err := e.relayProc.start()
+	if err != nil {
+		return time.Time{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := p.waitReady(ctx); err != nil {
+		return time.Time{}, fmt.Errorf("relay: %w (see its log)", err)
+	}
+	return time.Now(), nil
+}
+
+// relayBoundSlack is what the relay-kill scenario allows beyond the relay's longest absence:
+// the relay's polling, the trigger's way through the broker and the batch that applies it.
+const relayBoundSlack = 5 * time.Second
+
+// runRelayKill: the relay, in a process of its own, is SIGKILLed again and again under load
+// while the workers' safety net is off: only the relay's triggers bring events in.
+func runRelayKill(ctx context.Context, e *env, r *result) error {
+	const kills = 12
+	if err := e.startAll(ctx); err != nil {
+		return err
+	}
+	var longest time.Duration
+	for range kills {
+		if err := backoff.Sleep(ctx, e.between(500*time.Millisecond, 1500*time.Millisecond)); err != nil {
+			return err
+		}
+		killed := time.Now()
+		if !e.relayProc.kill() {
+			r.addCheck("the relay runs until killed", false, "it had exited before kill %d", r.Faults+1)
+		}
+		r.Faults++
+		// Stay away a moment while the writers append: those events wait for the next relay.
+		if err := backoff.Sleep(ctx, e.between(200*time.Millisecond, 800*time.Millisecond)); err != nil {
+			return err
+		}
+		ready, err := e.startRelayProc(ctx)
+		if err != nil {
+			return err
+		}
+		longest = max(longest, ready.Sub(killed))
+	}
+	e.relayDown = longest
+	r.FaultKind = "relay SIGKILLs"
+	e.faultsOver()
+	return backoff.Sleep(ctx, 3*time.Second)
+}
+
+// checkRelayKill: every event was applied within the relay's longest absence plus the slack.
+func checkRelayKill(_ context.Context, e *env, r *result) error {
+	bound := e.relayDown + relayBoundSlack
+	for _, m := range r.Models {
+		r.addCheck("max lag within the bound: "+m.Name, m.MaxLag <= bound, "max lag %s, bound %s (longest relay absence %s + %s)",
+			round(m.MaxLag), round(bound), round(e.relayDown), relayBoundSlack)
+	}
+	return nil
 }

@@ -107,6 +107,16 @@ func runSecurity(ctx context.Context, e *env, r *result) error {
 	}
 	r.Faults++
 	r.addCheck("CLI: unreachable database", code == 1 && strings.Contains(out, "cannot reach PostgreSQL"), "exit %d: %s", code, firstLine(out))
+	// A wrong password against the private cluster, which checks it (scram-sha-256).
+	wrongPG := "chaos-wrong-pg-" + randomHex(6)
+	e.secrets = append(e.secrets, wrongPG)
+	wrongDB := e.s.cluster.URL(e.dbName, wrongPG)
+	out, code, err = e.s.runCLI(ctx, e, "wrong-pg-password", []string{"deadletter", "list", "--db", wrongDB}, nil)
+	if err != nil {
+		return err
+	}
+	r.Faults++
+	r.addCheck("CLI: wrong PostgreSQL password", code == 1 && strings.Contains(out, "password authentication failed"), "exit %d: %s", code, firstLine(out))
 	out, code, err = e.s.runCLI(ctx, e, "wrong-amqp-password", []string{"deadletter", "replay", "--all", "--amqp", badAMQP}, nil)
 	if err != nil {
 		return err
@@ -121,13 +131,18 @@ func runSecurity(ctx context.Context, e *env, r *result) error {
 	for _, bad := range []struct{ label, dbURL, amqpURL string }{
 		{"worker-unreachable-db", unreachable, e.s.broker.url},
 		{"worker-wrong-amqp-password", e.dbURL, badAMQP},
+		{"worker-wrong-pg-password", wrongDB, e.s.broker.url},
 	} {
 		code, logText, err := e.runDoomedWorker(ctx, bad.label, bad.dbURL, bad.amqpURL)
 		if err != nil {
 			return err
 		}
 		r.Faults++
-		r.addCheck(bad.label+" exits with a clear error", code == 1 && strings.Contains(logText, "chaosworker failed"), "exit %d", code)
+		clear := code == 1 && strings.Contains(logText, "chaosworker failed")
+		if bad.label == "worker-wrong-pg-password" {
+			clear = clear && strings.Contains(logText, "password authentication failed")
+		}
+		r.addCheck(bad.label+" exits with a clear error", clear, "exit %d", code)
 	}
 	r.FaultKind = "hostile inputs"
 	// Nothing was dropped or declared.
@@ -225,9 +240,14 @@ func checkSecrets(_ context.Context, e *env, r *result) error {
 	if err != nil {
 		return err
 	}
-	// The private PostgreSQL server's own log, too.
+	// The private PostgreSQL server's own log, and the private RabbitMQ node's, too.
 	if _, err := os.Stat(e.s.cluster.LogPath()); err == nil {
 		files = append(files, e.s.cluster.LogPath())
+	}
+	if e.s.rabbit != nil {
+		logs, _ := filepath.Glob(filepath.Join(e.s.rabbit.dir, "log", "*.log"))
+		files = append(files, logs...)
+		files = append(files, filepath.Join(e.s.rabbit.dir, "server.out"))
 	}
 	type pattern struct {
 		name  string

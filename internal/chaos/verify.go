@@ -3,13 +3,14 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -25,6 +26,49 @@ import (
 type sighting struct {
 	Count int
 	First time.Time
+	// Content is what the model stored about the event; Order ranks its first application
+	// among the model's (a sequence, or the time in the file model).
+	Content content
+	Order   int64
+}
+
+// content is what every model stores about an event and the store says it is: its stream,
+// stream version and payload fields.
+type content struct {
+	Stream  string
+	Version int64
+	Writer  int
+	Seq     int
+}
+
+// checkContent compares every event a model holds with the store's content (stored) and checks
+// that per stream the model applied versions in increasing order. It returns how many events
+// hold other content, and how many were first applied before a lower version of their stream.
+func checkContent(stored map[uuid.UUID]content, seen map[uuid.UUID]sighting) (mismatched, outOfOrder int) {
+	type applied struct {
+		version int64
+		order   int64
+	}
+	streams := map[string][]applied{}
+	for id, s := range seen {
+		want, ok := stored[id]
+		if !ok || s.Count == 0 {
+			continue // unknown or missing: counted by compare
+		}
+		if s.Content != want {
+			mismatched++
+		}
+		streams[want.Stream] = append(streams[want.Stream], applied{want.Version, s.Order})
+	}
+	for _, list := range streams {
+		slices.SortFunc(list, func(a, b applied) int { return cmp.Compare(a.version, b.version) })
+		for i := 1; i < len(list); i++ {
+			if list[i].order < list[i-1].order {
+				outOfOrder++
+			}
+		}
+	}
+	return mismatched, outOfOrder
 }
 
 // modelResult compares one read model with the events appended.
@@ -40,6 +84,11 @@ type modelResult struct {
 	Duplicated int `json:"duplicated"`
 	// Unknown counts events the model holds that were never appended.
 	Unknown int `json:"unknown"`
+	// Mismatched counts events whose stored stream, version or payload fields differ from the
+	// event store's.
+	Mismatched int `json:"mismatched"`
+	// OutOfOrder counts events first applied before a lower version of their stream.
+	OutOfOrder int `json:"out_of_order"`
 	// Torn counts unreadable records (a line cut short by a kill in the file sink).
 	Torn int `json:"torn,omitempty"`
 	// MaxLag is the longest time from an event's append to its first application.
@@ -51,7 +100,7 @@ type modelResult struct {
 // ok reports whether the model passes: nothing missing or unknown, and no duplicate in an
 // exactly-once model.
 func (m modelResult) ok() bool {
-	return m.Missing == 0 && m.Unknown == 0 && (!m.ExactlyOnce || m.Duplicated == 0)
+	return m.Missing == 0 && m.Unknown == 0 && m.Mismatched == 0 && m.OutOfOrder == 0 && (!m.ExactlyOnce || m.Duplicated == 0)
 }
 
 // compare checks what a model holds (seen) against the events appended (id → recorded time).
@@ -133,26 +182,33 @@ func recoveryTime(appended map[uuid.UUID]time.Time, models []map[uuid.UUID]sight
 	return max(0, last.Sub(end)), true
 }
 
-// readAppended reads every event of the suite's type from the store: id → recorded time.
-func readAppended(ctx context.Context, store eventstore.Store) (map[uuid.UUID]time.Time, error) {
-	out := map[uuid.UUID]time.Time{}
+// readAppended reads every event of the suite's type from the store: id → recorded time, and
+// id → content.
+func readAppended(ctx context.Context, store eventstore.Store) (map[uuid.UUID]time.Time, map[uuid.UUID]content, error) {
+	out, contents := map[uuid.UUID]time.Time{}, map[uuid.UUID]content{}
 	var after eventstore.Position
 	for {
-		events, err := store.Read(ctx, after, eventstore.ReadOptions{Limit: eventstore.ReadLimitMax, Types: []string{chaosmodel.EventType}, OmitPayload: true})
+		events, err := store.Read(ctx, after, eventstore.ReadOptions{Limit: eventstore.ReadLimitMax, Types: []string{chaosmodel.EventType}})
 		if err != nil {
-			return nil, fmt.Errorf("read the event store: %w", err)
+			return nil, nil, fmt.Errorf("read the event store: %w", err)
 		}
 		if len(events) == 0 {
-			return out, nil
+			return out, contents, nil
 		}
 		for _, e := range events {
+			var p chaosmodel.Payload
+			if err := json.Unmarshal(e.Payload, &p); err != nil {
+				return nil, nil, fmt.Errorf("event %s: %w", e.ID, err)
+			}
 			out[e.ID] = e.RecordedAt
+			contents[e.ID] = content{Stream: e.StreamID, Version: e.StreamVersion, Writer: p.Writer, Seq: p.Seq}
 		}
 		after = events[len(events)-1].Position
 	}
 }
 
-// readTable reads a read-model table: event id, applications, first application time.
+// readTable reads a read-model table: event id, applications, first application time,
+// content and application order.
 func readTable(ctx context.Context, db *pgxpool.Pool, query string) (map[uuid.UUID]sighting, error) {
 	rows, err := db.Query(ctx, query)
 	if err != nil {
@@ -160,25 +216,25 @@ func readTable(ctx context.Context, db *pgxpool.Pool, query string) (map[uuid.UU
 	}
 	out := map[uuid.UUID]sighting{}
 	var (
-		id    uuid.UUID
-		count int
-		first time.Time
+		id uuid.UUID
+		s  sighting
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &count, &first}, func() error {
-		out[id] = sighting{Count: count, First: first}
-		return nil
-	})
+	_, err = pgx.ForEachRow(rows, []any{&id, &s.Count, &s.First, &s.Content.Stream, &s.Content.Version, &s.Content.Writer, &s.Content.Seq, &s.Order},
+		func() error {
+			out[id] = s
+			return nil
+		})
 	return out, err
 }
 
 // readExact reads the exactly-once model.
 func readExact(ctx context.Context, db *pgxpool.Pool) (map[uuid.UUID]sighting, error) {
-	return readTable(ctx, db, `SELECT event_id, times, projected_at FROM `+chaosmodel.ExactProjection)
+	return readTable(ctx, db, `SELECT event_id, times, projected_at, stream_id, version, writer, seq, applied FROM `+chaosmodel.ExactProjection)
 }
 
 // readIdempotent reads the at-least-once table model.
 func readIdempotent(ctx context.Context, db *pgxpool.Pool) (map[uuid.UUID]sighting, error) {
-	return readTable(ctx, db, `SELECT event_id, deliveries, first_at FROM `+chaosmodel.IdempotentProjection)
+	return readTable(ctx, db, `SELECT event_id, deliveries, first_at, stream_id, version, writer, seq, applied FROM `+chaosmodel.IdempotentProjection)
 }
 
 // readSinks reads every file of the file model in dir ("<event id> <unix nanoseconds>" lines)
@@ -226,29 +282,19 @@ func parseSink(r io.Reader, seen map[uuid.UUID]sighting) (int, error) {
 	}
 }
 
-// addSinkLine records one complete line; false if the line is torn or malformed.
-func addSinkLine(line []byte, seen map[uuid.UUID]sighting) bool {
-	if line[len(line)-1] != '\n' {
-		return false
-	}
-	idText, nanosText, ok := bytes.Cut(bytes.TrimSuffix(line, []byte("\n")), []byte(" "))
+// addSinkLine records one complete line; false if the line is torn or malformed. The first
+// application is the earliest line's; its time is the order.
+func addSinkLine(text []byte, seen map[uuid.UUID]sighting) bool {
+	l, ok := chaosmodel.ParseLine(text)
 	if !ok {
 		return false
 	}
-	id, err := uuid.ParseBytes(idText)
-	if err != nil {
-		return false
-	}
-	nanos, err := strconv.ParseInt(string(nanosText), 10, 64)
-	if err != nil {
-		return false
-	}
-	at := time.Unix(0, nanos)
-	s := seen[id]
-	if s.Count == 0 || at.Before(s.First) {
-		s.First = at
+	s := seen[l.ID]
+	if s.Count == 0 || l.At.Before(s.First) {
+		s.First, s.Order = l.At, l.At.UnixNano()
+		s.Content = content{Stream: l.Stream, Version: l.Version, Writer: l.Writer, Seq: l.Seq}
 	}
 	s.Count++
-	seen[id] = s
+	seen[l.ID] = s
 	return true
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -24,6 +25,8 @@ type workerSettings struct {
 	logDir    string
 	safetyNet time.Duration
 	debug     bool
+	// relay makes the slot a chaosrelay process (binary is chaosrelay) instead of a worker.
+	relay bool
 }
 
 // workerSlot is one of a scenario's worker processes, restarted under the same name after
@@ -35,6 +38,16 @@ type workerSlot struct {
 	mu   sync.Mutex
 	proc *workerProc
 	runs int
+	// problems are the exits the suite did not cause (a crash, an error exit) and the
+	// incarnations that needed SIGKILL after the graceful stop's deadline.
+	problems []string
+}
+
+// problem records what went wrong with an incarnation.
+func (s *workerSlot) problem(format string, args ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.problems = append(s.problems, fmt.Sprintf(format, args...))
 }
 
 // workerProc is one running incarnation.
@@ -43,6 +56,9 @@ type workerProc struct {
 	ready chan struct{} // closed when the process printed "ready"
 	done  chan struct{} // closed when the process has been waited for
 	err   error         // Wait's result, set before done is closed
+	id    string        // <slot>.<incarnation>, the name of its log
+	// signalled is set before the suite sends a signal: an exit without it is the process's own.
+	signalled atomic.Bool
 }
 
 // start starts a new incarnation of the slot (the previous one must have exited).
@@ -55,8 +71,10 @@ func (s *workerSlot) start() (*workerProc, error) {
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"-name", s.name, "-prefix", s.set.prefix, "-sink", filepath.Join(s.set.sinkDir, id+".lines"),
-		"-safety-net", s.set.safetyNet.String()}
+	args := []string{"-name", s.name, "-prefix", s.set.prefix}
+	if !s.set.relay {
+		args = append(args, "-sink", filepath.Join(s.set.sinkDir, id+".lines"), "-safety-net", s.set.safetyNet.String())
+	}
 	if s.set.debug {
 		args = append(args, "-debug")
 	}
@@ -73,7 +91,7 @@ func (s *workerSlot) start() (*workerProc, error) {
 		_ = logFile.Close()
 		return nil, fmt.Errorf("start worker %s: %w", id, err)
 	}
-	p := &workerProc{cmd: cmd, ready: make(chan struct{}), done: make(chan struct{})}
+	p := &workerProc{cmd: cmd, ready: make(chan struct{}), done: make(chan struct{}), id: id}
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		ready := false
@@ -86,6 +104,9 @@ func (s *workerSlot) start() (*workerProc, error) {
 		}
 		p.err = cmd.Wait()
 		_ = logFile.Close()
+		if !p.signalled.Load() {
+			s.problem("%s exited by itself (%v); see %s.log", id, exitText(p.err), id)
+		}
 		close(p.done)
 	}()
 	s.proc = p
@@ -123,11 +144,20 @@ func (s *workerSlot) kill() bool {
 		return false
 	default:
 	}
+	p.signalled.Store(true)
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		return false
 	}
 	<-p.done
 	return true
+}
+
+// exitText describes a Wait result.
+func exitText(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
 }
 
 // stop ends the running incarnation with SIGTERM, or SIGKILL after grace.
@@ -141,26 +171,17 @@ func (s *workerSlot) stop(grace time.Duration) {
 		return
 	default:
 	}
+	p.signalled.Store(true)
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
+		if p.err != nil {
+			s.problem("%s failed at its graceful stop (%v); see %s.log", p.id, p.err, p.id)
+		}
 	case <-time.After(grace):
 		_ = p.cmd.Process.Signal(syscall.SIGKILL)
 		<-p.done
-	}
-}
-
-// exited reports whether the running incarnation has exited, and how.
-func (s *workerSlot) exited() (bool, error) {
-	p := s.current()
-	if p == nil {
-		return true, nil
-	}
-	select {
-	case <-p.done:
-		return true, p.err
-	default:
-		return false, nil
+		s.problem("%s hung at shutdown: still running %s after SIGTERM, killed; see %s.log", p.id, grace, p.id)
 	}
 }
 
@@ -206,20 +227,27 @@ func (p *pool) stopAll() {
 	wg.Wait()
 }
 
-// crashed returns an error naming a worker that exited on its own (not killed by the suite).
-func (p *pool) crashed() error {
+// problems returns an error naming every worker incarnation that exited by itself (not
+// killed or stopped by the suite), failed its graceful stop or hung at shutdown.
+func (p *pool) problems() error {
 	var errs []error
 	for _, s := range p.slots {
-		if done, err := s.exited(); done && s.current() != nil {
-			var exit *exec.ExitError
-			if errors.As(err, &exit) && exit.ExitCode() == -1 {
-				continue // killed by a signal: the suite did it
-			}
-			if err == nil {
-				err = errors.New("exit status 0")
-			}
-			errs = append(errs, fmt.Errorf("%s exited by itself (%w); see its log", s.name, err))
+		s.mu.Lock()
+		for _, msg := range s.problems {
+			errs = append(errs, errors.New(msg))
 		}
+		s.mu.Unlock()
 	}
 	return errors.Join(errs...)
+}
+
+// restarts counts the incarnations started beyond the first of each worker.
+func (p *pool) restarts() int {
+	n := 0
+	for _, s := range p.slots {
+		s.mu.Lock()
+		n += max(0, s.runs-1)
+		s.mu.Unlock()
+	}
+	return n
 }

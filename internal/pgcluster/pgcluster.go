@@ -25,12 +25,14 @@ import (
 const clusterDirPrefix = "nudge-chaos-pg-"
 
 // Cluster is a private PostgreSQL cluster in a temporary directory, run as the postgres OS user
-// with trust authentication on 127.0.0.1 and a free port. Only this suite connects to it, so
+// on 127.0.0.1 and a free port, with trust authentication or a password (Options.Password). Only this suite connects to it, so
 // restarting it disturbs nobody.
 type Cluster struct {
 	bin      string // directory of initdb, pg_ctl, postgres
 	dir      string // temporary directory: data/, the socket, server.log
 	maxConns int
+	durable  bool
+	password string // "" for trust authentication
 	port     int
 	runAs    string // OS user the server runs as; "" when not root
 	log      *slog.Logger
@@ -70,6 +72,14 @@ func freePort() (int, error) {
 type Options struct {
 	// MaxConnections is the server's max_connections. Defaults to MaxConnectionsDefault.
 	MaxConnections int
+	// Durable runs the server with fsync=on and full_page_writes=on, as production does, so an
+	// immediate stop (a crash) is recovered from the WAL as after a real one. Off by default:
+	// the tests that only stop processes need no flushes on a shared machine.
+	Durable bool
+	// Password, when set, makes the cluster require it for every TCP connection of the user
+	// postgres (scram-sha-256 in pg_hba.conf, password_encryption=scram-sha-256); the socket
+	// stays trust for the suite's own administration. Empty: trust everywhere.
+	Password string
 }
 
 // MaxConnectionsDefault is the max_connections of a private cluster.
@@ -92,7 +102,7 @@ func NewWith(ctx context.Context, log *slog.Logger, opts Options) (*Cluster, err
 		return nil, err
 	}
 	c := &Cluster{bin: bin, dir: dir, log: log, logged: filepath.Join(dir, "server.log"),
-		maxConns: cmp.Or(opts.MaxConnections, MaxConnectionsDefault)}
+		maxConns: cmp.Or(opts.MaxConnections, MaxConnectionsDefault), durable: opts.Durable, password: opts.Password}
 	if os.Geteuid() == 0 {
 		// PostgreSQL refuses to run as root: hand the directory to the postgres user.
 		c.runAs = "postgres"
@@ -112,7 +122,7 @@ func NewWith(ctx context.Context, log *slog.Logger, opts Options) (*Cluster, err
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	if _, err := c.run(ctx, "initdb", "-D", c.Data(), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync", "--no-instructions"); err != nil {
+	if err := c.initdb(ctx); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
@@ -121,6 +131,41 @@ func NewWith(ctx context.Context, log *slog.Logger, opts Options) (*Cluster, err
 		return nil, err
 	}
 	return c, nil
+}
+
+// initdb creates the data directory: trust authentication, or with a password scram-sha-256
+// for TCP (the password goes through a file of the temporary directory, never a command line).
+func (c *Cluster) initdb(ctx context.Context) error {
+	args := []string{"-D", c.Data(), "-U", "postgres", "-E", "UTF8", "--no-sync", "--no-instructions"}
+	if c.password == "" {
+		args = append(args, "-A", "trust")
+	} else {
+		pwFile := filepath.Join(c.dir, "pwfile")
+		if err := os.WriteFile(pwFile, []byte(c.password+"\n"), 0o600); err != nil {
+			return err
+		}
+		if err := c.chown(pwFile); err != nil {
+			return err
+		}
+		defer func() { _ = os.Remove(pwFile) }()
+		args = append(args, "--auth-local=trust", "--auth-host=scram-sha-256", "--pwfile="+pwFile)
+	}
+	_, err := c.run(ctx, "initdb", args...)
+	return err
+}
+
+// chown gives path to the OS user the server runs as (nothing when not root).
+func (c *Cluster) chown(path string) error {
+	if c.runAs == "" {
+		return nil
+	}
+	u, err := user.Lookup(c.runAs)
+	if err != nil {
+		return err
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return os.Chown(path, uid, gid)
 }
 
 // removeStaleClusters stops and removes the clusters of earlier runs that were killed before
@@ -162,11 +207,16 @@ func (c *Cluster) run(ctx context.Context, program string, args ...string) (stri
 	return string(out), nil
 }
 
-// Start starts the server and waits until it accepts connections. fsync is off: the faults
-// injected are process stops, never a lost page cache, and the machine is shared.
+// Start starts the server and waits until it accepts connections. fsync and full_page_writes
+// are off unless Options.Durable: most tests inject process stops, never a lost page cache,
+// and the machine is shared.
 func (c *Cluster) Start(ctx context.Context) error {
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off "+
-		"-c max_connections=%d -c shared_buffers=64MB", c.port, c.dir, c.maxConns)
+	durability := "-c fsync=off -c full_page_writes=off"
+	if c.durable {
+		durability = "-c fsync=on -c full_page_writes=on"
+	}
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 %s -c password_encryption=scram-sha-256 "+
+		"-c max_connections=%d -c shared_buffers=64MB", c.port, c.dir, durability, c.maxConns)
 	_, err := c.run(ctx, "pg_ctl", "-D", c.Data(), "-o", opts, "-l", c.logged, "-w", "-t", "60", "start")
 	return err
 }
@@ -205,8 +255,10 @@ func (c *Cluster) Remove(ctx context.Context) {
 	}
 }
 
-// URL returns the URL of database db on the cluster, with password as the password: trust
-// authentication ignores it, and the security scenario looks for it in every output.
+// URL returns the URL of database db on the cluster, with password as the password: the
+// cluster's own with Options.Password (scram-sha-256 checks it), any other fails to
+// authenticate; with trust authentication it is ignored. The chaos suite's security scenario
+// looks for it in every output.
 func (c *Cluster) URL(db, password string) string {
 	u := url.URL{Scheme: "postgres", User: url.UserPassword("postgres", password), Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(c.port)),
 		Path: "/" + db, RawQuery: "sslmode=disable"}

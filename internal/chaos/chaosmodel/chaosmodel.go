@@ -1,6 +1,9 @@
 // Package chaosmodel defines the read models of the fault-injection suite (internal/chaos): the
 // event its writers append and three projections of it that the worker processes run and the
-// suite verifies against the event store afterwards.
+// suite verifies against the event store afterwards. Every model keeps, per event, its stream,
+// stream version and payload fields (writer, seq) and the order of its first application (a
+// sequence in the tables, the time in the file), so the suite compares content and per-stream
+// order, not only event ids.
 //
 //   - ExactProjection (projection.On): a table in the event store's database keyed by event
 //     id, with a counter that every handling increments inside the batch's transaction, so a
@@ -18,9 +21,11 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -107,7 +112,12 @@ func New(cfg Config) (*Models, error) {
 				CREATE TABLE IF NOT EXISTS `+ExactProjection+` (
 					event_id     uuid PRIMARY KEY,
 					times        integer NOT NULL,
-					projected_at timestamptz NOT NULL DEFAULT clock_timestamp());
+					projected_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+					stream_id    text NOT NULL,
+					version      bigint NOT NULL,
+					writer       integer NOT NULL,
+					seq          integer NOT NULL,
+					applied      bigserial NOT NULL);
 				CREATE TABLE IF NOT EXISTS `+ControlTable+` (key text PRIMARY KEY)`)
 			return err
 		},
@@ -121,8 +131,8 @@ func New(cfg Config) (*Models, error) {
 				return ErrPoison
 			}
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO `+ExactProjection+` (event_id, times) VALUES ($1, 1)
-			ON CONFLICT (event_id) DO UPDATE SET times = `+ExactProjection+`.times + 1`, e.ID)
+		_, err := tx.Exec(ctx, `INSERT INTO `+ExactProjection+` (event_id, times, stream_id, version, writer, seq) VALUES ($1, 1, $2, $3, $4, $5)
+			ON CONFLICT (event_id) DO UPDATE SET times = `+ExactProjection+`.times + 1`, e.ID, e.StreamID, e.StreamVersion, e.Data.Writer, e.Data.Seq)
 		return err
 	}))
 	if err != nil {
@@ -134,12 +144,17 @@ func New(cfg Config) (*Models, error) {
 			_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+IdempotentProjection+` (
 				event_id   uuid PRIMARY KEY,
 				deliveries integer NOT NULL,
-				first_at   timestamptz NOT NULL DEFAULT clock_timestamp())`)
+				first_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+				stream_id  text NOT NULL,
+				version    bigint NOT NULL,
+				writer     integer NOT NULL,
+				seq        integer NOT NULL,
+				applied    bigserial NOT NULL)`)
 			return err
 		},
 	}, projection.OnIdempotent(EventType, func(ctx context.Context, e projection.Event[Payload]) error {
-		_, err := cfg.DB.Exec(ctx, `INSERT INTO `+IdempotentProjection+` (event_id, deliveries) VALUES ($1, 1)
-			ON CONFLICT (event_id) DO UPDATE SET deliveries = `+IdempotentProjection+`.deliveries + 1`, e.ID)
+		_, err := cfg.DB.Exec(ctx, `INSERT INTO `+IdempotentProjection+` (event_id, deliveries, stream_id, version, writer, seq) VALUES ($1, 1, $2, $3, $4, $5)
+			ON CONFLICT (event_id) DO UPDATE SET deliveries = `+IdempotentProjection+`.deliveries + 1`, e.ID, e.StreamID, e.StreamVersion, e.Data.Writer, e.Data.Seq)
 		return err
 	}))
 	if err != nil {
@@ -147,7 +162,7 @@ func New(cfg Config) (*Models, error) {
 	}
 	file, err := projection.New(FileProjection, projection.Config{BatchSize: cfg.BatchSize},
 		projection.OnIdempotent(EventType, func(_ context.Context, e projection.Event[Payload]) error {
-			return m.writeLine(e.ID.String(), time.Now())
+			return m.writeLine(Line{ID: e.ID, At: time.Now(), Stream: e.StreamID, Version: e.StreamVersion, Writer: e.Data.Writer, Seq: e.Data.Seq})
 		}))
 	if err != nil {
 		return nil, errors.Join(err, sink.Close())
@@ -156,13 +171,57 @@ func New(cfg Config) (*Models, error) {
 	return m, nil
 }
 
-// writeLine appends "<event id> <unix nanoseconds>\n" to the sink in one write.
-func (m *Models) writeLine(id string, at time.Time) error {
-	line := make([]byte, 0, len(id)+21)
-	line = append(line, id...)
-	line = append(line, ' ')
-	line = strconv.AppendInt(line, at.UnixNano(), 10)
-	line = append(line, '\n')
+// Line is one line of FileProjection's sink: an event's id, when it was applied, its stream,
+// version and payload fields.
+type Line struct {
+	ID      uuid.UUID
+	At      time.Time
+	Stream  string
+	Version int64
+	Writer  int
+	Seq     int
+}
+
+// AppendText appends "<id> <unix nanoseconds> <stream> <version> <writer> <seq>\n" to b.
+func (l Line) AppendText(b []byte) []byte {
+	b = append(b, l.ID.String()...)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, l.At.UnixNano(), 10)
+	b = append(b, ' ')
+	b = append(b, l.Stream...)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, l.Version, 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, int64(l.Writer), 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, int64(l.Seq), 10)
+	return append(b, '\n')
+}
+
+// ParseLine reads a line written by AppendText, newline included; false if it is torn or
+// malformed.
+func ParseLine(text []byte) (Line, bool) {
+	if len(text) == 0 || text[len(text)-1] != '\n' {
+		return Line{}, false
+	}
+	f := strings.Fields(string(text[:len(text)-1]))
+	if len(f) != 6 {
+		return Line{}, false
+	}
+	id, err := uuid.Parse(f[0])
+	nanos, err2 := strconv.ParseInt(f[1], 10, 64)
+	version, err3 := strconv.ParseInt(f[3], 10, 64)
+	writer, err4 := strconv.Atoi(f[4])
+	seq, err5 := strconv.Atoi(f[5])
+	if errors.Join(err, err2, err3, err4, err5) != nil {
+		return Line{}, false
+	}
+	return Line{ID: id, At: time.Unix(0, nanos), Stream: f[2], Version: version, Writer: writer, Seq: seq}, true
+}
+
+// writeLine appends the line to the sink in one write.
+func (m *Models) writeLine(l Line) error {
+	line := l.AppendText(make([]byte, 0, 96))
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, err := m.sink.Write(line); err != nil {

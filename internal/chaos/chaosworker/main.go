@@ -105,7 +105,12 @@ func run(ctx context.Context, o options, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	models, err := chaosmodel.New(chaosmodel.Config{DB: pool, SinkPath: o.sink, BatchSize: o.batchSize})
+	idemPool, err := asyncCommitPool(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer idemPool.Close()
+	models, err := chaosmodel.New(chaosmodel.Config{DB: idemPool, SinkPath: o.sink, BatchSize: o.batchSize})
 	if err != nil {
 		return err
 	}
@@ -174,4 +179,21 @@ func connect(ctx context.Context, dbURL string, timeout time.Duration) (*pgxpool
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// asyncCommitPool is the pool of the at-least-once table model's upserts, which commit one by
+// one outside the batch's transaction: with synchronous_commit=off they do not each wait for a
+// WAL flush (with fsync=on on a shared disk that would make the model the slowest part of
+// every scenario). No upsert is lost for it: it commits before the projection's position, whose
+// synchronous commit flushes the WAL up to its own record, so also every earlier upsert; a
+// crash before that flush loses the position too, and the events are handled again.
+func asyncCommitPool(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, errors.New("CHAOS_DATABASE_URL is not a valid PostgreSQL URL")
+	}
+	cfg.MaxConns = 4
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
