@@ -304,7 +304,8 @@ func (h *harness) runCQRSFault(ctx context.Context, system, broker string, kills
 	go cons.run(cctx)
 	defer func() { stopConsumers(); <-cons.done }()
 
-	if err := appendN(ctx, side.store, cs); err != nil {
+	last, err := appendN(ctx, side.store, cs)
+	if err != nil {
 		return res, err
 	}
 	if err := waitUntil(ctx, 2*time.Minute, 10*time.Millisecond, fmt.Sprintf("%d consumers were killed", kills), func() (bool, error) {
@@ -312,7 +313,7 @@ func (h *harness) runCQRSFault(ctx context.Context, system, broker string, kills
 	}); err != nil {
 		return res, err
 	}
-	if err := side.drain(ctx, cons.failure); err != nil {
+	if err := side.drain(ctx, last, cons.failure); err != nil {
 		return res, err
 	}
 	stopConsumers()
@@ -342,8 +343,9 @@ func countFaults(ctx context.Context, f *fixture, table string) (faultResult, er
 type faultSide struct {
 	store  appender
 	failed func() int
-	// drain waits until the consumer has handled everything that reached the broker.
-	drain func(ctx context.Context, failure func() error) error
+	// drain waits until the consumer has handled everything that reached the broker; last is
+	// the position of the last event appended.
+	drain func(ctx context.Context, last eventstore.Position, failure func() error) error
 	close func()
 }
 
@@ -372,7 +374,7 @@ func (h *harness) openFaultSide(ctx context.Context, f *fixture, spec cqrsSpec, 
 	// The marker is published last and never fails: once its row is there, every message
 	// before it was handled (one consumer, in order; a redelivered message comes first).
 	marker := &TicketWasUpdated{EventID: uuid.New(), StreamID: "marker", Version: 1}
-	drain := func(ctx context.Context, failure func() error) error {
+	drain := func(ctx context.Context, _ eventstore.Position, failure func() error) error {
 		if err := bus.Publish(ctx, marker); err != nil {
 			return fmt.Errorf("publish the marker: %w", err)
 		}
@@ -399,14 +401,12 @@ func (h *harness) openNudgeFaultSide(ctx context.Context, f *fixture, spec cqrsS
 	rctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = rel.Run(rctx) })
-	drain := func(ctx context.Context, failure func() error) error {
-		head, err := f.store.Head(ctx)
-		if err != nil {
-			return err
-		}
+	// The projection's position passes the last appended event once that event is readable
+	// (no transaction older than it runs in the cluster) and handled.
+	drain := func(ctx context.Context, last eventstore.Position, failure func() error) error {
 		return waitUntil(ctx, 2*time.Minute, 10*time.Millisecond, "the nudge projection caught up", func() (bool, error) {
 			st, err := f.backend.StatusOf(ctx, spec.Table)
-			return err == nil && !st.Position.Less(head), failure()
+			return err == nil && !st.Position.Less(last), failure()
 		})
 	}
 	return &faultSide{store: f.store, failed: inj.count, drain: drain, close: func() { cancel(); wg.Wait(); _ = ch.Close() }}, nil
@@ -521,10 +521,15 @@ func tail(s string, n int) string {
 
 // appendN appends cs.faultEvents events from cs.writers writers over cs.streams streams, at
 // most cs.rate a second in all: a count, not a duration, so that a loaded machine appends as
-// many events (more slowly) and every planned kill finds events to kill on.
-func appendN(ctx context.Context, store appender, cs cqrsSizes) error {
+// many events (more slowly) and every planned kill finds events to kill on. It returns the
+// position of the last event in the store's read order.
+func appendN(ctx context.Context, store appender, cs cqrsSizes) (eventstore.Position, error) {
 	interval := time.Second * time.Duration(cs.writers) / time.Duration(cs.rate)
-	var wg sync.WaitGroup
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		last eventstore.Position
+	)
 	errs := make(chan error, cs.writers)
 	for wr := range cs.writers {
 		wg.Go(func() {
@@ -538,17 +543,23 @@ func appendN(ctx context.Context, store appender, cs cqrsSizes) error {
 				case <-tick.C:
 				}
 				data, err := eventstore.NewEventData("TicketWasUpdated", livePayload{Writer: wr, N: i})
+				var res eventstore.AppendResult
 				if err == nil {
-					_, err = store.Append(ctx, fmt.Sprintf("ticket-%03d", i%cs.streams), eventstore.Any, data)
+					res, err = store.Append(ctx, fmt.Sprintf("ticket-%03d", i%cs.streams), eventstore.Any, data)
 				}
 				if err != nil {
 					errs <- fmt.Errorf("append: %w", err)
 					return
 				}
+				mu.Lock()
+				if p := res.Events[0].Position; last.Less(p) {
+					last = p
+				}
+				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
 	close(errs)
-	return <-errs // nil when no writer failed
+	return last, <-errs // nil when no writer failed
 }
