@@ -3,15 +3,65 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/amqptest"
 	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/internal/testlog"
+	"github.com/nudgeworks/nudge/relay"
 )
+
+// TestMain lets the test binary run a consumer of the cqrs scenario, as the bench binary does:
+// the fault runs start consumers by running their own executable.
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(cqrsChildEnv); spec != "" {
+		os.Exit(runCQRSChild(spec))
+	}
+	os.Exit(m.Run())
+}
+
+// TestCQRSFaultsAreRealAndCounted: the cqrs scenario's fault runs SIGKILL real consumer
+// processes between their write and their ack and fail real publishes after the store's
+// commit, and count the outcome from the tables. On the PostgreSQL queue the CQRS processor
+// applies events twice after a kill and loses exactly the events whose publish failed; nudge,
+// under the same faults, does neither.
+func TestCQRSFaultsAreRealAndCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	log := testlog.New(t)
+	h, err := newHarness(ctx, options{postgresURL: pgtest.URL(), amqpURL: amqptest.URL(), pgPoll: 10 * time.Millisecond,
+		relayInterval: relay.MinIntervalDefault}, log, log)
+	require.NoError(t, err)
+	t.Cleanup(h.close)
+	cs := cqrsSizes{rate: 1000, writers: 2, streams: 10, faultEvents: 200}
+
+	got, err := h.runCQRSFault(ctx, systemCQRS, chPostgres, 1, 0, cs)
+	require.NoError(t, err)
+	require.Equal(t, int64(200), got.appended)
+	require.Equal(t, int64(1), got.kills)
+	require.Positive(t, got.duplicated, "the message whose row committed before the kill comes back")
+	require.Zero(t, got.lost)
+
+	got, err = h.runCQRSFault(ctx, systemCQRS, chPostgres, 0, 3, cs)
+	require.NoError(t, err)
+	require.Equal(t, faultResult{appended: 200, failedPublishes: 3, lost: 3}, got)
+
+	got, err = h.runCQRSFault(ctx, systemNudge, chPostgres, 1, 0, cs)
+	require.NoError(t, err)
+	require.Equal(t, faultResult{appended: 200, kills: 1}, got)
+
+	got, err = h.runCQRSFault(ctx, systemNudge, chPostgres, 0, 3, cs)
+	require.NoError(t, err)
+	require.Positive(t, got.failedPublishes, "the relay published too few times for a failure")
+	require.Equal(t, faultResult{appended: 200, failedPublishes: got.failedPublishes}, got)
+}
 
 // TestCountFaultsCountsFromTheTables: the cqrs scenario's figures come from the store's events
 // against the read model's rows: a second row of an event is one event applied twice, an event
