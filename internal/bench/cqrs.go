@@ -52,7 +52,7 @@ type cqrsSizes struct {
 }
 
 func cqrsSizesFor(quick bool) cqrsSizes {
-	s := cqrsSizes{rate: 1000, writers: 8, streams: 100, liveDuration: 10 * time.Second, faultEvents: 3000, kills: 3, failedPublishes: 10}
+	s := cqrsSizes{rate: 1000, writers: 8, streams: 100, liveDuration: 5 * time.Second, faultEvents: 2000, kills: 3, failedPublishes: 10}
 	if quick {
 		s.liveDuration, s.faultEvents, s.kills, s.failedPublishes = 3*time.Second, 1000, 2, 5
 	}
@@ -412,8 +412,10 @@ func (h *harness) openNudgeFaultSide(ctx context.Context, f *fixture, spec cqrsS
 	return &faultSide{store: f.store, failed: inj.count, drain: drain, close: func() { cancel(); wg.Wait(); _ = ch.Close() }}, nil
 }
 
-// relayFailEvery: the relay's publishes fail one in this many, until the run's failures are in.
-const relayFailEvery = 3
+// relayFailEvery: the relay's publishes fail one in this many, until the run's failures are
+// in. Every one: the relay retries a failed publish (the same events, more if more came), so
+// the failures happen whatever the load, in a row at the start of the run.
+const relayFailEvery = 1
 
 // failingPublisher is a channel whose publish fails when fail says so, after the events
 // committed: the relay's FlushFunc gets the error.
