@@ -38,7 +38,7 @@ func killSelf() {
 
 // runCQRSChild runs the consumer the spec describes and returns the exit code.
 func runCQRSChild(raw string) int {
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	var spec cqrsSpec
 	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
 		log.Error("bench consumer: bad spec", slog.Any("error", err))
