@@ -264,6 +264,8 @@ type liveConfig struct {
 	writers  int
 	streams  int
 	duration time.Duration
+	// newProjection makes the measured projections; defaults to liveProjection.
+	newProjection func(name string, flush func(ctx context.Context, p projection.FlushParams) error) (*projection.Projection, error)
 }
 
 // slowBatch is how long the slow projection's batches take.
@@ -318,9 +320,13 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 		names = append(names, fmt.Sprintf("live_%02d", i))
 	}
 	rec := newLiveRecorder(slices.Clone(names)) // the slow one, appended below, is not measured
+	newProjection := cfg.newProjection
+	if newProjection == nil {
+		newProjection = liveProjection
+	}
 	var ps []*projection.Projection
 	for _, name := range names {
-		p, err := liveProjection(name, func(_ context.Context, fp projection.FlushParams) error {
+		p, err := newProjection(name, func(_ context.Context, fp projection.FlushParams) error {
 			rec.flush(fp.Projection, fp.Events)
 			return nil
 		})

@@ -3,7 +3,7 @@
 // (PASS/MISS with the gap). It also writes the results as JSON, with the machine they were
 // measured on, to -out.
 //
-//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|fanout|recovery|status|horizon]
+//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|fanout|recovery|status|horizon|cqrs]
 //	                        [-out bench-results] [-cpuprofile] [-pprof-dir DIR]
 //
 // Scenarios (several may be given, comma-separated):
@@ -27,6 +27,10 @@
 //     read horizon alone, with and without 200 more connections on the server (150 idle, 50
 //     holding exempt writing transactions, which the horizon finds in pg_locks); fewer, in
 //     the same ratio, when max_connections leaves no room for 200.
+//   - cqrs: beside Watermill's CQRS event processor (components/cqrs) on RabbitMQ and on
+//     watermill-sql's PostgreSQL queue, writing the same read model: live latency, events
+//     applied twice and lost when a consumer (a child process) is SIGKILLed between its write
+//     and its ack, and events lost when the publish after the store's commit fails.
 //
 // Each scenario step runs on a database of its own (created and dropped, named like
 // internal/pgtest's) and a RabbitMQ prefix of its own (named like internal/amqptest's). The
@@ -101,6 +105,7 @@ var scenarios = []scenario{
 	{"recovery", "poison event, fix, one replay", runRecovery, nil},
 	{"status", "projection status with a large backlog", runStatus, statusTargets()},
 	{"horizon", "the read horizon under many connections", runHorizon, []Target{targetHorizonReads}},
+	{"cqrs", "beside Watermill's CQRS event processor", runCQRS, []Target{targetCQRSFaults}},
 }
 
 func scenarioNames() []string {
@@ -174,7 +179,12 @@ func envOr(key, def string) string {
 	return def
 }
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() {
+	if spec := os.Getenv(cqrsChildEnv); spec != "" { // a consumer of the cqrs scenario
+		os.Exit(runCQRSChild(spec))
+	}
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
 
 // run runs the benchmarks and returns the exit code: 0 when every scenario ran (whether or not
 // it met its targets), 1 when one failed, 2 for bad flags.
