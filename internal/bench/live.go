@@ -266,9 +266,9 @@ type liveConfig struct {
 	onFailure projection.OnFailure
 	poison    bool
 	rate      int
-	writers  int
-	streams  int
-	duration time.Duration
+	writers   int
+	streams   int
+	duration  time.Duration
 }
 
 // slowBatch is how long the slow projection's batches take.
