@@ -216,7 +216,7 @@ func TestSelectScenarios(t *testing.T) {
 	all := scenarios()
 	got, err := selectScenarios(all, "all")
 	require.NoError(t, err)
-	require.Len(t, got, 8)
+	require.Len(t, got, 9)
 	require.Equal(t, "security", got[len(got)-1].name, "security runs last: it searches the others' outputs")
 	got, err = selectScenarios(all, "poison, sigkill")
 	require.NoError(t, err)

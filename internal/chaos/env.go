@@ -103,6 +103,8 @@ type verified struct {
 // scenarioSettings are a scenario's knobs for its environment.
 type scenarioSettings struct {
 	safetyNet time.Duration
+	// park runs the exactly-once projection with OnFailure park.
+	park bool
 }
 
 func randomHex(n int) string {
@@ -201,7 +203,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 		}
 	}()
 	e.workers = newPool(workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: s.broker.url, prefix: e.prefix,
-		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet}, 2)
+		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet, park: set.park}, 2)
 	e.load = newLoad(e.store, e.log, 4, s.rate, s.seed^hashName(name))
 	return e, nil
 }

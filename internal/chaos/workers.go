@@ -24,6 +24,7 @@ type workerSettings struct {
 	logDir    string
 	safetyNet time.Duration
 	debug     bool
+	park      bool
 }
 
 // workerSlot is one of a scenario's worker processes, restarted under the same name after
@@ -57,6 +58,9 @@ func (s *workerSlot) start() (*workerProc, error) {
 	}
 	args := []string{"-name", s.name, "-prefix", s.set.prefix, "-sink", filepath.Join(s.set.sinkDir, id+".lines"),
 		"-safety-net", s.set.safetyNet.String()}
+	if s.set.park {
+		args = append(args, "-park")
+	}
 	if s.set.debug {
 		args = append(args, "-debug")
 	}
