@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/nudgeworks/nudge/eventstore"
 )
@@ -120,6 +125,25 @@ var errNoPark = errors.New("projection: failure not parked")
 // errParkLimit rolls back a park unit of a projection that has MaxParkedStreams parked.
 var errParkLimit = errors.New("projection: too many parked streams")
 
+// outage reports an error that says a connection, not the event, is at fault: a network
+// error, a dropped or refused connection, a timeout, PostgreSQL's connection-exception (08),
+// shutdown (57P01–57P03) and too-many-connections (53300) errors. Such a failure never parks a
+// stream: the outage passes, and the event with it.
+func outage(err error) bool {
+	var (
+		netErr net.Error
+		pgErr  *pgconn.PgError
+	)
+	switch {
+	case errors.As(err, &pgErr):
+		return strings.HasPrefix(pgErr.Code, "08") || slices.Contains([]string{"57P01", "57P02", "57P03", "53300"}, pgErr.Code)
+	case errors.As(err, &netErr), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, context.DeadlineExceeded):
+		return true
+	}
+	return pgconn.Timeout(err) || pgconn.SafeToRetry(err)
+}
+
 // permanent reports an error marked retry.Permanent (through its Permanent method, so that this
 // package does not import the retry middleware) or a payload that can never decode.
 func permanent(err error) bool {
@@ -166,6 +190,9 @@ func (b *batch) park(ctx context.Context, res *Result) bool {
 // position past the event, if the event is still the next to handle and the failure is due.
 func (b *batch) parkUnit(ctx context.Context, u Unit) (Outcome, ParkedStream, error) {
 	st, f := u.Status, b.failed
+	if outage(f.Err) {
+		return Outcome{}, ParkedStream{}, errNoPark // an outage waits
+	}
 	due := b.crashLoop || permanent(f.Err) ||
 		(st.FailingEvent != nil && st.FailingEvent.ID == f.Event.ID && st.Attempts >= b.p.cfg.ParkAfterAttempts)
 	if !due || st.State == StatePaused || !st.Position.Less(f.Event.Position) {

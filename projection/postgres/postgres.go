@@ -138,7 +138,7 @@ func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked m
 	)
 	batch.Queue(b.sql.lock, name)
 	if parked != nil {
-		batch.Queue(b.sql.selectParked, name, nil).Query(func(rows pgx.Rows) error {
+		batch.Queue(b.sql.selectParkedOf, name).Query(func(rows pgx.Rows) error {
 			list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (projection.ParkedStream, error) { return scanParked(row) })
 			for _, ps := range list {
 				parked[ps.StreamID] = ps

@@ -16,6 +16,8 @@ type statements struct {
 	startAttempt, endAttempt                                                                       string
 	// Parked streams: see park.go.
 	selectParked, insertParked, addHeld, deleteParked, recordParkAction, parkFailed, clearParked string
+	// selectParkedOf is selectParked for one projection, the statement of every batch.
+	selectParkedOf string
 	// selectAllStatus is selectStatus for every projection, by name.
 	selectAllStatus string
 	// eventsExist: see Backend.Register.
@@ -252,6 +254,7 @@ func (s *statements) addParkSQL(r *strings.Replacer) {
 	s.selectParked = r.Replace(`SELECT ` + parkedColumns + ` FROM {parked}
 		WHERE ($1::text IS NULL OR projection = $1) AND ($2::text IS NULL OR stream_id = $2)
 		ORDER BY projection, transaction_id, global_position, stream_id`)
+	s.selectParkedOf = r.Replace(`SELECT ` + parkedColumns + ` FROM {parked} WHERE projection = $1`)
 	s.insertParked = r.Replace(`INSERT INTO {parked} (projection, stream_id, event_id, event_type, transaction_id, global_position,
 			stream_version, error, attempts, parked_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`)
 	s.addHeld = r.Replace(`UPDATE {parked} SET held_events = held_events + $3,
