@@ -29,6 +29,7 @@ var parkTests = []struct {
 	{"ResetClearsParking", testResetClearsParking},
 	{"SkipAndPurgeParked", testSkipAndPurgeParked},
 	{"ParkFromFlush", testParkFromFlush},
+	{"ParkCrashLoopVerdict", testParkCrashLoop},
 }
 
 // StreamPayload is the payload of the park tests' events.
@@ -352,4 +353,37 @@ func testParkFromFlush(t *testing.T, env Env) {
 	require.Len(t, parked, 1)
 	require.Equal(t, "b", parked[0].StreamID)
 	require.Contains(t, parked[0].Error, "b rejected by the flush")
+}
+
+func testParkCrashLoop(t *testing.T, env Env) {
+	ctx := context.Background()
+	appendRounds(t, env.Store, 3, "a", "b")
+	log := newStreamLog()
+	var broken atomic.Bool // never set: the "crash" is simulated through the attempts below
+	p := parkable(t, "crashy", projection.Config{CrashLoopLimit: 2}, log, &broken, "a", 1, nil)
+	r := newRunner(t, env, p)
+	// What processes dying in the first event's handler leave behind: batches started at the
+	// start position without finishing, the last ones one event at a time (careful).
+	events, err := env.Store.Read(ctx, eventstore.Position{}, eventstore.ReadOptions{Limit: 10})
+	require.NoError(t, err)
+	_, err = env.Backend.StartAttempt(ctx, p, eventstore.Position{}, events[len(events)-1].Position)
+	require.NoError(t, err)
+	for range 2 {
+		_, err = env.Backend.StartAttempt(ctx, p, eventstore.Position{}, eventstore.Position{})
+		require.NoError(t, err)
+	}
+	_, err = r.CatchUp(ctx, "crashy")
+	require.NoError(t, err, "the crash-loop verdict parks the stream at once; the rest goes on")
+	require.Empty(t, log.of("a"), "the event that kills the process is not handed to the handler")
+	require.Equal(t, seq(1, 3), log.of("b"))
+	parked, err := r.Parked(ctx, "crashy")
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+	require.Equal(t, "a", parked[0].StreamID)
+	require.Contains(t, parked[0].Error, "the process stopped")
+
+	n, err := r.Redrive(ctx, "crashy", "a", "test")
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	require.Equal(t, seq(1, 3), log.of("a"))
 }
