@@ -248,3 +248,48 @@ func TestUnparkWithoutDefinition(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, st.ParkedStreams)
 }
+
+// TestParkOnQueued: a statement an OnQueued handler queued fails when the batch sends it; the
+// failure is charged to the event that queued it, so that event's stream parks and the others'
+// rows commit, each once; after the fix the redrive applies the parked events in order.
+func TestParkOnQueued(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	p, err := projection.New("queued", projection.Config{OnFailure: projection.OnFailurePark, ParkAfterAttempts: 1,
+		InitFunc: func(ctx context.Context, hp projection.HookParams) error {
+			_, err := hp.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS queued (ticket varchar(3) NOT NULL, v int NOT NULL, PRIMARY KEY (ticket, v))`)
+			return err
+		}},
+		projection.OnQueued("T", func(_ context.Context, q *projection.Queue, ev projection.Event[ticketEvent]) error {
+			q.Queue(`INSERT INTO queued VALUES ($1, $2)`, ev.Data.Ticket, ev.Data.V)
+			return nil
+		}))
+	require.NoError(t, err)
+	r := runner(t, e.backend, p)
+	for v := 1; v <= 3; v++ {
+		appendTicket(t, e.store, "ok", v)
+		appendTicket(t, e.store, "long", v) // too long for varchar(3)
+	}
+	_, err = r.CatchUp(ctx, "queued")
+	require.NoError(t, err)
+	count := func(ticket string) int {
+		var n int
+		require.NoError(t, e.db.Pool.QueryRow(ctx, `SELECT count(*) FROM queued WHERE ticket = $1`, ticket).Scan(&n))
+		return n
+	}
+	require.Equal(t, 3, count("ok"))
+	parked, err := r.Parked(ctx, "queued")
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+	require.Equal(t, "long", parked[0].StreamID)
+	require.Equal(t, int64(1), parked[0].StreamVersion)
+	require.Equal(t, int64(2), parked[0].Held)
+
+	_, err = e.db.Pool.Exec(ctx, `ALTER TABLE queued ALTER COLUMN ticket TYPE text`)
+	require.NoError(t, err)
+	n, err := r.Redrive(ctx, "queued", "long", "test")
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	require.Equal(t, 3, count("long"))
+}
