@@ -267,10 +267,31 @@ func (c *Client) WaitCaughtUp(ctx context.Context, names ...string) error {
 	return c.runner.WaitCaughtUp(ctx, names...)
 }
 
+// Parked returns the named projection's parked streams (projection.Config.OnFailure =
+// projection.OnFailurePark), oldest first.
+func (c *Client) Parked(ctx context.Context, name string) ([]projection.ParkedStream, error) {
+	return c.runner.Parked(ctx, name)
+}
+
+// Redrive applies the parked events of one stream of the named projection, in order, through
+// the current handlers, and unparks it (every parked stream when streamID is ""); by is
+// recorded with the redrive. It returns the number of streams unparked. See
+// projection.Runner.Redrive: a failing redrive leaves the stream parked with the new error.
+func (c *Client) Redrive(ctx context.Context, name, streamID, by string) (int, error) {
+	if streamID == "" {
+		return c.runner.RedriveAll(ctx, name, by)
+	}
+	if _, err := c.runner.Redrive(ctx, name, streamID, by); err != nil {
+		return 0, err
+	}
+	return 1, nil
+}
+
 // Store returns the event store, for reads (Read, ReadStream, Head).
 func (c *Client) Store() eventstore.Store { return c.store }
 
-// Runner returns the projections' runner: pause, resume, reset, skip, status.
+// Runner returns the projections' runner: pause, resume, reset, skip, status, parked streams
+// (SkipParked, PurgeParked).
 func (c *Client) Runner() *projection.Runner { return c.runner }
 
 // DeadLetters returns the dead-letter store (deadletter.Replay, List, Resolve).

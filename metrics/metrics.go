@@ -28,6 +28,8 @@
 //	nudge_projection_held_by_horizon              gauge      projection          WatchRunner: 1 while an open transaction holds events back
 //	nudge_projection_horizon_holder_age_seconds   gauge      projection          WatchRunner: age of that transaction (nudge horizon names it)
 //	nudge_projection_condition                    gauge      projection, condition WatchRunner: 1 for the one current condition (caught_up, working, held, …)
+//	nudge_projection_parked_streams               gauge      projection          WatchRunner: streams parked (OnFailure park), held until a redrive
+//	nudge_projection_oldest_parked_seconds        gauge      projection          WatchRunner: how long the oldest of them has been parked
 //	nudge_worker_triggers_received_total          counter    projection          WatchWorker: triggers delivered (redeliveries and retries included)
 //	nudge_worker_triggers_redundant_total         counter    projection          WatchWorker: triggers already passed; no read
 //	nudge_worker_triggers_ignored_total           counter    projection          WatchWorker: triggers addressed to another projection

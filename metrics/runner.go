@@ -44,6 +44,8 @@ func (m *Metrics) WatchRunner(r StatusReader) error {
 		"How long the open transaction that holds the projection back has been open (nudge horizon names it); 0 when not held or not visible.")
 	c.held = desc("held_by_horizon",
 		"1 while committed events of the projection's types wait behind an older open transaction (the projection waits, it never skips).")
+	c.parked = desc("parked_streams", "Streams the projection parked (OnFailure park) and holds until a redrive.")
+	c.parkedAge = desc("oldest_parked_seconds", "How long the projection's oldest parked stream has been parked; 0 when none is.")
 	c.query = newQuery(m, SourceStatus, func(ctx context.Context) ([]projection.Status, int) {
 		out := make([]projection.Status, 0, len(c.names))
 		failed := 0
@@ -71,6 +73,7 @@ type runnerCollector struct {
 	names                              []string
 	lagEvents, lagSeconds, state, held *prometheus.Desc
 	condition, holderAge               *prometheus.Desc
+	parked, parkedAge                  *prometheus.Desc
 	query                              *query[[]projection.Status]
 }
 
@@ -82,6 +85,8 @@ func (c *runnerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.held
 	ch <- c.condition
 	ch <- c.holderAge
+	ch <- c.parked
+	ch <- c.parkedAge
 	c.query.describe(ch)
 }
 
@@ -96,6 +101,12 @@ func (c *runnerCollector) Collect(ch chan<- prometheus.Metric) {
 			age = st.Holder.Age
 		}
 		ch <- prometheus.MustNewConstMetric(c.holderAge, prometheus.GaugeValue, age.Seconds(), st.Name)
+		ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, float64(st.ParkedStreams), st.Name)
+		var parkedAge time.Duration
+		if !st.OldestParkedAt.IsZero() {
+			parkedAge = max(time.Since(st.OldestParkedAt), 0)
+		}
+		ch <- prometheus.MustNewConstMetric(c.parkedAge, prometheus.GaugeValue, parkedAge.Seconds(), st.Name)
 		for _, k := range projection.Conditions() {
 			ch <- prometheus.MustNewConstMetric(c.condition, prometheus.GaugeValue, boolValue(k == st.Condition()), st.Name, string(k))
 		}

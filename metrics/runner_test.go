@@ -214,3 +214,16 @@ func gatherWithin(t *testing.T, g prometheus.Gatherer) {
 		t.Fatal("the scrape was held by a status query beyond QueryTimeout")
 	}
 }
+
+// TestWatchRunnerParkedStreams: the parked-stream gauges follow the status.
+func TestWatchRunnerParkedStreams(t *testing.T) {
+	t.Parallel()
+	m, reg := newMetrics(t)
+	r := newFakeRunner()
+	r.set("a", projection.Status{State: projection.StateRunning, ParkedStreams: 3, OldestParkedAt: time.Now().Add(-time.Hour)})
+	require.NoError(t, m.WatchRunner(r))
+	require.InDelta(t, 3, mustValue(t, reg, "nudge_projection_parked_streams", "projection", "a"), 0)
+	require.GreaterOrEqual(t, mustValue(t, reg, "nudge_projection_oldest_parked_seconds", "projection", "a"), 3600.0)
+	require.InDelta(t, 0, mustValue(t, reg, "nudge_projection_parked_streams", "projection", "b"), 0)
+	require.InDelta(t, 0, mustValue(t, reg, "nudge_projection_oldest_parked_seconds", "projection", "b"), 0)
+}

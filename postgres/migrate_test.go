@@ -43,15 +43,16 @@ var legacySteps = []step{
 var newSteps = []step{
 	{Component: "deadletter", Version: 2, Name: "add_dead_letter_stream"},
 	{Component: "channel", Version: 2, Name: "drop_channel_dead_letters"},
+	{Component: "projection", Version: 5, Name: "create_parked_streams"},
 }
 
 // allSteps are every component's migrations, in the order of postgres.Components, then by
 // version.
-var allSteps = slices.Concat(legacySteps[:7], newSteps[:1], legacySteps[7:], newSteps[1:])
+var allSteps = slices.Concat(legacySteps[:6], newSteps[2:3], legacySteps[6:7], newSteps[:1], legacySteps[7:], newSteps[1:2])
 
 // allTables are the tables and views Migrate creates with every component.
 var allTables = []string{"nudge_channel_subscriptions", "nudge_channel_triggers", "nudge_dead_letters",
-	"nudge_events", "nudge_projection_conditions", "nudge_projection_skips", "nudge_projections", "nudge_schema_migrations", "nudge_streams"}
+	"nudge_events", "nudge_projection_conditions", "nudge_projection_park_actions", "nudge_projection_parked", "nudge_projection_skips", "nudge_projections", "nudge_schema_migrations", "nudge_streams"}
 
 // recorded returns the rows of nudge_schema_migrations in schema, in the order of
 // postgres.Components, then by version.
@@ -122,11 +123,11 @@ func TestMigrateOneComponentThenAll(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, "", postgres.ComponentDeadLetters))
-	require.Equal(t, allSteps[6:8], withoutTimes(recorded(t, db, "")))
+	require.Equal(t, allSteps[7:9], withoutTimes(recorded(t, db, "")))
 	require.Equal(t, []string{"nudge_dead_letters", "nudge_schema_migrations"}, tables(t, db, ""))
 
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, "", postgres.ComponentProjections))
-	require.Equal(t, []string{"nudge_dead_letters", "nudge_projection_skips", "nudge_projections", "nudge_schema_migrations"}, tables(t, db, ""),
+	require.Equal(t, []string{"nudge_dead_letters", "nudge_projection_park_actions", "nudge_projection_parked", "nudge_projection_skips", "nudge_projections", "nudge_schema_migrations"}, tables(t, db, ""),
 		"no view without the events table")
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, "", postgres.ComponentEvents))
 	require.Contains(t, tables(t, db, ""), "nudge_projection_conditions")
@@ -146,8 +147,8 @@ func TestMigrateTakesComponentsInAnyOrder(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, "nudge", postgres.ComponentProjections, postgres.ComponentEvents, postgres.ComponentProjections))
-	require.Equal(t, legacySteps[:6], withoutTimes(recorded(t, db, "nudge")))
-	require.Equal(t, []string{"nudge_events", "nudge_projection_conditions", "nudge_projection_skips", "nudge_projections",
+	require.Equal(t, allSteps[:7], withoutTimes(recorded(t, db, "nudge")))
+	require.Equal(t, []string{"nudge_events", "nudge_projection_conditions", "nudge_projection_park_actions", "nudge_projection_parked", "nudge_projection_skips", "nudge_projections",
 		"nudge_schema_migrations", "nudge_streams"}, tables(t, db, "nudge"))
 }
 

@@ -44,6 +44,9 @@ type Backend interface {
 	Delete(ctx context.Context, p *Projection, hook HookFunc) error
 	// Status returns the status row with the lag fields computed against the store.
 	Status(ctx context.Context, p *Projection) (Status, error)
+	// Parked returns the projection's parked streams, oldest first, without waiting for a
+	// batch in flight.
+	Parked(ctx context.Context, p *Projection) ([]ParkedStream, error)
 
 	// StartAttempt records, in a unit of its own that commits at once, that a batch starting
 	// after position at is about to run handlers. It returns how many batches have started there
@@ -85,6 +88,11 @@ type Unit struct {
 	Status Status
 	// Read reads events after a position inside the unit.
 	Read func(ctx context.Context, after eventstore.Position, opts eventstore.ReadOptions) ([]eventstore.Event, error)
+	// ReadStream reads one stream's events after a version, in version order, inside the unit.
+	ReadStream func(ctx context.Context, streamID string, afterVersion int64, limit int) ([]eventstore.Event, error)
+	// Parked are the projection's parked streams by stream id, read under the unit's lock, so a
+	// batch and a redrive (or a park, skip or purge) never interleave.
+	Parked map[string]ParkedStream
 }
 
 // Outcome is what a batch stores when it commits.
@@ -100,6 +108,19 @@ type Outcome struct {
 	// Skip, when set, is an operator's skip of one event that the backend records with the
 	// outcome (who, when, why).
 	Skip *SkipRecord
+	// Park, when set, parks a stream (its record is created with the outcome).
+	Park *ParkedStream
+	// Held adds, per parked stream, the events the batch passed without handling them.
+	Held map[string]Held
+	// Unpark removes parked streams and records the action on each.
+	Unpark []Unpark
+	// ParkFailed records a failed redrive on its parked stream (error, attempts).
+	ParkFailed *ParkFailure
+}
+
+// ChangesParking reports whether the outcome changes parked records.
+func (out Outcome) ChangesParking() bool {
+	return out.Park != nil || len(out.Held) > 0 || len(out.Unpark) > 0 || out.ParkFailed != nil
 }
 
 // SkipRecord is an event an operator skipped.

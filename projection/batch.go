@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,7 +37,11 @@ func (r *Runner) step(ctx context.Context, p *Projection, res *Result) (bool, er
 			break // no good prefix
 		}
 	}
-	return false, failing.recordFailure(ctx, res)
+	err := failing.recordFailure(ctx, res)
+	if failing.park(ctx, res) {
+		return true, nil // the stream is parked; the catch-up goes on past the event
+	}
+	return false, err
 }
 
 // batch is one batch of a catch-up: at most limit events read after the projection's committed
@@ -60,8 +65,11 @@ type batch struct {
 	exhausted bool
 	// attempted: a crash-loop attempt was recorded at the position the unit found.
 	attempted bool
-	// handled is the number of events the batch handled (and committed, if the unit did).
-	handled int
+	// handled is the number of events the batch handled (and committed, if the unit did);
+	// passed adds the events of parked streams it held.
+	handled, passed int
+	// read are the events the unit read, in order.
+	readEvents []eventstore.Event
 
 	// failed is the event a handler, the flush hook or the crash-loop guard failed on, and
 	// failedAt its index among the events read.
@@ -71,6 +79,13 @@ type batch struct {
 	crashLoop bool
 	// failedOnEvent: the batch ended because of failed (not because the context ended first).
 	failedOnEvent bool
+	// unattributed: failed is a flush hook's error that named no event.
+	unattributed bool
+
+	// parked are the projection's parked streams, as the unit found them; held counts the
+	// events of those streams the batch passed without handling them.
+	parked map[string]ParkedStream
+	held   map[string]Held
 }
 
 func (r *Runner) newBatch(p *Projection, limit int) *batch {
@@ -130,13 +145,15 @@ func (b *batch) unit(ctx context.Context, u Unit) (Outcome, error) {
 	if events, err = b.guardCrashLoop(ctx, st.Position, events); err != nil {
 		return Outcome{}, err
 	}
-	if events, err = b.handle(ctx, u.Tx, events); err != nil {
+	b.parked = u.Parked
+	passed, handled, err := b.handle(ctx, u.Tx, events)
+	if err != nil {
 		return Outcome{}, err
 	}
-	if err := b.flush(ctx, u.Tx, events); err != nil {
+	if err := b.flush(ctx, u.Tx, handled); err != nil {
 		return Outcome{}, err
 	}
-	return b.outcome(st, events), nil
+	return b.outcome(st, passed, len(handled)), nil
 }
 
 // read reads the batch's events after the position the unit found.
@@ -146,6 +163,7 @@ func (b *batch) read(ctx context.Context, u Unit) ([]eventstore.Event, error) {
 		return nil, fmt.Errorf("projection %s: read events after %s: %w", b.p.name, u.Status.Position, err)
 	}
 	b.exhausted = len(events) < b.limit
+	b.readEvents = events
 	return events, nil
 }
 
@@ -199,25 +217,31 @@ func (r *Runner) watchCrashLoops(ctx context.Context, p *Projection, at eventsto
 	return events, att.Starts > limit && len(events) == 1, nil
 }
 
-// handle runs the handlers on events in order and sends the statements they queued. Once the
-// batch has taken MaxBatchDuration it stops before the next event (the first always runs). It
-// returns the events it handled.
-func (b *batch) handle(ctx context.Context, tx pgx.Tx, events []eventstore.Event) ([]eventstore.Event, error) {
+// handle runs the handlers on events in order and sends the statements they queued; events
+// of parked streams are held instead (counted, not handled). Once the batch has taken
+// MaxBatchDuration it stops before the next event (the first always runs). It returns the
+// events it passed (handled or held), a prefix of events, and those it handled.
+func (b *batch) handle(ctx context.Context, tx pgx.Tx, events []eventstore.Event) (passed, handled []eventstore.Event, err error) {
 	deadline := b.started.Add(b.p.cfg.MaxBatchDuration)
 	var queue Queue
+	handled = events[:0:0]
 	for i := range events {
 		if i > 0 && b.r.now().After(deadline) {
 			events, b.exhausted = events[:i], false
 			break
 		}
-		if err := b.p.handleInBatch(ctx, tx, &queue, events, i); err != nil {
-			return nil, b.failAt(err, events)
+		if b.hold(events[i]) {
+			continue
 		}
+		if err := b.p.handleInBatch(ctx, tx, &queue, events, i); err != nil {
+			return nil, nil, b.failAt(err, events)
+		}
+		handled = append(handled, events[i])
 	}
 	if err := b.p.sendQueue(ctx, tx, &queue, events); err != nil {
-		return nil, b.failAt(err, events)
+		return nil, nil, b.failAt(err, events)
 	}
-	return events, nil
+	return events, handled, nil
 }
 
 // failAt records the *HandlerError err as the batch's failure, with the index of its event.
@@ -239,18 +263,25 @@ func (b *batch) flush(ctx context.Context, tx pgx.Tx, events []eventstore.Event)
 	if fn == nil {
 		return nil
 	}
+	if len(events) == 0 {
+		return nil // every event was held
+	}
 	if err := fn(ctx, FlushParams{Projection: b.p.name, Tx: tx, Events: events}); err != nil {
-		// A set-based flush cannot say which event it failed on: name the batch's first.
-		b.failed, b.failedAt = b.p.handlerError(events[0], fmt.Errorf("flush hook: %w", err)), 0
+		// A set-based flush cannot say which event it failed on, unless its error names one
+		// (FlushFailedOn): else the batch's first is named, and the failure is not parked.
+		he := flushError(b.p, events, err)
+		b.failed, b.unattributed = he, he.unattributed
+		b.failedAt = slices.IndexFunc(b.readEvents, func(e eventstore.Event) bool { return e.ID == he.Event.ID })
 		return b.failed
 	}
 	return nil
 }
 
-// outcome is what the unit commits for the handled events, found in the state st.
-func (b *batch) outcome(st Status, events []eventstore.Event) Outcome {
-	out := Outcome{Position: events[len(events)-1].Position, State: st.State, Processed: len(events)}
-	b.handled, b.committed = len(events), out.Position
+// outcome is what the unit commits for the passed events (handled handled, the others held),
+// found in the state st.
+func (b *batch) outcome(st Status, passed []eventstore.Event, handled int) Outcome {
+	out := Outcome{Position: passed[len(passed)-1].Position, State: st.State, Processed: handled, Held: b.held}
+	b.handled, b.passed, b.committed = handled, len(passed), out.Position
 	if st.State == StateFailing {
 		// The failing event is always the first after the position, so a batch that
 		// committed events has passed it: the fault is gone.
@@ -265,7 +296,7 @@ func (b *batch) outcome(st Status, events []eventstore.Event) Outcome {
 // committedEvents sums up a committed batch in res, logs and reports it, and reports whether
 // more events may be readable.
 func (b *batch) committedEvents(ctx context.Context, res *Result) bool {
-	if b.handled == 0 {
+	if b.passed == 0 {
 		return false
 	}
 	res.Events += b.handled

@@ -65,6 +65,9 @@ type HandlerError struct {
 	Event eventstore.EventRef
 	// Err is the handler's error.
 	Err error
+	// unattributed: a flush hook's error that named no event (charged to the batch's first);
+	// such a failure is never parked.
+	unattributed bool
 }
 
 func (e *HandlerError) Error() string {

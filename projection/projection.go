@@ -57,6 +57,19 @@ type Config struct {
 	// first write to its commit, like any writing transaction.
 	AppendsEvents bool
 
+	// OnFailure says what the projection does once a handler keeps failing on an event:
+	// OnFailureStop (stop before it) or OnFailurePark (park its stream and go on). Defaults to
+	// OnFailureStop. See OnFailurePark for the semantics and the README for when to use it.
+	OnFailure OnFailure
+	// MaxParkedStreams bounds the projection's parked streams: past it the projection stops on
+	// the next failing event instead of parking its stream. Defaults to MaxParkedStreamsDefault.
+	MaxParkedStreams int
+	// ParkAfterAttempts is how many recorded failures on one event park its stream (with
+	// OnFailurePark). A permanent error (retry.Permanent, a payload that does not decode) and
+	// a crash-loop verdict park at once. Keep it at most the worker's Retry.MaxAttempts, so the
+	// stream parks before the trigger is dead-lettered. Defaults to ParkAfterAttemptsDefault.
+	ParkAfterAttempts int
+
 	// InitFunc creates what the read model needs (tables, indexes). It runs when the runner
 	// starts (Runner.Init), every time, so it must be idempotent (CREATE TABLE IF NOT EXISTS).
 	InitFunc func(ctx context.Context, p HookParams) error
@@ -154,6 +167,9 @@ func newProjection(name string, cfg Config, handlers ...Handler) (*Projection, e
 func (cfg Config) WithDefaults() Config {
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, BatchSizeDefault)
 	cfg.MaxBatchDuration = cmp.Or(cfg.MaxBatchDuration, MaxBatchDurationDefault)
+	cfg.OnFailure = cmp.Or(cfg.OnFailure, OnFailureStop)
+	cfg.MaxParkedStreams = cmp.Or(cfg.MaxParkedStreams, MaxParkedStreamsDefault)
+	cfg.ParkAfterAttempts = cmp.Or(cfg.ParkAfterAttempts, ParkAfterAttemptsDefault)
 	return cfg
 }
 
@@ -169,6 +185,13 @@ func (cfg Config) Validate() error {
 	}
 	if cfg.MaxBatchDuration < 0 {
 		return fmt.Errorf("%w: MaxBatchDuration %s is negative (0 means %s)", ErrInvalidConfig, cfg.MaxBatchDuration, MaxBatchDurationDefault)
+	}
+	if !slices.Contains(OnFailures(), cfg.OnFailure) {
+		return fmt.Errorf("%w: OnFailure %q; use one of %q", ErrInvalidConfig, cfg.OnFailure, OnFailures())
+	}
+	if cfg.MaxParkedStreams < 1 || cfg.ParkAfterAttempts < 1 {
+		return fmt.Errorf("%w: MaxParkedStreams (%d) and ParkAfterAttempts (%d) must be positive (0 means %d and %d)",
+			ErrInvalidConfig, cfg.MaxParkedStreams, cfg.ParkAfterAttempts, MaxParkedStreamsDefault, ParkAfterAttemptsDefault)
 	}
 	return nil
 }

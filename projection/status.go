@@ -26,6 +26,11 @@ type Status struct {
 	// LastSkip is the most recent event an operator skipped; nil if none.
 	LastSkip *SkipRecord
 
+	// ParkedStreams counts the projection's parked streams (Config.OnFailure = OnFailurePark);
+	// OldestParkedAt is when the oldest of them was parked, zero when none is.
+	ParkedStreams  int
+	OldestParkedAt time.Time
+
 	// RebuildStartedAt is when the last Reset happened; zero if never.
 	RebuildStartedAt time.Time
 	UpdatedAt        time.Time

@@ -35,3 +35,7 @@ func Permanent(err error) error {
 
 // IsPermanent reports whether err, or an error it wraps, is marked permanent.
 func IsPermanent(err error) bool { return errors.Is(err, ErrPermanent) }
+
+// Permanent reports true: packages that cannot import this one (projection) recognise a
+// permanent error by this method.
+func (e *PermanentError) Permanent() bool { return true }

@@ -65,11 +65,16 @@ const (
 	// database) must come from the same clock: take At from the database (SELECT
 	// clock_timestamp()), as the operator CLI does, or from a clock kept in sync with it.
 	ReasonRebuild Reason = "rebuild"
+	// ReasonRedrive: an operator asks the projection's worker to redrive parked streams
+	// (Trigger.Redrive): apply their parked events through the projection's current handlers
+	// (projection.Runner.Redrive), which only the worker has. The trigger must name the
+	// Projection.
+	ReasonRedrive Reason = "redrive"
 )
 
 // Reasons returns every reason, in the order they are declared.
 func Reasons() []Reason {
-	return []Reason{ReasonAppend, ReasonReplay, ReasonSkip, ReasonRebuild}
+	return []Reason{ReasonAppend, ReasonReplay, ReasonSkip, ReasonRebuild, ReasonRedrive}
 }
 
 // reason returns the reason a wire trigger's reason stands for, and false if it is none: no
@@ -78,7 +83,7 @@ func reason(r Reason) (Reason, bool) {
 	switch r {
 	case "", "tick", "startup":
 		return ReasonAppend, true
-	case ReasonAppend, ReasonReplay, ReasonSkip, ReasonRebuild:
+	case ReasonAppend, ReasonReplay, ReasonSkip, ReasonRebuild, ReasonRedrive:
 		return r, true
 	}
 	return "", false
@@ -97,6 +102,15 @@ type SkipRequest struct {
 	Reason  string    `json:"reason"`
 	By      string    `json:"by"`
 	Force   bool      `json:"force,omitempty"`
+}
+
+// RedriveRequest is an operator's request, carried by a ReasonRedrive trigger, to redrive the
+// projection's parked streams.
+type RedriveRequest struct {
+	// Stream is the one stream to redrive; empty for every parked stream of the projection.
+	Stream string `json:"stream,omitempty"`
+	// By names who asked; it is recorded with the redrive.
+	By string `json:"by"`
 }
 
 // Trigger is a nudge to catch up.
@@ -118,6 +132,8 @@ type Trigger struct {
 	// Rebuild may be set on ReasonRebuild triggers, which must name the Projection and have a
 	// non-zero At (the time of the request).
 	Rebuild *RebuildRequest
+	// Redrive is set on ReasonRedrive triggers, which must name the Projection.
+	Redrive *RedriveRequest
 }
 
 // ForAppend returns the trigger for an append's result.
@@ -153,6 +169,7 @@ type wire struct {
 	Projection string          `json:"for,omitempty"`
 	Skip       *SkipRequest    `json:"skip,omitempty"`
 	Rebuild    *RebuildRequest `json:"rebuild,omitempty"`
+	Redrive    *RedriveRequest `json:"redrive,omitempty"`
 }
 
 // Encode returns t as JSON of at most MaxSize bytes. It refuses a reason Decode would refuse; a
@@ -164,7 +181,7 @@ func (t Trigger) Encode() ([]byte, error) {
 	}
 	v := Version
 	w := wire{V: &v, Stream: t.StreamID, Types: t.Types, At: t.At.UTC(), Reason: r, Projection: t.Projection, Skip: t.Skip,
-		Rebuild: t.Rebuild}
+		Rebuild: t.Rebuild, Redrive: t.Redrive}
 	if !t.Position.IsZero() {
 		w.Pos = t.Position.String()
 	}
@@ -240,7 +257,7 @@ func Decode(b []byte) (Trigger, error) {
 		return Trigger{}, err
 	}
 	t := Trigger{StreamID: w.Stream, Types: w.Types, At: w.At, Reason: r, Projection: w.Projection, Skip: w.Skip,
-		Rebuild: w.Rebuild}
+		Rebuild: w.Rebuild, Redrive: w.Redrive}
 	if w.Pos != "" {
 		p, err := eventstore.ParsePosition(w.Pos)
 		if err != nil {
@@ -261,6 +278,8 @@ func (w *wire) request() (Reason, error) {
 		return "", &DecodeError{Reason: `a skip trigger needs "for" and "skip" with an event id`}
 	case r == ReasonRebuild && (w.Projection == "" || w.At.IsZero()):
 		return "", &DecodeError{Reason: `a rebuild trigger needs "for" and the request time "at"`}
+	case r == ReasonRedrive && (w.Projection == "" || w.Redrive == nil):
+		return "", &DecodeError{Reason: `a redrive trigger needs "for" and "redrive"`}
 	}
 	return r, nil
 }

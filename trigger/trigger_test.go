@@ -95,7 +95,7 @@ func TestDecodeRefusesWithReasons(t *testing.T) {
 		`{"v":1} {"v":1}`:           "trailing data",
 		`{"v":1,"at":"yesterday"}`:  "not a JSON trigger object",
 		`{"v":1,"types":"A"}`:       "not a JSON trigger object",
-		`{"v":1,"reason":"later"}`:  `unknown reason "later"; this build knows ["append" "replay" "skip" "rebuild"]`,
+		`{"v":1,"reason":"later"}`:  `unknown reason "later"; this build knows ["append" "replay" "skip" "rebuild" "redrive"]`,
 		`{"v":1,"reason":"Append"}`: `unknown reason "Append"`,
 		`{"v":1,"stream":"` + strings.Repeat("x", trigger.MaxSize) + `"}`: "more than the 1024",
 	}
@@ -135,6 +135,21 @@ func TestDecodeRefusesWithReasons(t *testing.T) {
 		_, err = trigger.Decode([]byte(bad))
 		require.ErrorIs(t, err, trigger.ErrInvalid, bad)
 		require.ErrorContains(t, err, `a rebuild trigger needs "for" and the request time "at"`, bad)
+	}
+	redrive := trigger.Trigger{Projection: "ticket_list", Reason: trigger.ReasonRedrive, At: time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC),
+		Redrive: &trigger.RedriveRequest{Stream: "ticket-6", By: "ann"}}
+	b, err = redrive.Encode()
+	require.NoError(t, err)
+	back, err = trigger.Decode(b)
+	require.NoError(t, err)
+	require.Equal(t, redrive, back)
+	for _, bad := range []string{
+		`{"v":1,"reason":"redrive","redrive":{"by":"ann"}}`, // for no projection
+		`{"v":1,"reason":"redrive","for":"p"}`,              // no request
+	} {
+		_, err = trigger.Decode([]byte(bad))
+		require.ErrorIs(t, err, trigger.ErrInvalid, bad)
+		require.ErrorContains(t, err, `a redrive trigger needs "for" and "redrive"`, bad)
 	}
 	_, err = trigger.Decode([]byte(`{"v":9}`))
 	require.ErrorIs(t, err, trigger.ErrUnsupportedVersion)

@@ -79,9 +79,10 @@ type Config struct {
 	// the one `nudge deadletter` sees (deadletter/memory for tests and demos).
 	DeadLetters deadletter.Store
 	// DisableReplayOnStart turns off "replay after deploy": by default, once its handlers run,
-	// the worker replays its projections' dead letters (status failed), so a fix that was just
-	// deployed takes effect without an operator. A projection whose bug is not fixed fails again
-	// and folds into the same record.
+	// the worker replays its projections' dead letters (status failed) and redrives their
+	// parked streams (projection.Runner.RedriveAll), so a fix that was just deployed takes
+	// effect without an operator. A projection whose bug is not fixed fails again and folds
+	// into the same record; a parked stream whose redrive fails stays parked with the new error.
 	DisableReplayOnStart bool
 	// CloseTimeout bounds Run's wait for handlers in flight at shutdown. Defaults to
 	// CloseTimeoutDefault.
@@ -333,6 +334,29 @@ func (w *Worker) replayOnStart(ctx context.Context) {
 		case res.Replayed > 0:
 			log.InfoContext(ctx, "replayed dead letters at start", slog.Int("records", res.Replayed))
 		}
+		w.redrive(ctx, name, "", "worker start", log)
+	}
+}
+
+// redrive redrives the projection's parked stream (every parked stream when stream is "")
+// and logs the outcome; a stream whose redrive fails stays parked with the new error.
+func (w *Worker) redrive(ctx context.Context, name, stream, by string, log *slog.Logger) {
+	var (
+		n   int
+		err error
+	)
+	if stream == "" {
+		n, err = w.cfg.Runner.RedriveAll(ctx, name, by)
+	} else if _, err = w.cfg.Runner.Redrive(ctx, name, stream, by); err == nil {
+		n = 1
+	}
+	switch {
+	case errors.Is(err, projection.ErrNotParked):
+		log.WarnContext(ctx, "redrive request: the stream is not parked", slog.String("stream_id", stream), slog.String("by", by))
+	case err != nil && ctx.Err() == nil:
+		log.ErrorContext(ctx, "redriving parked streams failed; they stay parked", slog.String("by", by), slog.Any("error", err))
+	case n > 0:
+		log.InfoContext(ctx, "redrove parked streams", slog.Int("streams", n), slog.String("by", by))
 	}
 }
 
@@ -374,6 +398,10 @@ func (h *projectionHandler) handle(msg *message.Message) error {
 		if err := h.w.cfg.Runner.ClearCrashLoop(ctx, h.name); err != nil {
 			return fmt.Errorf("projection %s: clear the crash-loop verdict for a replay: %w", h.name, err)
 		}
+	case trigger.ReasonRedrive:
+		// An operator redrives parked streams after a fix; a failed redrive is recorded on the
+		// parked record and acked: the stream stays parked, the operator sees the new error.
+		h.w.redrive(ctx, h.name, t.Redrive.Stream, t.Redrive.By, h.log)
 	}
 	return h.catchUpTo(ctx, t.Position)
 }

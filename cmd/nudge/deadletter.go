@@ -122,6 +122,7 @@ func (c *cli) deadletterList(ctx context.Context, args []string) error {
 	if len(recs) == *limit {
 		fmt.Fprintf(c.stderr, "(showing the first %d; raise --limit or narrow with --projection/--status for more)\n", *limit)
 	}
+	c.noteParked(ctx, pool, *projection)
 	if *asJSON {
 		out := make([]recordJSON, 0, len(recs))
 		for _, r := range recs {

@@ -114,6 +114,11 @@ Commands:
   deadletter resolve ID [--by NAME] [--note TEXT]
   deadletter purge   [--older-than 720h] [--include-unresolved]
   skip               PROJECTION --event EVENT_UUID --reason TEXT [--by NAME] [--force] [--direct]
+  parked list        [PROJECTION] [--json]   streams parked by projections with OnFailure park
+  parked show        PROJECTION STREAM [--json]
+  parked redrive     (PROJECTION [--stream S] | --all) [--by NAME] [--wait 30s]
+  parked skip        PROJECTION --stream S --reason TEXT [--by NAME]
+  parked purge       (PROJECTION | --all) --reason TEXT [--by NAME]
   migrate            create or upgrade the event store, projection and dead-letter tables
                      (the PostgreSQL channel's tables are its workers' to create)
   version            the version of nudge and of the Go it was built with (also --version)
@@ -284,6 +289,8 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 		return c.deadletter(ctx, rest)
 	case "skip":
 		return c.skip(ctx, rest)
+	case "parked":
+		return c.parked(ctx, rest)
 	case "migrate":
 		return c.migrate(ctx, rest)
 	case "version":
@@ -294,11 +301,11 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 }
 
 // commands are the command names, for suggestions.
-var commands = []string{"status", "horizon", "rebuild", "reset", "deadletter", "skip", "migrate", "version", "help"}
+var commands = []string{"status", "horizon", "rebuild", "reset", "deadletter", "skip", "parked", "migrate", "version", "help"}
 
 // unknownCommand is the error about an unknown command.
 func unknownCommand(cmd string) error {
-	return usageErrorf("unknown command %q%s; the commands are status, horizon, rebuild (or reset), deadletter, skip, migrate, version and help",
+	return usageErrorf("unknown command %q%s; the commands are status, horizon, rebuild (or reset), deadletter, skip, parked, migrate, version and help",
 		cmd, didYouMean(cmd, commands))
 }
 
@@ -310,10 +317,13 @@ func (c *cli) help(ctx context.Context, args []string) error {
 	case "deadletter":
 		fmt.Fprint(c.stdout, deadletterUsage)
 		return nil
+	case "parked":
+		fmt.Fprint(c.stdout, parkedUsage)
+		return nil
 	}
 	// Reuse the command's own --help.
 	switch args[0] {
-	case "status", "horizon", "rebuild", "reset", "deadletter", "skip", "migrate", "version":
+	case "status", "horizon", "rebuild", "reset", "deadletter", "skip", "parked", "migrate", "version":
 		return c.dispatch(ctx, append(args, "--help"))
 	}
 	return unknownCommand(args[0])

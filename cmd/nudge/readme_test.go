@@ -117,7 +117,7 @@ func TestREADMECommands(t *testing.T) {
 		}
 		require.Equal(t, 0, code, "%s\nstdout: %s\nstderr: %s", name, stdout.String(), stderr.String())
 	}
-	for _, cmd := range []string{"migrate", "status", "rebuild", "deadletter", "skip"} {
+	for _, cmd := range []string{"migrate", "status", "rebuild", "deadletter", "skip", "parked"} {
 		require.Contains(t, seen, cmd, "the README shows nudge %s", cmd)
 	}
 }

@@ -48,8 +48,9 @@ type until its worker restarts.
   last_error, attempts, first_failure_at, last_failure_at (null unless failing),
   dead_letters (null when the dead-letter table is missing), updated_at,
   rebuild_started_at (null if never rebuilt), rebuild ({done, total, percent} while
-  rebuilding, else null) and last_skip ({event_id, type, stream_id, position, by, reason,
-  forced, at} or null).
+  rebuilding, else null), last_skip ({event_id, type, stream_id, position, by, reason,
+  forced, at} or null), parked_streams (streams parked by OnFailure park; 'nudge parked
+  list' lists them) and oldest_parked_at (null when none is parked).
 Positions are "transaction/global" strings and times RFC 3339. Fields may be added, never
 removed or renamed.
 
@@ -314,6 +315,10 @@ func statusNote(st projection.Status) string {
 	if st.State == projection.StateFailing && st.LastError != "" {
 		notes = append(notes, fmt.Sprintf("attempt %d: %s", st.Attempts, truncate(st.LastError, noteErrorWidth)))
 	}
+	if st.ParkedStreams > 0 {
+		notes = append(notes, fmt.Sprintf("%d parked streams, oldest since %s (nudge parked list %s)",
+			st.ParkedStreams, st.OldestParkedAt.UTC().Format(time.RFC3339), st.Name))
+	}
 	if len(notes) == 0 {
 		return "-"
 	}
@@ -378,6 +383,8 @@ type statusJSON struct {
 	RebuildStartedAt             *time.Time    `json:"rebuild_started_at"`
 	Rebuild                      *rebuildJSON  `json:"rebuild"`
 	LastSkip                     *lastSkipJSON `json:"last_skip"`
+	ParkedStreams                int           `json:"parked_streams"`
+	OldestParkedAt               *time.Time    `json:"oldest_parked_at"`
 }
 
 // holderJSON is an eventstore.HorizonHolder as --json prints it.
@@ -440,6 +447,7 @@ func toStatusJSON(r statusRow) statusJSON {
 		LastError: st.LastError, Attempts: st.Attempts, DeadLetters: r.deadLetters, UpdatedAt: st.UpdatedAt.UTC(),
 		FirstFailureAt: utcOrNil(st.FirstFailureAt), LastFailureAt: utcOrNil(st.LastFailureAt),
 		RebuildStartedAt: utcOrNil(st.RebuildStartedAt), FailingEvent: toEventRefJSON(st.FailingEvent),
+		ParkedStreams: st.ParkedStreams, OldestParkedAt: utcOrNil(st.OldestParkedAt),
 	}
 	if st.Holder != nil {
 		out.OldestOpenTransactionSeconds = st.Holder.Age.Seconds()

@@ -145,6 +145,8 @@ func TestStatusJSON(t *testing.T) {
 		require.Nil(t, st["rebuild_started_at"], i)
 		require.Nil(t, st["rebuild"], i)
 		require.Nil(t, st["last_skip"], i)
+		require.InDelta(t, 0, st["parked_streams"], 0, i)
+		require.Nil(t, st["oldest_parked_at"], i)
 		require.Equal(t, false, st["held_by_horizon"], i)
 		require.InDelta(t, 0, st["oldest_open_transaction_seconds"], 0, i)
 		require.Equal(t, f.events[4].Position.String(), st["head"], "the store's head")

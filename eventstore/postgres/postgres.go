@@ -434,6 +434,19 @@ func omit(opts eventstore.ReadOptions) int {
 // ReadStream implements eventstore.Store. Stream reads do not wait for the horizon: versions of
 // one stream commit in order, so every committed version is returned.
 func (s *Store) ReadStream(ctx context.Context, streamID string, afterVersion int64, limit int) ([]eventstore.Event, error) {
+	return s.readStream(ctx, s.db, streamID, afterVersion, limit)
+}
+
+// ReadStreamTx is ReadStream inside the caller's transaction (a projection's redrive of a
+// parked stream reads it in its batch's transaction).
+func (s *Store) ReadStreamTx(ctx context.Context, tx pgx.Tx, streamID string, afterVersion int64, limit int) ([]eventstore.Event, error) {
+	if tx == nil {
+		return nil, &eventstore.ValidationError{Field: "tx", Index: -1, Reason: "nil transaction; use ReadStream"}
+	}
+	return s.readStream(ctx, tx, streamID, afterVersion, limit)
+}
+
+func (s *Store) readStream(ctx context.Context, q querier, streamID string, afterVersion int64, limit int) ([]eventstore.Event, error) {
 	if err := storecheck.StreamID(streamID); err != nil {
 		return nil, err
 	}
@@ -441,7 +454,7 @@ func (s *Store) ReadStream(ctx context.Context, streamID string, afterVersion in
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.db.Query(ctx, s.sql.readStream, streamID, max(afterVersion, 0), limit)
+	rows, err := q.Query(ctx, s.sql.readStream, streamID, max(afterVersion, 0), limit)
 	if err != nil {
 		return nil, s.translate(err)
 	}

@@ -259,13 +259,18 @@ type liveConfig struct {
 	projections int
 	// slow adds a projection whose batches write, then sleep slowBatch in their transaction
 	// (holding back the store's readers meanwhile); it is not measured.
-	slow     bool
-	rate     int
-	writers  int
-	streams  int
-	duration time.Duration
+	slow bool
+	// onFailure is the measured projections' OnFailure; with poison, every projection fails on
+	// the first event of poisonStream (its flush names it), which parks that stream with
+	// OnFailurePark. The poisoned stream's events are not measured.
+	onFailure projection.OnFailure
+	poison    bool
+	rate      int
+	writers   int
+	streams   int
+	duration  time.Duration
 	// newProjection makes the measured projections; defaults to liveProjection.
-	newProjection func(name string, flush func(ctx context.Context, p projection.FlushParams) error) (*projection.Projection, error)
+	newProjection func(name string, onFailure projection.OnFailure, flush func(ctx context.Context, p projection.FlushParams) error) (*projection.Projection, error)
 }
 
 // slowBatch is how long the slow projection's batches take.
@@ -288,7 +293,7 @@ type livePayload struct {
 // liveProjection writes the latest version of each stream into a table of its own: a
 // per-event handler that queues one upsert per event, sent in one round trip per batch
 // (OnQueued), the batch's commit making them visible.
-func liveProjection(name string, flush func(ctx context.Context, p projection.FlushParams) error) (*projection.Projection, error) {
+func liveProjection(name string, onFailure projection.OnFailure, flush func(ctx context.Context, p projection.FlushParams) error) (*projection.Projection, error) {
 	table := pgx.Identifier{name}.Sanitize()
 	upsert := `INSERT INTO ` + table + ` (stream, version, n) VALUES ($1, $2, $3)
 		ON CONFLICT (stream) DO UPDATE SET version = EXCLUDED.version, n = EXCLUDED.n WHERE ` + table + `.version < EXCLUDED.version`
@@ -298,6 +303,7 @@ func liveProjection(name string, flush func(ctx context.Context, p projection.Fl
 			return err
 		},
 		FlushFunc: flush,
+		OnFailure: onFailure,
 	}, projection.OnQueued("TicketWasUpdated", func(_ context.Context, q *projection.Queue, e projection.Event[livePayload]) error {
 		q.Queue(upsert, e.StreamID, e.StreamVersion, e.Data.N)
 		return nil
@@ -326,7 +332,10 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 	}
 	var ps []*projection.Projection
 	for _, name := range names {
-		p, err := newProjection(name, func(_ context.Context, fp projection.FlushParams) error {
+		p, err := newProjection(name, cfg.onFailure, func(_ context.Context, fp projection.FlushParams) error {
+			if err := cfg.poisoned(fp.Events); err != nil {
+				return err
+			}
 			rec.flush(fp.Projection, fp.Events)
 			return nil
 		})
@@ -337,7 +346,7 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 	}
 	var slowBatches atomic.Int64
 	if cfg.slow {
-		p, err := liveProjection("live_slow", func(ctx context.Context, _ projection.FlushParams) error {
+		p, err := liveProjection("live_slow", cfg.onFailure, func(ctx context.Context, _ projection.FlushParams) error {
 			slowBatches.Add(1)
 			return backoff.Sleep(ctx, slowBatch) // after the handlers wrote: the transaction holds an xid
 		})
@@ -376,6 +385,9 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 		return res, fmt.Errorf("%w (%s)", err, rec.progress())
 	}
 	res.slowBatches = slowBatches.Load()
+	if err := checkParked(ctx, runner, cfg); err != nil {
+		return res, err
+	}
 	if err := stop(); err != nil {
 		return res, fmt.Errorf("stop the worker: %w", err)
 	}
@@ -408,9 +420,12 @@ func appendPaced(ctx context.Context, w *wiring, cfg liveConfig, rec *liveRecord
 				data, err := eventstore.NewEventData("TicketWasUpdated", livePayload{Writer: wr, N: i})
 				if err == nil {
 					var res eventstore.AppendResult
-					res, err = w.store.Append(ctx, fmt.Sprintf("ticket-%03d", (wr+i*cfg.writers)%cfg.streams), eventstore.Any, data)
+					stream := fmt.Sprintf("ticket-%03d", (wr+i*cfg.writers)%cfg.streams)
+					res, err = w.store.Append(ctx, stream, eventstore.Any, data)
 					if err == nil {
-						rec.appended(res.Events[0].ID, time.Now())
+						if !cfg.poison || stream != poisonStream {
+							rec.appended(res.Events[0].ID, time.Now())
+						}
 						total.Add(1)
 						continue
 					}

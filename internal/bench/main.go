@@ -3,7 +3,7 @@
 // (PASS/MISS with the gap). It also writes the results as JSON, with the machine they were
 // measured on, to -out.
 //
-//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|fanout|recovery|status|horizon|cqrs]
+//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|fanout|recovery|park|status|horizon|cqrs]
 //	                        [-out bench-results] [-cpuprofile] [-pprof-dir DIR]
 //
 // Scenarios (several may be given, comma-separated):
@@ -20,6 +20,8 @@
 //     projection raises the others' live latency.
 //   - recovery: a projection stuck on a poison event while events arrive; time until caught up
 //     after the fix and one dead-letter replay, beside a plain catch-up of the same events.
+//   - park: the other streams' live latency on RabbitMQ with one stream parked
+//     (OnFailure park) against none, side by side.
 //   - status: reading the status of 10 projections, each the whole store (1,000,000 events of
 //     a few types) behind: Backend.Statuses and a metrics scrape (WatchRunner, Gather), beside
 //     the exact lag count in SQL the library used to run; and whether the lag is exact.
@@ -103,6 +105,7 @@ var scenarios = []scenario{
 	{"append", "append throughput with trigger publishing", runAppend, appendTargets()},
 	{"fanout", "many projections on one worker", runFanout, []Target{targetSlowProjection}},
 	{"recovery", "poison event, fix, one replay", runRecovery, nil},
+	{"park", "other streams' live latency with one stream parked", runPark, []Target{targetParkedStream}},
 	{"status", "projection status with a large backlog", runStatus, statusTargets()},
 	{"horizon", "the read horizon under many connections", runHorizon, []Target{targetHorizonReads}},
 	{"cqrs", "beside Watermill's CQRS event processor", runCQRS, []Target{targetCQRSFaults}},

@@ -119,6 +119,8 @@ type scenarioSettings struct {
 	// externalRelay runs the relay in a process of its own (chaosrelay) instead of in the
 	// suite's process.
 	externalRelay bool
+	// park runs the exactly-once projection with OnFailure park.
+	park bool
 }
 
 func randomHex(n int) string {
@@ -216,7 +218,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 		return nil, err
 	}
 	e.workers = newPool(workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: e.broker.url, prefix: e.prefix,
-		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet}, 2)
+		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet, park: set.park}, 2)
 	e.load = newLoad(e.store, e.log, 4, s.rate, s.seed^hashName(name))
 	return e, nil
 }

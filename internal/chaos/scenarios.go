@@ -98,6 +98,7 @@ func scenarios() []scenario {
 			run:      runPoison,
 			after:    checkPoison,
 		},
+		parkScenario(),
 		{
 			name:     "malformed-input",
 			injects:  "random bytes, truncated JSON, oversized and unknown-version triggers, empty and wrongly typed ones, published straight to every projection's queue",

@@ -27,6 +27,8 @@ type workerSettings struct {
 	debug     bool
 	// relay makes the slot a chaosrelay process (binary is chaosrelay) instead of a worker.
 	relay bool
+	// park runs the worker's exactly-once projection with OnFailure park.
+	park bool
 }
 
 // workerSlot is one of a scenario's worker processes, restarted under the same name after
@@ -74,6 +76,9 @@ func (s *workerSlot) start() (*workerProc, error) {
 	args := []string{"-name", s.name, "-prefix", s.set.prefix}
 	if !s.set.relay {
 		args = append(args, "-sink", filepath.Join(s.set.sinkDir, id+".lines"), "-safety-net", s.set.safetyNet.String())
+	}
+	if s.set.park {
+		args = append(args, "-park")
 	}
 	if s.set.debug {
 		args = append(args, "-debug")

@@ -6,9 +6,12 @@
 package memory
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,8 +33,9 @@ type Backend struct {
 type row struct {
 	lock chan struct{} // a one-slot semaphore: the projection's lock, honouring contexts
 
-	mu      sync.Mutex // guards status and the attempt fields, so Status can read while a batch runs
+	mu      sync.Mutex // guards status, parked and the attempt fields, so Status can read while a batch runs
 	status  projection.Status
+	parked  map[string]projection.ParkedStream
 	attempt struct {
 		at      eventstore.Position
 		starts  int
@@ -43,6 +47,39 @@ func (r *row) get() projection.Status {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.status
+}
+
+// parkedCopy returns a copy of the parked streams.
+func (r *row) parkedCopy() map[string]projection.ParkedStream {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.parked)
+}
+
+// applyParking applies out's changes to the parked streams. The caller holds r.mu.
+func (r *row) applyParking(out projection.Outcome) {
+	if r.parked == nil {
+		r.parked = make(map[string]projection.ParkedStream)
+	}
+	if ps := out.Park; ps != nil {
+		r.parked[ps.StreamID] = *ps
+	}
+	for id, h := range out.Held {
+		if ps, ok := r.parked[id]; ok {
+			ps.Held += h.Events
+			ps.LastHeld = h.Last
+			r.parked[id] = ps
+		}
+	}
+	for _, u := range out.Unpark {
+		delete(r.parked, u.Stream.StreamID)
+	}
+	if f := out.ParkFailed; f != nil {
+		if ps, ok := r.parked[f.StreamID]; ok {
+			ps.Error, ps.Attempts = f.Err.Error(), ps.Attempts+1
+			r.parked[f.StreamID] = ps
+		}
+	}
 }
 
 func (r *row) update(fn func(st *projection.Status)) {
@@ -144,11 +181,12 @@ func (*Backend) Seal(seal.Token) {}
 // RunBatch implements projection.Backend.
 func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn projection.BatchFunc) error {
 	return b.locked(ctx, p.Name(), func(r *row) error {
-		out, err := fn(ctx, projection.Unit{Status: r.get(), Read: b.store.Read})
+		out, err := fn(ctx, projection.Unit{Status: r.get(), Read: b.store.Read, ReadStream: b.store.ReadStream, Parked: r.parkedCopy()})
 		if err != nil {
 			return err
 		}
 		r.update(func(st *projection.Status) {
+			r.applyParking(out)
 			if out.Skip != nil {
 				skip := *out.Skip
 				st.LastSkip = &skip
@@ -204,6 +242,7 @@ func (b *Backend) Reset(ctx context.Context, p *projection.Projection, hook proj
 		now := b.now()
 		r.update(func(st *projection.Status) {
 			*st = projection.Status{Name: p.Name(), State: projection.StateRebuilding, RebuildStartedAt: now, UpdatedAt: now}
+			r.parked = nil // a rebuild handles every stream again
 			r.attempt.at, r.attempt.starts, r.attempt.careful = eventstore.Position{}, 0, eventstore.Position{}
 		})
 		return nil
@@ -248,6 +287,12 @@ func (b *Backend) Status(ctx context.Context, p *projection.Projection) (project
 	}
 	// The projection's lock is not taken: a status read does not wait for a batch in flight.
 	st := r.get()
+	for _, ps := range r.parkedCopy() {
+		st.ParkedStreams++
+		if st.OldestParkedAt.IsZero() || ps.ParkedAt.Before(st.OldestParkedAt) {
+			st.OldestParkedAt = ps.ParkedAt
+		}
+	}
 	head, err := b.store.Head(ctx)
 	if err != nil {
 		return st, err
@@ -269,6 +314,21 @@ func (b *Backend) Status(ctx context.Context, p *projection.Projection) (project
 		after = page[len(page)-1].Position
 	}
 	return st, nil
+}
+
+// Parked implements projection.Backend.
+func (b *Backend) Parked(_ context.Context, p *projection.Projection) ([]projection.ParkedStream, error) {
+	b.mu.Lock()
+	r, ok := b.rows[p.Name()]
+	b.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("projection %s: %w", p.Name(), projection.ErrNotRegistered)
+	}
+	out := slices.Collect(maps.Values(r.parkedCopy()))
+	slices.SortFunc(out, func(a, b projection.ParkedStream) int {
+		return cmp.Or(a.Event.Position.Compare(b.Event.Position), strings.Compare(a.StreamID, b.StreamID))
+	})
+	return out, nil
 }
 
 // StartAttempt implements projection.Backend.

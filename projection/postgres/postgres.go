@@ -105,7 +105,7 @@ func (b *Backend) inTxWith(ctx context.Context, opts pgx.TxOptions, fn func(pgx.
 // tables are the tables and views Migrate creates; storeTables the event store's, which the
 // backend's statements read too.
 var (
-	tables      = []string{"nudge_projections", "nudge_projection_skips", "nudge_projection_conditions"}
+	tables      = []string{"nudge_projections", "nudge_projection_skips", "nudge_projection_conditions", "nudge_projection_parked", "nudge_projection_park_actions"}
 	storeTables = []string{"nudge_events", "nudge_streams"}
 )
 
@@ -126,11 +126,26 @@ func (b *Backend) translate(err error) error {
 
 // lock takes the projection's advisory lock and reads its status row, in one round trip.
 func (b *Backend) lock(ctx context.Context, tx pgx.Tx, name string) (projection.Status, error) {
+	return b.lockWith(ctx, tx, name, nil)
+}
+
+// lockWith is lock; when parked is not nil, it also reads the projection's parked streams into
+// it, in the same round trip.
+func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked map[string]projection.ParkedStream) (projection.Status, error) {
 	var (
 		batch pgx.Batch
 		st    projection.Status
 	)
 	batch.Queue(b.sql.lock, name)
+	if parked != nil {
+		batch.Queue(b.sql.selectParkedOf, name).Query(func(rows pgx.Rows) error {
+			list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (projection.ParkedStream, error) { return scanParked(row) })
+			for _, ps := range list {
+				parked[ps.StreamID] = ps
+			}
+			return err
+		})
+	}
 	batch.Queue(b.sql.selectStatus, name).QueryRow(func(row pgx.Row) error {
 		var err error
 		st, _, err = scanStatus(row)
@@ -184,7 +199,8 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn pro
 		opts = b.store.ExemptTxOptions(opts)
 	}
 	return b.inTxWith(ctx, opts, func(tx pgx.Tx) error {
-		st, err := b.lock(ctx, tx, p.Name())
+		parked := make(map[string]projection.ParkedStream)
+		st, err := b.lockWith(ctx, tx, p.Name(), parked)
 		if err != nil {
 			return err
 		}
@@ -194,8 +210,15 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn pro
 			Read: func(ctx context.Context, after eventstore.Position, opts eventstore.ReadOptions) ([]eventstore.Event, error) {
 				return b.store.ReadTx(ctx, tx, after, opts)
 			},
+			ReadStream: func(ctx context.Context, streamID string, afterVersion int64, limit int) ([]eventstore.Event, error) {
+				return b.store.ReadStreamTx(ctx, tx, streamID, afterVersion, limit)
+			},
+			Parked: parked,
 		})
 		if err != nil {
+			return err
+		}
+		if err := b.writeParking(ctx, tx, p.Name(), out); err != nil {
 			return err
 		}
 		if k := out.Skip; k != nil {
@@ -235,6 +258,9 @@ func (b *Backend) Reset(ctx context.Context, p *projection.Projection, hook proj
 		if err := runHook(ctx, tx, hook); err != nil {
 			return err
 		}
+		if _, err := tx.Exec(ctx, b.sql.clearParked, p.Name()); err != nil {
+			return err // a rebuild handles every stream again
+		}
 		_, err := tx.Exec(ctx, b.sql.reset, p.Name())
 		return err
 	})
@@ -265,6 +291,9 @@ func (b *Backend) Delete(ctx context.Context, p *projection.Projection, hook pro
 			return err
 		}
 		if err := runHook(ctx, tx, hook); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, b.sql.clearParked, p.Name()); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, b.sql.delete, p.Name())
@@ -408,11 +437,16 @@ func (b *Backend) holder(ctx context.Context, st projection.Status) (projection.
 
 // errorText is the error as stored: at most 4 KiB.
 func errorText(err error) string {
-	const maxLen = 4096
 	if err == nil {
 		return ""
 	}
-	text := strings.ReplaceAll(err.Error(), "\x00", "")
+	return storedText(err.Error())
+}
+
+// storedText is an error's text as stored: without NUL bytes, at most 4 KiB.
+func storedText(text string) string {
+	const maxLen = 4096
+	text = strings.ReplaceAll(text, "\x00", "")
 	if len(text) > maxLen {
 		text = strings.ToValidUTF8(text[:maxLen], "") + "…"
 	}

@@ -53,7 +53,8 @@ func TestNewTakesTheStore(t *testing.T) {
 	require.NoError(t, err)
 	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	require.Equal(t, []string{"nudge_projection_skips", "nudge_projections", "nudge_schema_migrations"}, tables)
+	require.Equal(t, []string{"nudge_projection_park_actions", "nudge_projection_parked", "nudge_projection_skips", "nudge_projections",
+		"nudge_schema_migrations"}, tables)
 }
 
 func TestSuite(t *testing.T) {

@@ -14,6 +14,10 @@ import (
 type statements struct {
 	lock, register, selectStatus, advance, recordFailure, reset, setState, delete, lag, recordSkip string
 	startAttempt, endAttempt                                                                       string
+	// Parked streams: see park.go.
+	selectParked, insertParked, addHeld, deleteParked, recordParkAction, parkFailed, clearParked string
+	// selectParkedOf is selectParked for one projection, the statement of every batch.
+	selectParkedOf string
 	// selectAllStatus is selectStatus for every projection, by name.
 	selectAllStatus string
 	// eventsExist: see Backend.Register.
@@ -33,11 +37,12 @@ const statusColumns = `p.name, p.transaction_id, p.global_position, p.state, p.e
 	p.failing_transaction_id, p.failing_global_position, p.failing_event_id, p.failing_event_type, p.failing_stream_id,
 	p.attempts, p.first_failed_at, p.last_failed_at, p.rebuild_started_at, p.updated_at,
 	k.event_id, k.event_type, k.stream_id, k.transaction_id, k.global_position, k.skipped_by, k.reason, k.forced, k.skipped_at,
-	p.event_types`
+	p.event_types, coalesce(pk.n, 0), pk.oldest`
 
 // statusFrom is the FROM clause of the status queries: the status row and its last skip.
 const statusFrom = `FROM {projections} p
-	LEFT JOIN LATERAL (SELECT * FROM {skips} s WHERE s.projection = p.name ORDER BY s.id DESC LIMIT 1) k ON true`
+	LEFT JOIN LATERAL (SELECT * FROM {skips} s WHERE s.projection = p.name ORDER BY s.id DESC LIMIT 1) k ON true
+	LEFT JOIN LATERAL (SELECT count(*) AS n, min(parked_at) AS oldest FROM {parked} x WHERE x.projection = p.name) pk ON true`
 
 func newStatements(schema, horizon string) statements {
 	table := func(name string) string {
@@ -47,12 +52,14 @@ func newStatements(schema, horizon string) statements {
 		return pgx.Identifier{schema, name}.Sanitize()
 	}
 	r := strings.NewReplacer("{projections}", table("nudge_projections"), "{events}", table("nudge_events"), "{skips}", table("nudge_projection_skips"),
+		"{parked}", table("nudge_projection_parked"), "{park_actions}", table("nudge_projection_park_actions"),
 		"{columns}", statusColumns, "{class}", lockClass, "{schema}", schema, "{horizon}", horizon, "{window}", strconv.Itoa(lagWindow))
 	var s statements
 	s.addMigrationSQL(r)
 	s.addStatusSQL(r)
 	s.addWriteSQL(r)
 	s.addAttemptSQL(r)
+	s.addParkSQL(r)
 	return s
 }
 
@@ -193,11 +200,12 @@ func scanStatus(row pgx.Row) (projection.Status, []string, error) {
 		skipBy, skipReason             *string
 		skipForced                     *bool
 		skipAt                         *time.Time
+		oldestParked                   *time.Time
 	)
 	if err := row.Scan(&st.Name, &st.Position.TransactionID, &st.Position.GlobalPosition, &state, &st.EventsProcessed,
 		&st.LastError, &failTx, &failPos, &failID, &failType, &failStream, &st.Attempts, &firstFail, &lastFail,
 		&rebuiltAt, &st.UpdatedAt, &skipID, &skipType, &skipStream, &skipTx, &skipPos, &skipBy, &skipReason,
-		&skipForced, &skipAt, &types); err != nil {
+		&skipForced, &skipAt, &types, &st.ParkedStreams, &oldestParked); err != nil {
 		return st, nil, err
 	}
 	if skipID != nil {
@@ -218,6 +226,7 @@ func scanStatus(row pgx.Row) (projection.Status, []string, error) {
 		}
 	}
 	st.FirstFailureAt, st.LastFailureAt, st.RebuildStartedAt = deref(firstFail), deref(lastFail), deref(rebuiltAt)
+	st.OldestParkedAt = deref(oldestParked)
 	return st, types, nil
 }
 
@@ -234,4 +243,38 @@ func seconds(s *float64) time.Duration {
 		return 0
 	}
 	return time.Duration(*s * float64(time.Second))
+}
+
+// parkedColumns are the columns of a parked stream, as scanParked reads them.
+const parkedColumns = `projection, stream_id, event_id, event_type, transaction_id, global_position, stream_version, error, attempts,
+	parked_at, held_events, coalesce(last_held_transaction_id, '0'), coalesce(last_held_global_position, 0)`
+
+// addParkSQL adds the statements of parked streams.
+func (s *statements) addParkSQL(r *strings.Replacer) {
+	s.selectParked = r.Replace(`SELECT ` + parkedColumns + ` FROM {parked}
+		WHERE ($1::text IS NULL OR projection = $1) AND ($2::text IS NULL OR stream_id = $2)
+		ORDER BY projection, transaction_id, global_position, stream_id`)
+	s.selectParkedOf = r.Replace(`SELECT ` + parkedColumns + ` FROM {parked} WHERE projection = $1`)
+	s.insertParked = r.Replace(`INSERT INTO {parked} (projection, stream_id, event_id, event_type, transaction_id, global_position,
+			stream_version, error, attempts, parked_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`)
+	s.addHeld = r.Replace(`UPDATE {parked} SET held_events = held_events + $3,
+			last_held_transaction_id = $4, last_held_global_position = $5
+		WHERE projection = $1 AND stream_id = $2`)
+	s.deleteParked = r.Replace(`DELETE FROM {parked} WHERE projection = $1 AND stream_id = $2`)
+	s.recordParkAction = r.Replace(`INSERT INTO {park_actions} (projection, stream_id, action, event_id, transaction_id, global_position,
+			held_events, error, done_by, reason, done_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`)
+	s.parkFailed = r.Replace(`UPDATE {parked} SET error = $3, attempts = attempts + 1 WHERE projection = $1 AND stream_id = $2`)
+	s.clearParked = r.Replace(`DELETE FROM {parked} WHERE projection = $1`)
+}
+
+// scanParked reads a row of parkedColumns.
+func scanParked(row pgx.Row) (projection.ParkedStream, error) {
+	var (
+		ps projection.ParkedStream
+		id [16]byte
+	)
+	err := row.Scan(&ps.Projection, &ps.StreamID, &id, &ps.Event.Type, &ps.Event.Position.TransactionID, &ps.Event.Position.GlobalPosition,
+		&ps.StreamVersion, &ps.Error, &ps.Attempts, &ps.ParkedAt, &ps.Held, &ps.LastHeld.TransactionID, &ps.LastHeld.GlobalPosition)
+	ps.Event.ID, ps.Event.StreamID = id, ps.StreamID
+	return ps, err
 }

@@ -52,6 +52,7 @@ func Run(t *testing.T, newEnv NewEnvFunc) {
 		{"UnknownAndUnregistered", testUnknown},
 		{"SkipOneEvent", testSkip},
 	}
+	tests = append(tests, parkTests...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

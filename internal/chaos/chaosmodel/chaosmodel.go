@@ -81,6 +81,9 @@ type Config struct {
 	// BatchSize of every projection. Defaults to 100: small batches put more batch boundaries
 	// (and so more kill points) into a run.
 	BatchSize int
+	// ParkAfter, when positive, makes ExactProjection park a failing event's stream
+	// (projection.OnFailurePark) after that many recorded failures, instead of stopping.
+	ParkAfter int
 }
 
 // Models are the three projections of one process and the file behind FileProjection.
@@ -105,8 +108,12 @@ func New(cfg Config) (*Models, error) {
 		return nil, fmt.Errorf("chaosmodel: open the file sink: %w", err)
 	}
 	m := &Models{sink: sink}
+	onFailure := projection.OnFailureStop
+	if cfg.ParkAfter > 0 {
+		onFailure = projection.OnFailurePark
+	}
 	exact, err := projection.New(ExactProjection, projection.Config{
-		BatchSize: cfg.BatchSize,
+		BatchSize: cfg.BatchSize, OnFailure: onFailure, ParkAfterAttempts: cfg.ParkAfter,
 		InitFunc: func(ctx context.Context, p projection.HookParams) error {
 			_, err := p.Tx.Exec(ctx, `
 				CREATE TABLE IF NOT EXISTS `+ExactProjection+` (

@@ -52,6 +52,7 @@ type options struct {
 	retryInitial time.Duration
 	startup      time.Duration
 	debug        bool
+	park         bool
 }
 
 func main() {
@@ -65,6 +66,7 @@ func main() {
 	flag.DurationVar(&o.retryInitial, "retry-initial", 100*time.Millisecond, "first retry `wait`")
 	flag.DurationVar(&o.startup, "startup-timeout", 20*time.Second, "how long to retry the first connections")
 	flag.BoolVar(&o.debug, "debug", false, "log at debug level")
+	flag.BoolVar(&o.park, "park", false, "the exactly-once projection parks a failing stream after -attempts failures")
 	flag.Parse()
 
 	level := slog.LevelInfo
@@ -110,7 +112,7 @@ func run(ctx context.Context, o options, logger *slog.Logger) error {
 		return err
 	}
 	defer idemPool.Close()
-	models, err := chaosmodel.New(chaosmodel.Config{DB: idemPool, SinkPath: o.sink, BatchSize: o.batchSize})
+	models, err := chaosmodel.New(chaosmodel.Config{DB: idemPool, SinkPath: o.sink, BatchSize: o.batchSize, ParkAfter: parkAfter(o)})
 	if err != nil {
 		return err
 	}
@@ -196,4 +198,13 @@ func asyncCommitPool(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
 	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
 	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
 	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// parkAfter is chaosmodel.Config.ParkAfter: the retry budget with -park, so a stream parks on
+// a trigger's last attempt; else 0.
+func parkAfter(o options) int {
+	if !o.park {
+		return 0
+	}
+	return o.attempts
 }
