@@ -41,13 +41,15 @@ var legacySteps = []step{
 
 // newSteps are the migrations added since: a legacy database runs them at its next Migrate.
 var newSteps = []step{
+	{Component: "eventstore", Version: 3, Name: "notify_appends"},
 	{Component: "deadletter", Version: 2, Name: "add_dead_letter_stream"},
 	{Component: "channel", Version: 2, Name: "drop_channel_dead_letters"},
+	{Component: "channel", Version: 3, Name: "notify_triggers"},
 }
 
 // allSteps are every component's migrations, in the order of postgres.Components, then by
 // version.
-var allSteps = slices.Concat(legacySteps[:7], newSteps[:1], legacySteps[7:], newSteps[1:])
+var allSteps = slices.Concat(legacySteps[:2], newSteps[:1], legacySteps[2:7], newSteps[1:2], legacySteps[7:], newSteps[2:])
 
 // allTables are the tables and views Migrate creates with every component.
 var allTables = []string{"nudge_channel_subscriptions", "nudge_channel_triggers", "nudge_dead_letters",
@@ -122,7 +124,7 @@ func TestMigrateOneComponentThenAll(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, "", postgres.ComponentDeadLetters))
-	require.Equal(t, allSteps[6:8], withoutTimes(recorded(t, db, "")))
+	require.Equal(t, allSteps[7:9], withoutTimes(recorded(t, db, "")))
 	require.Equal(t, []string{"nudge_dead_letters", "nudge_schema_migrations"}, tables(t, db, ""))
 
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, "", postgres.ComponentProjections))
@@ -146,7 +148,7 @@ func TestMigrateTakesComponentsInAnyOrder(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, "nudge", postgres.ComponentProjections, postgres.ComponentEvents, postgres.ComponentProjections))
-	require.Equal(t, legacySteps[:6], withoutTimes(recorded(t, db, "nudge")))
+	require.Equal(t, allSteps[:7], withoutTimes(recorded(t, db, "nudge")))
 	require.Equal(t, []string{"nudge_events", "nudge_projection_conditions", "nudge_projection_skips", "nudge_projections",
 		"nudge_schema_migrations", "nudge_streams"}, tables(t, db, "nudge"))
 }
