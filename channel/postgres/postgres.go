@@ -118,6 +118,10 @@
 // (0.55), with PublishTx to 1 declared projection 0.82 ms (0.71), to 10 projections 1.12 ms
 // (0.82): about +0.15–0.3 ms for the one more round trip, and +0.1–0.3 ms more for ten rows.
 // Appends that come in bursts can share one trigger: a trigger says "look", not what to read.
+// Since the queue wakes its subscriptions with NOTIFY, such an append also notifies in its
+// transaction, and PostgreSQL makes the commits of notifying transactions take turns (WAL
+// flush included): concurrent appenders lose more of their throughput to it than the relay,
+// which queues one trigger per batch, costs them (make bench, append scenario).
 package postgres
 
 import (

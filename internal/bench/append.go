@@ -39,7 +39,7 @@ var appendVariants = []struct {
 	noNotify    bool // the store's NOTIFY trigger disabled
 }{
 	{"bare store, no NOTIFY", "", false, true},
-	{"bare store (NOTIFY per tx)", "", false, false},
+	{"bare store (NOTIFY after commit)", "", false, false},
 	{"RabbitMQ (relay)", chAMQP, true, false},
 	{"GoChannel (relay)", chGoChannel, true, false},
 	{"PostgreSQL queue (relay)", chPostgres, true, false},
@@ -148,7 +148,7 @@ func runAppend(ctx context.Context, h *harness, sec *Section) error {
 	}
 	sec.Note("%d writers, each cycling over %d streams; %d projections declared on every channel; no consumer runs", appendWriters, appendStreamsPerWriter, appendProjections)
 	sec.Note("the relay runs only during its variant's runs, and finishes publishing before the next run starts; cost = 1 − ratio")
-	sec.Note("the baseline has the store's NOTIFY trigger disabled; every other variant notifies once per append transaction (relays woken by LISTEN unless -no-listen)")
+	sec.Note("the baseline has the store's NOTIFY disabled; the others notify: Append after its commit, coalesced; in the append's transaction (PostgreSQL queue) the events' and the queue's triggers, whose commits take turns; relays are woken by LISTEN unless -no-listen")
 	return nil
 }
 

@@ -372,7 +372,7 @@ type sizes struct {
 func sizesFor(quick bool) sizes {
 	s := sizes{
 		rebuildEvents: 1_000_000, rebuildStreams: 10_000, naiveEvents: 50_000, batchSizes: []int{100, 500, 1000},
-		liveRate: 1000, liveWriters: 8, liveStreams: 100, liveDuration: 30 * time.Second,
+		liveRate: 1000, liveWriters: 8, liveStreams: 100, liveDuration: 20 * time.Second,
 		hopDuration: time.Second, hopRate: 200,
 		appendRun: 2 * time.Second, appendRounds: 2,
 		idleWindow:   20 * time.Second,
@@ -382,14 +382,14 @@ func sizesFor(quick bool) sizes {
 		horizonEvents: 200_000, horizonConnections: 200, horizonWriters: 50, horizonRounds: 5, horizonCalls: 2000,
 	}
 	if quick {
-		s.rebuildEvents, s.naiveEvents = 100_000, 5_000
-		s.liveDuration, s.hopDuration = 3*time.Second, 500*time.Millisecond
+		s.rebuildEvents, s.naiveEvents, s.batchSizes = 50_000, 2_000, []int{500, 1000}
+		s.liveDuration, s.hopDuration = 2*time.Second, 500*time.Millisecond
 		s.appendRun = time.Second
-		s.idleWindow = 6 * time.Second
+		s.idleWindow = 4 * time.Second
 		s.fanoutEvents, s.slowLiveDuration = 10_000, 2*time.Second
 		s.recoveryEvents = 10_000
-		s.statusEvents, s.statusBudget = 100_000, 5*time.Second
-		s.horizonEvents, s.horizonRounds = 50_000, 3
+		s.statusEvents, s.statusBudget = 50_000, 3*time.Second
+		s.horizonEvents, s.horizonRounds = 25_000, 2
 	}
 	return s
 }
