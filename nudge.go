@@ -22,6 +22,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/nudgeworks/nudge/deadletter"
 	dlmemory "github.com/nudgeworks/nudge/deadletter/memory"
@@ -52,6 +53,8 @@ type Client struct {
 	runner   *projection.Runner
 	worker   *worker.Worker
 	relay    *relay.Relay // nil with TriggersInTransaction
+	// listener wakes the relay on appends (nil in memory, or when db is not a pool).
+	listener *postgres.Listener
 	dead     deadletter.Store
 	migrate  func(context.Context) error // nil in memory
 	ran      atomic.Bool
@@ -65,6 +68,8 @@ type parts struct {
 	backend projection.Backend
 	dead    deadletter.Store
 	migrate func(context.Context) error
+	// listener, if set, wakes the relay on appends.
+	listener *postgres.Listener
 }
 
 // New returns a client on PostgreSQL: the event store, projection positions and status and (by
@@ -88,6 +93,15 @@ func New(db postgres.DB, cfg Config) (*Client, error) {
 	}
 	components := []postgres.Component{postgres.ComponentEvents, postgres.ComponentProjections}
 	p := parts{store: store, pg: store, backend: backend, dead: cfg.DeadLetters}
+	if pool, ok := db.(interface {
+		Acquire(ctx context.Context) (*pgxpool.Conn, error)
+	}); ok && cfg.Triggers == TriggersRelay && cfg.Relay.Waker == nil {
+		// Appends notify postgres.NotifyEvents; the relay listens, and polls as a fallback.
+		p.listener, err = postgres.NewListener(postgres.PoolConnect(pool), postgres.ListenerConfig{Channel: postgres.NotifyEvents, Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+	}
 	if p.dead == nil {
 		dead, err := dlpg.New(db, dlpg.Config{Schema: cfg.Schema})
 		if err != nil {
@@ -126,7 +140,7 @@ func NewInMemory(cfg Config) (*Client, error) {
 }
 
 func newClient(cfg Config, p parts) (*Client, error) {
-	c := &Client{cfg: cfg, store: p.store, pg: p.pg, dead: p.dead, migrate: p.migrate}
+	c := &Client{cfg: cfg, store: p.store, pg: p.pg, dead: p.dead, migrate: p.migrate, listener: p.listener}
 	var err error
 	c.runner, err = projection.NewRunner(p.backend, projection.RunnerConfig{Logger: cfg.Logger, OnBatch: onBatch(cfg)}, cfg.Projections...)
 	if err != nil {
@@ -148,7 +162,11 @@ func newClient(cfg Config, p parts) (*Client, error) {
 		// transaction lets readers see its events: its handler waits for them.
 		wcfg.Store = c.pg
 	default:
-		c.relay, err = relay.New(p.backend, cfg.Channel, cfg.Relay)
+		rcfg := cfg.Relay
+		if p.listener != nil {
+			rcfg.Waker = p.listener
+		}
+		c.relay, err = relay.New(p.backend, cfg.Channel, rcfg)
 		if err != nil {
 			return nil, fmt.Errorf("%w: Relay: %w", ErrInvalidConfig, err)
 		}

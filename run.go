@@ -107,6 +107,10 @@ func (c *Client) runParts(ctx context.Context, runWorker func(context.Context) e
 			}
 		})
 	}
+	if c.listener != nil {
+		// It returns nil when ctx ends; meanwhile it reconnects after every loss.
+		wg.Go(func() { _ = c.listener.Run(ctx) })
+	}
 	wg.Wait()
 	return first
 }

@@ -21,7 +21,21 @@ const (
 	PollMaxIntervalDefault = 5 * time.Second
 	// PollMaxFailureIntervalDefault caps the wait while a projection keeps failing.
 	PollMaxFailureIntervalDefault = time.Minute
+	// PollListeningMaxIntervalDefault caps the wait while a projection is idle and its
+	// Waker listens: the poll is then only a fallback.
+	PollListeningMaxIntervalDefault = 30 * time.Second
 )
+
+// Waker wakes a poller when events may have been appended; postgres.Listener is one (on
+// postgres.NotifyEvents).
+type Waker interface {
+	// Subscribe returns a channel that receives after appends and whenever Listening
+	// changes, and a function that ends the subscription.
+	Subscribe() (<-chan struct{}, func())
+	// Listening reports whether wake-ups arrive now; while it is false the poller polls on
+	// MaxInterval.
+	Listening() bool
+}
 
 // PollerConfig configures a Poller. Every field is optional.
 type PollerConfig struct {
@@ -41,6 +55,15 @@ type PollerConfig struct {
 	// relay publishes fewer triggers), while a light load keeps the short wait. Defaults to
 	// MinInterval: no stretching.
 	MaxBusyInterval time.Duration
+	// Waker, if set, wakes the poller when events are appended: an idle projection then
+	// catches up at once instead of at the end of its wait, and while the Waker listens the
+	// idle wait grows up to ListeningMaxInterval instead of MaxInterval, so an idle projection
+	// costs next to no queries. A wake-up cuts an idle wait short, never the wait after work
+	// (MinInterval, MaxBusyInterval), so a busy projection still batches.
+	Waker Waker
+	// ListeningMaxInterval caps the idle wait while Waker listens. Defaults to
+	// PollListeningMaxIntervalDefault, or MaxInterval if that is longer.
+	ListeningMaxInterval time.Duration
 	// Logger receives the poller's structured logs. NewPoller defaults it to the runner's
 	// logger (WithDefaults alone, to slog.Default()).
 	Logger *slog.Logger
@@ -64,6 +87,7 @@ func (cfg PollerConfig) WithDefaults() PollerConfig {
 	cfg.MaxInterval = cmp.Or(cfg.MaxInterval, PollMaxIntervalDefault)
 	cfg.MaxFailureInterval = cmp.Or(cfg.MaxFailureInterval, PollMaxFailureIntervalDefault)
 	cfg.MaxBusyInterval = cmp.Or(cfg.MaxBusyInterval, cfg.MinInterval)
+	cfg.ListeningMaxInterval = cmp.Or(cfg.ListeningMaxInterval, max(PollListeningMaxIntervalDefault, cfg.MaxInterval))
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	return cfg
 }
@@ -75,6 +99,10 @@ func (cfg PollerConfig) Validate() error {
 		return fmt.Errorf("%w: poller intervals must satisfy 0 < MinInterval <= MaxInterval and MinInterval <= MaxFailureInterval, MaxBusyInterval "+
 			"(got %s, %s, %s, %s; 0 means the default)",
 			ErrInvalidConfig, cfg.MinInterval, cfg.MaxInterval, cfg.MaxFailureInterval, cfg.MaxBusyInterval)
+	}
+	if cfg.ListeningMaxInterval < cfg.MaxInterval {
+		return fmt.Errorf("%w: ListeningMaxInterval %s is below MaxInterval %s: the poll while listening is a fallback, never more frequent (0 means the default)",
+			ErrInvalidConfig, cfg.ListeningMaxInterval, cfg.MaxInterval)
 	}
 	return nil
 }
@@ -156,21 +184,31 @@ func (p *Poller) poll(ctx context.Context, name string) {
 	failing := backoff.Exponential{Initial: p.cfg.MinInterval, Max: p.cfg.MaxFailureInterval}
 	proj, _ := p.runner.Projection(name) // NewPoller checked the name
 	batch := proj.Config().BatchSize
+	var woken <-chan struct{}
+	if p.cfg.Waker != nil {
+		ch, stop := p.cfg.Waker.Subscribe()
+		defer stop()
+		woken = ch
+	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	busy := false
 	for {
-		select {
-		case <-ctx.Done():
+		woke, ok := p.wait(ctx, timer, p.wake[name], woken, busy)
+		if !ok {
 			return
-		case <-timer.C:
-		case <-p.wake[name]:
-			timer.Stop()
+		}
+		if woke {
+			// Events may be on their way but not readable yet (an older transaction still
+			// runs): the idle waits start short again.
+			idle.Reset()
 		}
 		res, err := p.runner.CatchUp(ctx, name)
 		if ctx.Err() != nil {
 			return
 		}
 		var next time.Duration
+		busy = false
 		switch {
 		case err != nil:
 			next = failing.Next()
@@ -180,10 +218,11 @@ func (p *Poller) poll(ctx context.Context, name string) {
 					slog.Any("error", err), slog.Duration("retry_in", next))
 			}
 		case res.Events > 0:
-			next = p.busyInterval(res.Events, batch)
+			next, busy = p.busyInterval(res.Events, batch), true
 			idle.Reset()
 			failing.Reset()
 		default:
+			idle.Max = p.idleMax()
 			next = idle.Next()
 			failing.Reset()
 		}
@@ -192,6 +231,33 @@ func (p *Poller) poll(ctx context.Context, name string) {
 		}
 		timer.Reset(next)
 	}
+}
+
+// wait waits for the timer, a Wake, or (unless busy: the wait after work is never cut short)
+// a wake-up from the Waker. woke says whether a wake-up ended the wait; ok is false when ctx
+// ended.
+func (p *Poller) wait(ctx context.Context, timer *time.Timer, wake, woken <-chan struct{}, busy bool) (woke, ok bool) {
+	if busy {
+		woken = nil // a pending wake-up stays in its channel for the next idle wait
+	}
+	select {
+	case <-ctx.Done():
+		return false, false
+	case <-timer.C:
+		return false, true
+	case <-wake:
+	case <-woken:
+	}
+	timer.Stop()
+	return true, true
+}
+
+// idleMax caps the idle wait: ListeningMaxInterval while the Waker listens, else MaxInterval.
+func (p *Poller) idleMax() time.Duration {
+	if p.cfg.Waker != nil && p.cfg.Waker.Listening() {
+		return p.cfg.ListeningMaxInterval
+	}
+	return p.cfg.MaxInterval
 }
 
 // busyInterval is the wait after a catch-up that handled events, for a projection whose batches

@@ -36,6 +36,9 @@ const (
 	// MaxBusyIntervalDefault is the relay's wait after a batch that covered BatchSize events:
 	// under a heavy load the relay waits longer and each trigger covers more events.
 	MaxBusyIntervalDefault = 25 * time.Millisecond
+	// ListeningMaxIntervalDefault caps the relay's idle wait while its Waker listens: the
+	// poll is then a fallback for wake-ups that find the events not readable yet.
+	ListeningMaxIntervalDefault = time.Second
 )
 
 // Config configures a Relay. Every field is optional.
@@ -57,11 +60,23 @@ type Config struct {
 	// often, which the appenders, the broker and every projection's catch-ups feel (make bench
 	// measures it). Defaults to MaxBusyIntervalDefault, or MinInterval if that is longer.
 	MaxBusyInterval time.Duration
+	// Waker, if set, wakes the relay when events are appended, by any process: a
+	// postgres.Listener on postgres.NotifyEvents (nudge.Client sets one up). An idle relay then
+	// publishes a round trip after the append's commit, and while the Waker listens its idle
+	// wait grows up to ListeningMaxInterval instead of MaxInterval, so it costs next to no
+	// queries; while it does not (connection lost), the relay polls as without it.
+	Waker projection.Waker
+	// ListeningMaxInterval caps the idle wait while Waker listens. Defaults to
+	// ListeningMaxIntervalDefault, or MaxInterval if that is longer.
+	ListeningMaxInterval time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// BeforePublishFunc, if set, runs before each publish; tests use it to stop a process
 	// between an append's commit and the trigger's publish.
 	BeforePublishFunc func(t trigger.Trigger)
+	// AfterPollFunc, if set, is called after each of the relay's polls, with what it found
+	// and the wait chosen (see projection.PollerConfig.AfterPollFunc).
+	AfterPollFunc func(p projection.PollParams)
 }
 
 // ErrInvalidConfig is matched (errors.Is) by every error New and NewAppender return for a
@@ -75,6 +90,7 @@ func (cfg Config) WithDefaults() Config {
 	cfg.MinInterval = cmp.Or(cfg.MinInterval, MinIntervalDefault)
 	cfg.MaxInterval = cmp.Or(cfg.MaxInterval, MaxIntervalDefault)
 	cfg.MaxBusyInterval = cmp.Or(cfg.MaxBusyInterval, max(MaxBusyIntervalDefault, cfg.MinInterval))
+	cfg.ListeningMaxInterval = cmp.Or(cfg.ListeningMaxInterval, max(ListeningMaxIntervalDefault, cfg.MaxInterval))
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	return cfg
 }
@@ -94,6 +110,9 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("%w: intervals must satisfy 0 < MinInterval <= MaxInterval, MaxBusyInterval (got %s, %s, %s; 0 means the default)",
 			ErrInvalidConfig, cfg.MinInterval, cfg.MaxInterval, cfg.MaxBusyInterval)
 	}
+	if cfg.ListeningMaxInterval < cfg.MaxInterval {
+		return fmt.Errorf("%w: ListeningMaxInterval %s is below MaxInterval %s (0 means the default)", ErrInvalidConfig, cfg.ListeningMaxInterval, cfg.MaxInterval)
+	}
 	return nil
 }
 
@@ -104,9 +123,11 @@ func (cfg Config) Validate() error {
 // repeats a trigger, never loses one: once an append commits, every projection eventually gets
 // a trigger, even if the appending process dies right after the commit.
 //
-// Appends write nothing more for it, and the broker sees one trigger per relay batch however
-// fast events are appended. Its cost is a poll every MinInterval to MaxInterval and the reads
-// and publishes themselves, which share the machine with the appenders.
+// Appends write nothing more for it (beside the one notification per transaction the store
+// sends for every listener), and the broker sees one trigger per relay batch however fast
+// events are appended. Its cost is the reads and publishes themselves, which share the
+// machine with the appenders, and a poll every MinInterval to MaxInterval — while a Waker
+// listens, up to ListeningMaxInterval.
 //
 // Several relays with the same name (one per worker process, say) are safe: the projection
 // lock lets one publish a given batch.
@@ -152,8 +173,11 @@ func New(backend projection.Backend, pub trigger.Publisher, cfg Config) (*Relay,
 	}
 	poller, err := projection.NewPoller(runner, projection.PollerConfig{
 		MinInterval: cfg.MinInterval, MaxInterval: cfg.MaxInterval, MaxFailureInterval: max(time.Second, cfg.MaxInterval),
-		MaxBusyInterval: cfg.MaxBusyInterval,
-		Logger:          cfg.Logger,
+		MaxBusyInterval:      cfg.MaxBusyInterval,
+		Waker:                cfg.Waker,
+		ListeningMaxInterval: cfg.ListeningMaxInterval,
+		AfterPollFunc:        cfg.AfterPollFunc,
+		Logger:               cfg.Logger,
 	})
 	if err != nil {
 		return nil, err

@@ -53,21 +53,34 @@
 // That is harmless — triggers are idempotent nudges, and the projection runner serialises
 // catch-ups on the projection's position row — and costs one no-op catch-up.
 //
-// # Latency and the poll interval
+// # Latency: woken, not polled
 //
-// watermill-sql polls; there is no LISTEN/NOTIFY. An idle subscription polls every
-// PollInterval, and after a poll that found triggers it polls again at once. A trigger
-// therefore waits up to PollInterval. Measured on 2 shared cores (BenchmarkPublishToConsume,
-// publish → receive, at 20 and at 500 triggers/s alike; ranges over runs):
+// watermill-sql only polls. The channel adds the wake-up: a statement trigger on the queue
+// table (migration channel/0003) sends one notification on postgres.NotifyTriggers per
+// transaction that queues triggers, delivered when it commits; the channel LISTENs on a
+// connection of its own (taken out of the pool, from the first subscription until Close) and
+// wakes every subscription. A subscription that found nothing waits for that wake-up, and
+// polls again after ListeningPollInterval (10 s) only as a fallback; a wake-up that comes while
+// it polls ends its next wait at once, so none is lost. A trigger therefore arrives a
+// notification's round trip after its commit instead of half a PollInterval later, and an idle
+// subscription costs one poll (BEGIN, SELECT, COMMIT) per ListeningPollInterval instead of one
+// per PollInterval.
+//
+// The wait happens in the subscriber's BackoffManager (watermill-sql's own sleep between polls
+// cannot be woken). When the listening connection is lost the channel wakes every subscription
+// and they poll every PollInterval until the listener has reconnected (with backoff; it wakes
+// them again then, since notifications sent meanwhile were lost). DisableListen (or a database
+// handle that is not a pool) keeps PollInterval polling throughout, as behind PgBouncer in
+// transaction mode. Measured with polling only (BenchmarkPublishToConsume, publish → receive,
+// at 20 and at 500 triggers/s alike; ranges over runs):
 //
 //	poll interval   p50          p99
 //	10 ms           5–9 ms       12–31 ms
 //	100 ms          49–52 ms     100–106 ms   (the default)
 //	1 s             510–590 ms   960–995 ms
 //
-// Each idle poll is BEGIN, SELECT, COMMIT on a pooled connection (read-only: no WAL, no
-// transaction id). Measured idle cost (BenchmarkIdlePolling; CPU in % of one core, in this
-// process and in the PostgreSQL backends; /proc ticks make the PostgreSQL figures ±0.3%):
+// and the idle cost of polling (BenchmarkIdlePolling; CPU in % of one core, in this process and
+// in the PostgreSQL backends; /proc ticks make the PostgreSQL figures ±0.3%):
 //
 //	poll interval   subscriptions   polls/s    CPU here       CPU in PostgreSQL
 //	10 ms           1 / 10          90 / 830   7% / 15–18%    4% / 19–20%
@@ -75,10 +88,7 @@
 //	100 ms          1 / 10          10 / 97    1.2% / 3.6%    0.7% / 1.7–2%
 //	1 s             1 / 10          1 / 10     0.2% / 0.5%    below 0.3%
 //
-// PollIntervalDefault is 100 ms: a trigger arrives about 50 ms after its append (p50; the
-// watermill default of 1 s gives about 550 ms) for 10 idle polls (30 statements) a second per
-// projection, about 0.4% of a core per projection on both sides. Lower it when read-your-writes
-// latency matters and the projections are few; raise it for many projections that may lag.
+// make bench measures the woken channel beside these (README, Performance).
 //
 // # Nacks, AckDeadline and connections
 //
@@ -108,6 +118,10 @@
 // (0.55), with PublishTx to 1 declared projection 0.82 ms (0.71), to 10 projections 1.12 ms
 // (0.82): about +0.15–0.3 ms for the one more round trip, and +0.1–0.3 ms more for ten rows.
 // Appends that come in bursts can share one trigger: a trigger says "look", not what to read.
+// Since the queue wakes its subscriptions with NOTIFY, such an append also notifies in its
+// transaction, and PostgreSQL makes the commits of notifying transactions take turns (WAL
+// flush included): concurrent appenders lose more of their throughput to it than the relay,
+// which queues one trigger per batch, costs them (make bench, append scenario).
 package postgres
 
 import (
@@ -135,9 +149,9 @@ import (
 
 // Defaults of Config's fields.
 const (
-	// PollIntervalDefault is how long an idle subscription waits between polls of its queue.
-	// It bounds the latency of a trigger; see the package documentation for the measured
-	// latency and idle cost.
+	// PollIntervalDefault is how long an idle subscription waits between polls of its queue
+	// while the channel does not listen. It then bounds the latency of a trigger; see the
+	// package documentation for the measured latency and idle cost.
 	PollIntervalDefault = 100 * time.Millisecond
 	// AckDeadlineDefault is how long a handler may hold a trigger before it is redelivered.
 	AckDeadlineDefault = 30 * time.Second
@@ -149,6 +163,9 @@ const (
 	RetryIntervalDefault = time.Second
 	// BatchSizeDefault is how many queued triggers a subscription reads per poll.
 	BatchSizeDefault = 100
+	// ListeningPollIntervalDefault is how long an idle subscription waits between polls while
+	// the channel's listener listens: the poll is then only a fallback.
+	ListeningPollIntervalDefault = 10 * time.Second
 )
 
 // Config configures a Channel. The zero value is valid.
@@ -156,9 +173,22 @@ type Config struct {
 	// Schema holds the channel's tables. Defaults to "", which means the connection's
 	// search_path (usually public). A schema name is lowercase letters, digits and _.
 	Schema string
-	// PollInterval is how long an idle subscription waits before it looks for triggers again;
-	// a trigger waits on average half of it. Defaults to PollIntervalDefault.
+	// PollInterval is how long an idle subscription waits before it looks for triggers again
+	// while the channel does not listen for notifications (DisableListen, a database handle
+	// that is not a pool, or while the listening connection is lost); a trigger then waits on
+	// average half of it. Defaults to PollIntervalDefault.
 	PollInterval time.Duration
+	// ListeningPollInterval is how long an idle subscription waits before it polls again while
+	// the channel listens: a notification of a queued trigger wakes it before that. Defaults
+	// to ListeningPollIntervalDefault, or PollInterval if that is longer.
+	ListeningPollInterval time.Duration
+	// DisableListen turns the listener off: subscriptions poll every PollInterval, as they
+	// must behind a connection pooler in transaction mode (PgBouncer), where LISTEN does not
+	// work.
+	DisableListen bool
+	// ListenerConfig tunes the listener's reconnection; its Channel and Logger are the
+	// channel's own.
+	ListenerConfig postgres.ListenerConfig
 	// AckDeadline is how long a handler may hold a trigger. When it passes, the message's
 	// context is cancelled (which ends the Retry middleware's backoff) and the trigger is
 	// delivered again. Keep a handler's whole retry budget well below it. Defaults to
@@ -180,6 +210,9 @@ type Config struct {
 	// lockRows keeps the queue schema's SELECT … FOR UPDATE. Tests only: it shows what the
 	// row locks would cost (see TestHandlerDoesNotHoldTheHorizon).
 	lockRows bool
+	// waitingFunc, if set, is called each time a subscription starts to wait after a poll
+	// that found nothing, with whether the listener listens. Tests only.
+	waitingFunc func(listening bool)
 }
 
 // Errors callers can test for.
@@ -197,6 +230,7 @@ var (
 // WithDefaults returns cfg with every zero field that has a default set to it.
 func (cfg Config) WithDefaults() Config {
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, PollIntervalDefault)
+	cfg.ListeningPollInterval = cmp.Or(cfg.ListeningPollInterval, max(ListeningPollIntervalDefault, cfg.PollInterval))
 	cfg.AckDeadline = cmp.Or(cfg.AckDeadline, AckDeadlineDefault)
 	cfg.ResendInterval = cmp.Or(cfg.ResendInterval, ResendIntervalDefault)
 	cfg.RetryInterval = cmp.Or(cfg.RetryInterval, RetryIntervalDefault)
@@ -214,7 +248,7 @@ func (cfg Config) Validate() error {
 	for _, d := range []struct {
 		field string
 		value time.Duration
-	}{{"PollInterval", cfg.PollInterval}, {"AckDeadline", cfg.AckDeadline}, {"ResendInterval", cfg.ResendInterval}, {"RetryInterval", cfg.RetryInterval}} {
+	}{{"PollInterval", cfg.PollInterval}, {"ListeningPollInterval", cfg.ListeningPollInterval}, {"AckDeadline", cfg.AckDeadline}, {"ResendInterval", cfg.ResendInterval}, {"RetryInterval", cfg.RetryInterval}} {
 		if d.value <= 0 {
 			return fmt.Errorf("%w: %s %v: must be positive (0 means the default)", ErrInvalidConfig, d.field, d.value)
 		}
@@ -239,8 +273,15 @@ type Channel struct {
 	migrated atomic.Bool
 	closed   atomic.Bool
 
+	// listener wakes the subscriptions on queued triggers; nil when the channel only polls.
+	// It runs from the first subscription until Close.
+	listener   *postgres.Listener
+	listenOnce sync.Once
+	stopListen context.CancelFunc
+	listenDone chan struct{}
+
 	mu   sync.Mutex
-	subs []*wmsql.Subscriber
+	subs []*subscriber
 }
 
 var _ channel.Channel = (*Channel)(nil)
@@ -265,8 +306,33 @@ func New(db postgres.DB, cfg Config) (*Channel, error) {
 		return nil, fmt.Errorf("postgres channel: %w", err)
 	}
 	c.pub = pub
+	if pool, ok := db.(interface {
+		Acquire(ctx context.Context) (*pgxpool.Conn, error)
+	}); ok && !cfg.DisableListen {
+		lcfg := cfg.ListenerConfig
+		lcfg.Channel, lcfg.Logger = postgres.NotifyTriggers, log
+		if c.listener, err = postgres.NewListener(postgres.PoolConnect(pool), lcfg); err != nil {
+			return nil, fmt.Errorf("%w: ListenerConfig: %w", ErrInvalidConfig, err)
+		}
+	}
 	return c, nil
 }
+
+// startListener starts the listener, once.
+func (c *Channel) startListener() {
+	c.listenOnce.Do(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		c.stopListen, c.listenDone = cancel, make(chan struct{})
+		go func() {
+			defer close(c.listenDone)
+			_ = c.listener.Run(ctx) // returns nil when ctx ends; a second Run cannot happen
+		}()
+	})
+}
+
+// Listening reports whether the channel's listener is connected now, so a queued trigger
+// wakes the subscriptions at once.
+func (c *Channel) Listening() bool { return c.listener != nil && c.listener.Listening() }
 
 // Migrate creates or upgrades the channel's tables alone: postgres.Migrate with
 // postgres.ComponentQueue in the channel's schema (postgres.Migrate without components migrates
@@ -458,33 +524,45 @@ func (c *Channel) Subscriber(projection string) (message.Subscriber, string, err
 	return sub, projectionTopic(projection), nil
 }
 
-func (c *Channel) newSubscriber(attr slog.Attr) (*wmsql.Subscriber, error) {
+func (c *Channel) newSubscriber(attr slog.Attr) (*subscriber, error) {
 	ackDeadline := c.cfg.AckDeadline
 	log := c.log.With(attr)
-	sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromPgx(c.db), wmsql.SubscriberConfig{
+	wake := &wakeBackoff{errs: wmsql.NewDefaultBackoffManager(c.cfg.PollInterval, c.cfg.RetryInterval),
+		listening: func() bool { return false }, poll: c.cfg.PollInterval, longish: c.cfg.ListeningPollInterval,
+		waitingFunc: c.cfg.waitingFunc}
+	s := &subscriber{done: make(chan struct{}), unsubscribe: func() {}}
+	wake.done = s.done
+	wsub, err := wmsql.NewSubscriber(wmsql.BeginnerFromPgx(c.db), wmsql.SubscriberConfig{
 		AckDeadline:    &ackDeadline,
 		PollInterval:   c.cfg.PollInterval,
 		ResendInterval: c.cfg.ResendInterval,
 		RetryInterval:  c.cfg.RetryInterval,
+		BackoffManager: wake,
 		SchemaAdapter:  c.schema,
 		OffsetsAdapter: c.offsets,
 	}, watermill.NewSlogLogger(log))
 	if err != nil {
 		return nil, fmt.Errorf("postgres channel: %w", err)
 	}
+	s.Subscriber = wsub
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed.Load() {
 		return nil, ErrClosed
 	}
-	c.subs = append(c.subs, sub)
+	if c.listener != nil {
+		c.startListener()
+		wake.woken, s.unsubscribe = c.listener.Subscribe()
+		wake.listening = c.listener.Listening
+	}
+	c.subs = append(c.subs, s)
 	if pool, ok := c.db.(interface{ Stat() *pgxpool.Stat }); ok {
 		if maxConns := int(pool.Stat().MaxConns()); len(c.subs) >= maxConns {
 			log.Warn("postgres channel: as many subscriptions as the pool has connections; a subscription holds a connection while its handler runs, so handlers that need one can stall until AckDeadline: give the channel a larger pool",
 				slog.Int("subscriptions", len(c.subs)), slog.Int("pool_max_conns", maxConns))
 		}
 	}
-	return sub, nil
+	return s, nil
 }
 
 // Publisher implements channel.Channel. It publishes raw messages to channel.TriggerTopic
@@ -525,6 +603,13 @@ func (c *Channel) Close() error {
 	var errs []error
 	for _, sub := range subs {
 		errs = append(errs, sub.Close())
+	}
+	c.mu.Lock()
+	stopListen, listenDone := c.stopListen, c.listenDone
+	c.mu.Unlock()
+	if stopListen != nil {
+		stopListen()
+		<-listenDone
 	}
 	return errors.Join(errs...)
 }

@@ -41,6 +41,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/puddle/v2"
 
 	"github.com/nudgeworks/nudge/eventstore"
@@ -109,6 +110,7 @@ type Store struct {
 	attempts int
 	limits   eventstore.Limits
 	sql      statements
+	notifier *notifier
 }
 
 var _ eventstore.Store = (*Store)(nil)
@@ -122,7 +124,15 @@ func New(db postgres.DB, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Store{db: db, schema: cfg.Schema, attempts: cfg.AppendAttempts, limits: cfg.Limits, sql: newStatements(cfg.Schema)}, nil
+	s := &Store{db: db, schema: cfg.Schema, attempts: cfg.AppendAttempts, limits: cfg.Limits, sql: newStatements(cfg.Schema)}
+	if _, pooled := db.(interface {
+		Acquire(ctx context.Context) (*pgxpool.Conn, error)
+	}); pooled {
+		// A notification after the commit runs beside the next appends, so it needs a pool; on
+		// a single connection the NOTIFY stays in the append's transaction.
+		s.notifier = &notifier{db: db, payload: cfg.Schema}
+	}
+	return s, nil
 }
 
 // Limits returns the limits the store applies to appends, defaults filled in.
@@ -157,11 +167,14 @@ func (s *Store) Append(ctx context.Context, streamID string, expected eventstore
 	var res eventstore.AppendResult
 	err := s.RunInTx(ctx, func(tx pgx.Tx) error {
 		var err error
-		res, err = s.appendTx(ctx, tx, streamID, expected, events)
+		res, err = s.appendTx(ctx, tx, streamID, expected, events, s.notifier != nil)
 		return err
 	})
 	if err != nil {
 		return eventstore.AppendResult{}, err
+	}
+	if !res.Idempotent && s.notifier != nil {
+		s.notifier.signal() // after the commit: see notifier
 	}
 	return res, nil
 }
@@ -201,14 +214,15 @@ func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 	if err := storecheck.Append(streamID, expected, events, s.limits); err != nil {
 		return eventstore.AppendResult{}, err
 	}
-	res, err := s.appendTx(ctx, tx, streamID, expected, events)
+	res, err := s.appendTx(ctx, tx, streamID, expected, events, false)
 	return res, s.translate(err)
 }
 
 // appendTx appends events in two round trips: the first locks the stream and looks for an
-// earlier append of the same events, the second inserts them.
-func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expected eventstore.ExpectedVersion, events []eventstore.EventData) (eventstore.AppendResult, error) {
-	st, err := s.lockStream(ctx, tx, streamID, events)
+// earlier append of the same events, the second inserts them. With deferNotify the store's
+// NOTIFY trigger skips the transaction: the caller notifies after the commit.
+func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expected eventstore.ExpectedVersion, events []eventstore.EventData, deferNotify bool) (eventstore.AppendResult, error) {
+	st, err := s.lockStream(ctx, tx, streamID, events, deferNotify)
 	if err != nil {
 		return eventstore.AppendResult{}, err
 	}
@@ -241,7 +255,7 @@ type lockedStream struct {
 // lockStream locks the stream's row (if the stream exists) and reads its state and whether the
 // transaction is exempt from the horizon (then it fails with ErrExempt); in the same round
 // trip, it looks for stored events with the IDs of events.
-func (s *Store) lockStream(ctx context.Context, tx pgx.Tx, streamID string, events []eventstore.EventData) (lockedStream, error) {
+func (s *Store) lockStream(ctx context.Context, tx pgx.Tx, streamID string, events []eventstore.EventData, deferNotifying bool) (lockedStream, error) {
 	// IDs travel as [16]byte: pgx encodes those natively, while uuid.UUID would go through
 	// its text form.
 	var ids [][16]byte
@@ -263,6 +277,9 @@ func (s *Store) lockStream(ctx context.Context, tx pgx.Tx, streamID string, even
 		}
 		return err
 	})
+	if deferNotifying {
+		batch.Queue(deferNotify)
+	}
 	if len(ids) > 0 {
 		batch.Queue(s.sql.eventsByID, ids).Query(func(rows pgx.Rows) error {
 			var err error

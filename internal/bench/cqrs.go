@@ -393,7 +393,12 @@ func (h *harness) openNudgeFaultSide(ctx context.Context, f *fixture, spec cqrsS
 		return nil, err
 	}
 	inj := &injector{every: relayFailEvery, limit: failures}
-	rel, err := relay.New(f.backend, &failingPublisher{ch: ch, fail: inj.hit}, h.relayConfig())
+	rcfg, err := h.relayConfig(f)
+	if err != nil {
+		_ = ch.Close()
+		return nil, err
+	}
+	rel, err := relay.New(f.backend, &failingPublisher{ch: ch, fail: inj.hit}, rcfg)
 	if err != nil {
 		_ = ch.Close()
 		return nil, err

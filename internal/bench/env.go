@@ -24,6 +24,7 @@ import (
 	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/internal/eventload"
 	"github.com/nudgeworks/nudge/internal/redact"
+	"github.com/nudgeworks/nudge/postgres"
 	pgproj "github.com/nudgeworks/nudge/projection/postgres"
 )
 
@@ -190,6 +191,31 @@ type fixture struct {
 	db      *database
 	store   *espg.Store
 	backend *pgproj.Backend
+
+	// listener wakes the fixture's relays on appends (postgres.NotifyEvents); started by the
+	// first wakerFor, stopped by close.
+	listenOnce sync.Once
+	listener   *postgres.Listener
+	listenErr  error
+	stopListen func()
+}
+
+// waker returns the fixture's listener, started on first use: relays woken by appends.
+func (f *fixture) waker(log *slog.Logger) (*postgres.Listener, error) {
+	f.listenOnce.Do(func() {
+		f.listener, f.listenErr = postgres.NewListener(postgres.PoolConnect(f.db.pool), postgres.ListenerConfig{Channel: postgres.NotifyEvents, Logger: log})
+		if f.listenErr != nil {
+			return
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = f.listener.Run(ctx) // nil when ctx ends
+		}()
+		f.stopListen = func() { cancel(); <-done }
+	})
+	return f.listener, f.listenErr
 }
 
 // newFixture creates a database with a pool of maxConns connections and migrates the event
@@ -221,7 +247,12 @@ func (f *fixture) init(ctx context.Context) error {
 	return f.backend.Migrate(ctx)
 }
 
-func (f *fixture) close() { f.db.close() }
+func (f *fixture) close() {
+	if f.stopListen != nil {
+		f.stopListen()
+	}
+	f.db.close()
+}
 
 // waitReadable waits until the store's head reaches last: loaded events are readable once no
 // transaction older than them is running anywhere in the cluster.

@@ -72,7 +72,7 @@ func (h *harness) openChannel(ctx context.Context, f *fixture, kind string, proj
 		if err != nil {
 			return nil, err
 		}
-		ch, err := pgchannel.New(pool, pgchannel.Config{PollInterval: h.opts.pgPoll, Logger: h.libLog})
+		ch, err := pgchannel.New(pool, pgchannel.Config{PollInterval: h.opts.pgPoll, DisableListen: h.opts.noListen, Logger: h.libLog})
 		if err != nil {
 			return nil, err
 		}
@@ -98,9 +98,19 @@ func (h *harness) openChannel(ctx context.Context, f *fixture, kind string, proj
 	return w, nil
 }
 
-// relayConfig configures the relays of the run (-relay-interval).
-func (h *harness) relayConfig() relay.Config {
-	return relay.Config{MinInterval: h.opts.relayInterval, Logger: h.libLog}
+// relayConfig configures the relays of the run (-relay-interval) on f's database: woken by
+// appends through f's listener, unless -no-listen.
+func (h *harness) relayConfig(f *fixture) (relay.Config, error) {
+	cfg := relay.Config{MinInterval: h.opts.relayInterval, Logger: h.libLog}
+	if h.opts.noListen {
+		return cfg, nil
+	}
+	l, err := f.waker(h.libLog)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Waker = l
+	return cfg, nil
 }
 
 func (w *wiring) close() {
@@ -127,7 +137,13 @@ func (h *harness) startWorker(ctx context.Context, f *fixture, w *wiring, runner
 	errs := make(chan error, 2)
 	wg.Go(func() { errs <- wk.Run(ctx) })
 	if w.appender == nil {
-		rel, err := relay.New(f.backend, w.ch, h.relayConfig())
+		rcfg, err := h.relayConfig(f)
+		if err != nil {
+			cancel()
+			wg.Wait()
+			return nil, nil, err
+		}
+		rel, err := relay.New(f.backend, w.ch, rcfg)
 		if err != nil {
 			cancel()
 			wg.Wait()

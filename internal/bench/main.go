@@ -3,7 +3,7 @@
 // (PASS/MISS with the gap). It also writes the results as JSON, with the machine they were
 // measured on, to -out.
 //
-//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|fanout|recovery|park|status|horizon|cqrs]
+//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|status|horizon|cqrs]
 //	                        [-out bench-results] [-cpuprofile] [-pprof-dir DIR]
 //
 // Scenarios (several may be given, comma-separated):
@@ -16,6 +16,9 @@
 //     projections on each channel, beside the channel's bare publish-to-consume hop.
 //   - append: append throughput with trigger publishing on each channel beside the bare store,
 //     in interleaved runs.
+//   - idle: what 10 idle projections on the PostgreSQL queue, fed by a relay, cost the server
+//     (transactions per second, pg_stat_database), polled only (-no-listen) beside woken by
+//     LISTEN/NOTIFY.
 //   - fanout: 1, 10 and 50 projections catching up on one worker; and whether one slow
 //     projection raises the others' live latency.
 //   - recovery: a projection stuck on a poison event while events arrive; time until caught up
@@ -86,7 +89,9 @@ type options struct {
 	pgPoll      time.Duration
 	// relayInterval is the relays' MinInterval.
 	relayInterval time.Duration
-	logLevel      slog.Level
+	// noListen turns LISTEN/NOTIFY wake-ups off: relays and the PostgreSQL queue only poll.
+	noListen bool
+	logLevel slog.Level
 }
 
 // scenario is one benchmark scenario.
@@ -103,6 +108,7 @@ var scenarios = []scenario{
 	{"rebuild", "rebuild a read model from position zero", runRebuild, rebuildTargets()},
 	{"latency", "live latency, append commit to read model visible", runLatency, latencyTargets()},
 	{"append", "append throughput with trigger publishing", runAppend, appendTargets()},
+	{"idle", "what idle projections cost the server, polled and woken", runIdle, []Target{targetIdleCost}},
 	{"fanout", "many projections on one worker", runFanout, []Target{targetSlowProjection}},
 	{"recovery", "poison event, fix, one replay", runRecovery, nil},
 	{"park", "other streams' live latency with one stream parked", runPark, []Target{targetParkedStream}},
@@ -133,6 +139,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.StringVar(&o.postgresURL, "postgres", envOr("NUDGE_TEST_POSTGRES_URL", postgresURLDefault), "PostgreSQL server (a database per step is created on it)")
 	fs.StringVar(&o.amqpURL, "amqp", envOr("NUDGE_TEST_AMQP_URL", amqpURLDefault), "RabbitMQ broker")
 	fs.DurationVar(&o.pgPoll, "pg-poll", pgchannel.PollIntervalDefault, "poll interval of the PostgreSQL-queue channel")
+	fs.BoolVar(&o.noListen, "no-listen", false, "relays and the PostgreSQL queue poll only, without LISTEN/NOTIFY wake-ups (the idle scenario measures both)")
 	fs.DurationVar(&o.relayInterval, "relay-interval", relay.MinIntervalDefault, "the trigger relays' MinInterval: their wait after a publish")
 	fs.StringVar(&logLevel, "log-level", "info", "level of the library's own logs, written to <out>/bench-<time>.log (debug, info, warn, error)")
 	fs.Usage = func() {
@@ -354,6 +361,8 @@ type sizes struct {
 	appendRun    time.Duration
 	appendRounds int
 
+	idleWindow time.Duration
+
 	fanoutEvents       int
 	fanoutProjections  []int
 	slowLiveDuration   time.Duration
@@ -376,22 +385,24 @@ type sizes struct {
 func sizesFor(quick bool) sizes {
 	s := sizes{
 		rebuildEvents: 1_000_000, rebuildStreams: 10_000, naiveEvents: 50_000, batchSizes: []int{100, 500, 1000},
-		liveRate: 1000, liveWriters: 8, liveStreams: 100, liveDuration: 30 * time.Second,
+		liveRate: 1000, liveWriters: 8, liveStreams: 100, liveDuration: 20 * time.Second,
 		hopDuration: time.Second, hopRate: 200,
 		appendRun: 2 * time.Second, appendRounds: 2,
+		idleWindow:   20 * time.Second,
 		fanoutEvents: 100_000, fanoutProjections: []int{1, 10, 50}, slowLiveDuration: 5 * time.Second, slowLiveProjection: 10,
 		recoveryEvents: 100_000,
 		statusEvents:   1_000_000, statusRuns: 7, statusBudget: 15 * time.Second,
 		horizonEvents: 200_000, horizonConnections: 200, horizonWriters: 50, horizonRounds: 5, horizonCalls: 2000,
 	}
 	if quick {
-		s.rebuildEvents, s.naiveEvents = 100_000, 5_000
-		s.liveDuration, s.hopDuration = 3*time.Second, 500*time.Millisecond
+		s.rebuildEvents, s.naiveEvents, s.batchSizes = 50_000, 2_000, []int{500, 1000}
+		s.liveDuration, s.hopDuration = 2*time.Second, 500*time.Millisecond
 		s.appendRun = time.Second
+		s.idleWindow = 4 * time.Second
 		s.fanoutEvents, s.slowLiveDuration = 10_000, 2*time.Second
 		s.recoveryEvents = 10_000
-		s.statusEvents, s.statusBudget = 100_000, 5*time.Second
-		s.horizonEvents, s.horizonRounds = 50_000, 3
+		s.statusEvents, s.statusBudget = 50_000, 3*time.Second
+		s.horizonEvents, s.horizonRounds = 25_000, 2
 	}
 	return s
 }

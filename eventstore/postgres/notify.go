@@ -1,0 +1,79 @@
+package postgres
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/nudgeworks/nudge/postgres"
+)
+
+// deferNotify is the statement Append adds to its first round trip: the store's NOTIFY
+// trigger (migration eventstore/0003) then skips the transaction, and Append notifies after
+// the commit through the store's notifier.
+const deferNotify = `SELECT set_config('nudge.notify_deferred', 'on', true)`
+
+// notifyTimeout bounds one notification; a failed one only leaves listeners to their poll.
+const notifyTimeout = 5 * time.Second
+
+// notifier sends NOTIFY postgres.NotifyEvents after Append's commits, outside them: one at a
+// time, in a transaction of its own that does not wait for its WAL flush, folding the appends
+// that commit meanwhile into the next. An append never waits for it, and concurrent appends
+// never take turns to commit because of it (as transactions that NOTIFY do).
+//
+// A process that dies between an append's commit and its notification leaves listeners to
+// their fallback poll; nothing else is lost.
+type notifier struct {
+	db      postgres.DB
+	payload string
+	// state is notifierIdle, notifierRunning or notifierPending (running, and more appends
+	// committed since the notification in flight was sent).
+	state atomic.Int32
+}
+
+const (
+	notifierIdle int32 = iota
+	notifierRunning
+	notifierPending
+)
+
+// signal says that an append committed. It never blocks.
+func (n *notifier) signal() {
+	for {
+		switch n.state.Load() {
+		case notifierIdle:
+			if n.state.CompareAndSwap(notifierIdle, notifierRunning) {
+				go n.run()
+				return
+			}
+		case notifierRunning:
+			if n.state.CompareAndSwap(notifierRunning, notifierPending) {
+				return
+			}
+		default:
+			return
+		}
+	}
+}
+
+// run notifies until no append committed since its last notification.
+func (n *notifier) run() {
+	for {
+		n.notify()
+		if n.state.CompareAndSwap(notifierRunning, notifierIdle) {
+			return
+		}
+		n.state.Store(notifierRunning) // it was notifierPending: notify again
+	}
+}
+
+func (n *notifier) notify() {
+	ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
+	defer cancel()
+	_ = pgx.BeginFunc(ctx, n.db, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)`, postgres.NotifyEvents, n.payload)
+		return err
+	})
+}
