@@ -680,3 +680,35 @@ func readFile(t *testing.T, path string) string {
 	require.NoError(t, err)
 	return string(b)
 }
+
+// TestHealedRecords: a record the worker resolved because its projection passed the event by
+// itself shows as healed, with the position passed, in list, show and their JSON.
+func TestHealedRecords(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	n, err := f.store.ResolvePassed(context.Background(), "orders", eventstore.Position{TransactionID: 700, GlobalPosition: 40},
+		time.Date(2025, 3, 1, 13, 0, 0, 0, time.UTC))
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "only record 1's event is passed")
+
+	res := runCLI(t, f.env, "deadletter", "list")
+	require.Equal(t, 0, res.code, res.stderr)
+	lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
+	require.Len(t, lines, 4, res.stdout)
+	require.Regexp(t, `^1\s+orders\s+resolved \(healed\)\s+1\s+3\s+OrderBad\s+`, lines[1])
+	require.Regexp(t, `^2\s+orders\s+failed\s+`, lines[2])
+
+	res = runCLI(t, f.env, "deadletter", "show", "1")
+	require.Equal(t, 0, res.code, res.stderr)
+	for _, want := range []string{"status:                 resolved (healed)", "resolved by:            " + deadletter.HealedBy,
+		"resolve note:           healed: projection passed position 700/40 at 2025-03-01T13:00:00Z"} {
+		require.Contains(t, res.stdout, want)
+	}
+
+	res = runCLI(t, f.env, "deadletter", "show", "1", "--json")
+	require.Equal(t, 0, res.code, res.stderr)
+	var rec map[string]any
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &rec))
+	require.Equal(t, "resolved", rec["status"])
+	require.Equal(t, true, rec["healed"])
+}
