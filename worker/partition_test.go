@@ -9,13 +9,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/channel"
 	"github.com/nudgeworks/nudge/deadletter"
 	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
+	"github.com/nudgeworks/nudge/eventstore"
+	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/internal/stallproxy"
+	"github.com/nudgeworks/nudge/projection"
+	pgproj "github.com/nudgeworks/nudge/projection/postgres"
+	"github.com/nudgeworks/nudge/projection/projectiontest"
 	"github.com/nudgeworks/nudge/retry"
 	"github.com/nudgeworks/nudge/worker"
 )
@@ -115,4 +121,68 @@ func TestDeadLetterDatabasePartitioned(t *testing.T) {
 		require.Eventually(t, func() bool { return get(t, direct, recs[0].ID).Healed() }, eventually, 5*time.Millisecond,
 			"the projection passed the event: the dead letter is resolved as healed")
 	})
+}
+
+// TestBatchDatabaseStalled: the projection's database stalls in the middle of a batch (the
+// handler of event 2 stalls the proxy in front of it, then writes). The batch gives up at its
+// BatchTimeout and rolls back, CatchUp returns ErrBatchTimeout — not a handler failure, so no
+// failure is recorded on the event and nothing would be dead-lettered — and once the database
+// is back the next catch-up handles every event once.
+func TestBatchDatabaseStalled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newSetup(t)
+	pool, proxy := s.stalledPool(t)
+	store, err := espg.New(pool, espg.Config{})
+	require.NoError(t, err)
+	backend, err := pgproj.New(store)
+	require.NoError(t, err)
+
+	var stallOnce atomic.Bool
+	stallOnce.Store(true)
+	table := pgx.Identifier{"alpha_model"}.Sanitize()
+	alpha, err := projection.New("alpha", projection.Config{
+		MaxBatchDuration: 100 * time.Millisecond,
+		BatchTimeout:     500 * time.Millisecond,
+		InitFunc: func(ctx context.Context, p projection.HookParams) error {
+			_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (n int PRIMARY KEY, times int NOT NULL)`)
+			return err
+		},
+	}, projection.On("A", func(ctx context.Context, tx pgx.Tx, e projection.Event[projectiontest.Payload]) error {
+		if e.Data.N == 2 && stallOnce.CompareAndSwap(true, false) {
+			proxy.Stall() // mid-batch: event 1 is handled in this transaction, the rest is not
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1, 1) ON CONFLICT (n) DO UPDATE SET times = `+table+`.times + 1`, e.Data.N)
+		return err
+	}))
+	require.NoError(t, err)
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: s.logger}, alpha)
+	require.NoError(t, err)
+	require.NoError(t, runner.Init(ctx))
+
+	s.append(t, "s", storeEvent(1), storeEvent(2), storeEvent(3))
+	require.Eventually(t, func() bool {
+		events, err := s.store.Read(ctx, eventstore.Position{}, eventstore.ReadOptions{Limit: 10})
+		require.NoError(t, err)
+		return len(events) == 3
+	}, eventually, 5*time.Millisecond, "the events are readable (no open transaction on the server holds readers back)")
+	_, err = runner.CatchUp(ctx, "alpha")
+	require.ErrorIs(t, err, projection.ErrBatchTimeout, "the stalled batch gives up at its deadline")
+	require.NotErrorIs(t, err, projection.ErrHandler, "a stalled database is not the event's fault")
+	require.True(t, proxy.Stalled())
+	proxy.Resume()
+
+	direct, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, alpha)
+	require.NoError(t, err)
+	st, err := direct.Status(ctx, "alpha")
+	require.NoError(t, err)
+	require.Nil(t, st.FailingEvent, "no failure recorded on an event")
+	require.True(t, st.Position.IsZero(), "the batch rolled back whole")
+
+	res, err := runner.CatchUp(ctx, "alpha")
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Events)
+	rows, wrong := s.count(t, "alpha")
+	require.Equal(t, 3, rows)
+	require.Zero(t, wrong)
 }

@@ -50,6 +50,10 @@ const (
 	HorizonWaitDefault = 2 * time.Second
 	// DeadLetterTimeoutDefault bounds one dead-letter write.
 	DeadLetterTimeoutDefault = 10 * time.Second
+	// ReplayOnStartTimeout bounds a starting worker's work on one projection's dead letters:
+	// resolving the healed ones and the replay (Config.DisableReplayOnStart). Records it does
+	// not reach are replayed at the next start.
+	ReplayOnStartTimeout = time.Minute
 )
 
 // Config configures a Worker.
@@ -343,27 +347,34 @@ func (w *Worker) deadLetter(name string, msg *message.Message, cause error) erro
 	return nil
 }
 
-// replayOnStart resolves the dead letters the worker's projections have passed since they were
-// written (healPassed: by another process, or before a crash right after a commit), then replays
-// the others ("replay after deploy").
+// replayOnStart does the start-up work on each projection's dead letters (startDeadLetters).
 func (w *Worker) replayOnStart(ctx context.Context) {
 	for _, name := range w.names {
-		log := w.logger.With(slog.String("projection", name))
-		if st, err := w.cfg.Runner.Status(ctx, name); err == nil {
-			w.healPassed(ctx, name, st.Position, log)
-		} else if ctx.Err() == nil {
-			log.WarnContext(ctx, "could not read the projection's position to resolve healed dead letters", slog.Any("error", err))
-		}
-		if w.cfg.DisableReplayOnStart {
-			continue
-		}
-		res, err := deadletter.Replay(ctx, w.cfg.DeadLetters, w.cfg.Channel, deadletter.ReplayFilter{Projection: name}, "worker start", time.Now())
-		switch {
-		case err != nil && ctx.Err() == nil:
-			log.ErrorContext(ctx, "replaying dead letters at start failed", slog.Any("error", err))
-		case res.Replayed > 0:
-			log.InfoContext(ctx, "replayed dead letters at start", slog.Int("records", res.Replayed))
-		}
+		w.startDeadLetters(ctx, name, w.logger.With(slog.String("projection", name)))
+	}
+}
+
+// startDeadLetters resolves the dead letters the projection has passed since they were written
+// (healPassed: by another process, or before a crash right after a commit), then replays the
+// others ("replay after deploy"), all within ReplayOnStartTimeout: records it did not reach are
+// replayed at the next start, and a stalled database does not hold the safety net back.
+func (w *Worker) startDeadLetters(parent context.Context, name string, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(parent, ReplayOnStartTimeout)
+	defer cancel()
+	if st, err := w.cfg.Runner.Status(ctx, name); err == nil {
+		w.healPassed(ctx, name, st.Position, log)
+	} else if parent.Err() == nil {
+		log.WarnContext(ctx, "could not read the projection's position to resolve healed dead letters", slog.Any("error", err))
+	}
+	if w.cfg.DisableReplayOnStart {
+		return
+	}
+	res, err := deadletter.Replay(ctx, w.cfg.DeadLetters, w.cfg.Channel, deadletter.ReplayFilter{Projection: name}, "worker start", time.Now())
+	switch {
+	case err != nil && parent.Err() == nil:
+		log.ErrorContext(ctx, "replaying dead letters at start failed", slog.Any("error", err))
+	case res.Replayed > 0:
+		log.InfoContext(ctx, "replayed dead letters at start", slog.Int("records", res.Replayed))
 	}
 }
 
@@ -513,7 +524,10 @@ func (w *Worker) waitReadable(ctx context.Context, pos eventstore.Position) (boo
 	deadline := time.Now().Add(w.cfg.HorizonWait)
 	wait := backoff.Exponential{Initial: 2 * time.Millisecond, Max: 100 * time.Millisecond}
 	for {
-		head, err := w.cfg.Store.Head(ctx)
+		head, err := w.head(ctx, deadline)
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			return false, nil // HorizonWait is over, stalled or not
+		}
 		if err != nil {
 			return false, fmt.Errorf("worker: read the store's head: %w", err)
 		}
@@ -528,6 +542,13 @@ func (w *Worker) waitReadable(ctx context.Context, pos eventstore.Position) (boo
 			return false, err
 		}
 	}
+}
+
+// head reads the store's head, giving up at deadline.
+func (w *Worker) head(ctx context.Context, deadline time.Time) (eventstore.Position, error) {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	return w.cfg.Store.Head(ctx)
 }
 
 func (w *Worker) catchUp(ctx context.Context, name string, log *slog.Logger) error {
