@@ -80,6 +80,7 @@ func TestTransientFailureHeals(t *testing.T) {
 	alphaRec := awaitRecord(t, dead, "alpha")
 	require.NotNil(t, alphaRec.FailingEvent)
 	require.Contains(t, alphaRec.Error, "lock timeout")
+	require.Equal(t, "sqlstate 55P03", alphaRec.Metadata[deadletter.MetadataTransient], "marked as a transient failure")
 	betaRec := awaitRecord(t, dead, "beta")
 
 	garbage := message.NewMessage(watermill.NewUUID(), []byte("not a trigger"))

@@ -118,8 +118,8 @@ func TestDeadLetterDatabasePartitioned(t *testing.T) {
 			"after the fix the projection passes the event and works on")
 		_, wrong := s.count(t, "alpha")
 		require.Zero(t, wrong)
-		require.Eventually(t, func() bool { return get(t, direct, recs[0].ID).Healed() }, eventually, 5*time.Millisecond,
-			"the projection passed the event: the dead letter is resolved as healed")
+		require.Equal(t, deadletter.StatusFailed, get(t, direct, recs[0].ID).Status,
+			"not a transient cause: the record stays for the operator, though the projection passed it")
 	})
 }
 
@@ -177,11 +177,10 @@ func TestBatchDatabaseStalled(t *testing.T) {
 	st, err := direct.Status(ctx, "alpha")
 	require.NoError(t, err)
 	require.Nil(t, st.FailingEvent, "no failure recorded on an event")
-	require.True(t, st.Position.IsZero(), "the batch rolled back whole")
+	require.False(t, s.has(t, "alpha", 2), "the stalled batch rolled back (a busy machine may have committed event 1 in a batch of its own)")
 
-	res, err := runner.CatchUp(ctx, "alpha")
+	_, err = runner.CatchUp(ctx, "alpha")
 	require.NoError(t, err)
-	require.Equal(t, 3, res.Events)
 	rows, wrong := s.count(t, "alpha")
 	require.Equal(t, 3, rows)
 	require.Zero(t, wrong)

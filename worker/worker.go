@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -90,6 +91,12 @@ type Config struct {
 	// without its dead letter, and the subscription is free again. Keep the retry budget plus
 	// this below the channel's ack deadline. Defaults to DeadLetterTimeoutDefault.
 	DeadLetterTimeout time.Duration
+	// TransientCauseFunc names the transient cause of a handler's error ("" when it is not
+	// transient): a dead letter of such a failure is marked (deadletter.MetadataTransient) and
+	// resolved as healed once the projection passes its event by itself. Defaults to
+	// TransientCause: PostgreSQL's serialization failures, deadlocks, lock and statement
+	// timeouts, lost connections, shutdowns and exhausted resources.
+	TransientCauseFunc func(err error) string
 	// DisableReplayOnStart turns off "replay after deploy": by default, once its handlers run,
 	// the worker replays its projections' dead letters (status failed), so a fix that was just
 	// deployed takes effect without an operator. A projection whose bug is not fixed fails again
@@ -166,6 +173,9 @@ func (cfg Config) WithDefaults() Config {
 	cfg.HorizonWarnAfter = cmp.Or(cfg.HorizonWarnAfter, HorizonWarnAfterDefault)
 	cfg.HorizonWait = cmp.Or(cfg.HorizonWait, HorizonWaitDefault)
 	cfg.DeadLetterTimeout = cmp.Or(cfg.DeadLetterTimeout, DeadLetterTimeoutDefault)
+	if cfg.TransientCauseFunc == nil {
+		cfg.TransientCauseFunc = TransientCause
+	}
 	return cfg
 }
 
@@ -327,6 +337,15 @@ func (w *Worker) deadLetter(name string, msg *message.Message, cause error) erro
 	var gaveUp *retry.GiveUpError
 	if errors.As(cause, &gaveUp) {
 		entry.Attempts = gaveUp.Attempts
+	}
+	if he != nil {
+		if why := w.cfg.TransientCauseFunc(he.Err); why != "" {
+			entry.Metadata = maps.Clone(entry.Metadata)
+			if entry.Metadata == nil {
+				entry.Metadata = map[string]string{}
+			}
+			entry.Metadata[deadletter.MetadataTransient] = why
+		}
 	}
 	ctx, cancel := context.WithTimeout(msg.Context(), w.cfg.DeadLetterTimeout)
 	defer cancel()

@@ -686,26 +686,34 @@ func readFile(t *testing.T, path string) string {
 func TestHealedRecords(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	n, err := f.store.ResolvePassed(context.Background(), "orders", eventstore.Position{TransactionID: 700, GlobalPosition: 40},
+	ctx := context.Background()
+	_, err := f.store.Add(ctx, deadletter.Entry{
+		Projection: "orders", MessageUUID: "m-4", Error: "canceling statement due to lock timeout",
+		Metadata:     map[string]string{deadletter.MetadataTransient: "sqlstate 55P03"},
+		FailingEvent: &eventstore.EventRef{ID: uuid.New(), Type: "OrderBad", Position: eventstore.Position{TransactionID: 700, GlobalPosition: 39}},
+		At:           time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC),
+	})
+	require.NoError(t, err)
+	n, err := f.store.ResolvePassed(ctx, "orders", eventstore.Position{TransactionID: 700, GlobalPosition: 40},
 		time.Date(2025, 3, 1, 13, 0, 0, 0, time.UTC))
 	require.NoError(t, err)
-	require.Equal(t, 1, n, "only record 1's event is passed")
+	require.Equal(t, 1, n, "only record 4 is transient and passed")
 
 	res := runCLI(t, f.env, "deadletter", "list")
 	require.Equal(t, 0, res.code, res.stderr)
 	lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
-	require.Len(t, lines, 4, res.stdout)
-	require.Regexp(t, `^1\s+orders\s+resolved \(healed\)\s+1\s+3\s+OrderBad\s+`, lines[1])
-	require.Regexp(t, `^2\s+orders\s+failed\s+`, lines[2])
+	require.Len(t, lines, 5, res.stdout)
+	require.Regexp(t, `^1\s+orders\s+failed\s+`, lines[1])
+	require.Regexp(t, `^4\s+orders\s+resolved \(healed\)\s+1\s+1\s+OrderBad\s+`, lines[4])
 
-	res = runCLI(t, f.env, "deadletter", "show", "1")
+	res = runCLI(t, f.env, "deadletter", "show", "4")
 	require.Equal(t, 0, res.code, res.stderr)
-	for _, want := range []string{"status:                 resolved (healed)", "resolved by:            " + deadletter.HealedBy,
-		"resolve note:           healed: projection passed position 700/40 at 2025-03-01T13:00:00Z"} {
-		require.Contains(t, res.stdout, want)
+	for _, want := range []string{`status:\s+resolved \(healed\)\n`, `metadata nudge_transient_cause:\s+sqlstate 55P03\n`,
+		`resolved by:\s+nudge \(healed\)\n`, `resolve note:\s+healed: projection passed position 700/40 at 2025-03-01T13:00:00Z\n`} {
+		require.Regexp(t, want, res.stdout)
 	}
 
-	res = runCLI(t, f.env, "deadletter", "show", "1", "--json")
+	res = runCLI(t, f.env, "deadletter", "show", "4", "--json")
 	require.Equal(t, 0, res.code, res.stderr)
 	var rec map[string]any
 	require.NoError(t, json.Unmarshal([]byte(res.stdout), &rec))

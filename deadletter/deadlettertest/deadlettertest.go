@@ -576,10 +576,12 @@ func testResolve(t *testing.T, s deadletter.Store) {
 	require.Equal(t, 1, got.Replays)
 }
 
-// entryAt is EventEntry with its failing event at position (tx, global).
+// entryAt is EventEntry for a transient failure (marked with deadletter.MetadataTransient) on
+// an event at position (tx, global).
 func entryAt(projection string, tx uint64, global int64) deadletter.Entry {
 	e := EventEntry(projection, uuid.New(), Base())
 	e.FailingEvent.Position = eventstore.Position{TransactionID: tx, GlobalPosition: global}
+	e.Metadata = map[string]string{deadletter.MetadataTransient: "sqlstate 55P03"}
 	return e
 }
 
@@ -595,6 +597,9 @@ func testResolvePassed(t *testing.T, s deadletter.Store) {
 	other := add(t, s, entryAt("orders", 1<<40+7, 4000))         // another projection
 	invalid := add(t, s, InvalidEntry("tickets", "m-1", Base())) // no failing event: never healed
 	byHand := resolved(t, s, entryAt("tickets", 1<<40+7, 4100))  // resolved by an operator: kept
+	bug := EventEntry("tickets", uuid.New(), Base())             // passed, but not a transient cause
+	bug.FailingEvent.Position = eventstore.Position{TransactionID: 1<<40 + 7, GlobalPosition: 4001}
+	notTransient := add(t, s, bug)
 	when := Base().Add(time.Hour)
 
 	n, err := s.ResolvePassed(ctx, "tickets", passed, when)
@@ -609,7 +614,7 @@ func testResolvePassed(t *testing.T, s deadletter.Store) {
 		require.True(t, got.Healed())
 		require.Contains(t, got.ResolveNote, "healed: projection passed position "+passed.String())
 	}
-	for _, r := range []deadletter.Record{rep, later, laterTx, other, invalid, byHand} {
+	for _, r := range []deadletter.Record{rep, later, laterTx, other, invalid, byHand, notTransient} {
 		got := get(t, s, r.ID)
 		require.Equal(t, stable(r), stable(got), "record %d is left alone", r.ID)
 		require.False(t, got.Healed())

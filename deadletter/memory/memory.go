@@ -242,7 +242,7 @@ func (s *Store) ResolvePassed(ctx context.Context, projection string, passed eve
 	healed := 0
 	for _, id := range s.ids {
 		r := s.records[id]
-		if r.Projection != projection || r.Status != deadletter.StatusFailed || r.FailingEvent == nil || passed.Less(r.FailingEvent.Position) {
+		if r.Projection != projection || r.Status != deadletter.StatusFailed || r.FailingEvent == nil || r.Metadata[deadletter.MetadataTransient] == "" || passed.Less(r.FailingEvent.Position) {
 			continue
 		}
 		r.Status, r.ResolvedBy, r.ResolveNote, r.ResolvedAt, r.UpdatedAt = deadletter.StatusResolved, deadletter.HealedBy, note, at, now

@@ -262,7 +262,7 @@ func (s *Store) resolvePassed(ctx context.Context, q querier, projection string,
 	}
 	at = clean.Time(at)
 	tag, err := q.Exec(ctx, s.sql.resolvePassed, projection, passed.TransactionID, passed.GlobalPosition,
-		deadletter.HealedBy, dlstore.HealedNote(passed, at), at)
+		deadletter.HealedBy, dlstore.HealedNote(passed, at), at, deadletter.MetadataTransient)
 	if err != nil {
 		return 0, s.translate(fmt.Errorf("deadletter/postgres: resolve the records projection %s passed: %w", projection, err))
 	}

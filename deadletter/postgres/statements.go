@@ -72,7 +72,7 @@ func newStatements(schema string) statements {
 		// One statement; a no-op costs about a millisecond (BenchmarkResolvePassedNothingToDo).
 		resolvePassed: r.Replace(`UPDATE {table} SET status = 'resolved', resolved_by = $4, resolve_note = $5,
 				resolved_at = $6, updated_at = now()
-			WHERE projection = $1 AND status = 'failed' AND failing_event_id IS NOT NULL
+			WHERE projection = $1 AND status = 'failed' AND failing_event_id IS NOT NULL AND coalesce(metadata ->> $7, '') <> ''
 				AND (failing_transaction_id, failing_global_position) <= ($2::xid8, $3::bigint)`),
 		purge: [2]string{
 			r.Replace(`DELETE FROM {table} WHERE last_failed_at < $1 AND status = 'resolved'`),
