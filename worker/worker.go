@@ -52,8 +52,8 @@ const (
 	// DeadLetterTimeoutDefault bounds one dead-letter write.
 	DeadLetterTimeoutDefault = 10 * time.Second
 	// ReplayOnStartTimeout bounds a starting worker's work on one projection's dead letters:
-	// resolving the healed ones and the replay (Config.DisableReplayOnStart). Records it does
-	// not reach are replayed at the next start.
+	// the replay, or with Config.DisableReplayOnStart resolving the healed ones. Records it does
+	// not reach wait for the next start.
 	ReplayOnStartTimeout = time.Minute
 )
 
@@ -373,19 +373,21 @@ func (w *Worker) replayOnStart(ctx context.Context) {
 	}
 }
 
-// startDeadLetters resolves the dead letters the projection has passed since they were written
-// (healPassed: by another process, or before a crash right after a commit), then replays the
-// others ("replay after deploy"), all within ReplayOnStartTimeout: records it did not reach are
-// replayed at the next start, and a stalled database does not hold the safety net back.
+// startDeadLetters replays the projection's dead letters ("replay after deploy"; a replayed
+// trigger's catch-up passes the events of the transient ones too), or, with
+// DisableReplayOnStart, resolves those the projection has passed since they were written
+// (healPassed: by another process, or before a crash right after a commit). Both within
+// ReplayOnStartTimeout: records it did not reach wait for the next start, and a stalled
+// database does not hold the safety net back.
 func (w *Worker) startDeadLetters(parent context.Context, name string, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(parent, ReplayOnStartTimeout)
 	defer cancel()
-	if st, err := w.cfg.Runner.Status(ctx, name); err == nil {
-		w.healPassed(ctx, name, st.Position, log)
-	} else if parent.Err() == nil {
-		log.WarnContext(ctx, "could not read the projection's position to resolve healed dead letters", slog.Any("error", err))
-	}
 	if w.cfg.DisableReplayOnStart {
+		if st, err := w.cfg.Runner.Status(ctx, name); err == nil {
+			w.healPassed(ctx, name, st.Position, log)
+		} else if parent.Err() == nil {
+			log.WarnContext(ctx, "could not read the projection's position to resolve healed dead letters", slog.Any("error", err))
+		}
 		return
 	}
 	res, err := deadletter.Replay(ctx, w.cfg.DeadLetters, w.cfg.Channel, deadletter.ReplayFilter{Projection: name}, "worker start", time.Now())
