@@ -215,15 +215,16 @@ func TestConfigErrors(t *testing.T) {
 		cfg  nudge.Config
 		want string
 	}{
-		"no channel":          {nudge.Config{}, "Channel is required"},
-		"in-tx on gochannel":  {nudge.Config{Channel: gc, Triggers: nudge.TriggersInTransaction}, "publishes in a transaction"},
-		"unknown mode":        {nudge.Config{Channel: gc, Triggers: "carrier-pigeon"}, "is not one of"},
-		"nil projection":      {nudge.Config{Channel: gc, Projections: []*projection.Projection{nil}}, "Projections[0] is nil"},
-		"projection twice":    {nudge.Config{Channel: gc, Projections: []*projection.Projection{p, p}}, "listed twice"},
-		"no projections":      {nudge.Config{Channel: gc}, "Projections is empty"},
-		"negative close wait": {nudge.Config{Channel: gc, Projections: ps, CloseTimeout: -time.Second}, "CloseTimeout"},
-		"bad schema":          {nudge.Config{Channel: gc, Projections: ps, Schema: "Robert'); DROP"}, "chema"},
-		"bad retry":           {nudge.Config{Channel: gc, Projections: ps, Retry: retry.Policy{MaxAttempts: -1}}, "Retry"},
+		"no channel":                   {nudge.Config{}, "Channel is required"},
+		"in-tx on gochannel":           {nudge.Config{Channel: gc, Triggers: nudge.TriggersInTransaction}, "publishes in a transaction"},
+		"unknown mode":                 {nudge.Config{Channel: gc, Triggers: "carrier-pigeon"}, "is not one of"},
+		"nil projection":               {nudge.Config{Channel: gc, Projections: []*projection.Projection{nil}}, "Projections[0] is nil"},
+		"projection twice":             {nudge.Config{Channel: gc, Projections: []*projection.Projection{p, p}}, "listed twice"},
+		"no projections":               {nudge.Config{Channel: gc}, "Projections is empty"},
+		"negative close wait":          {nudge.Config{Channel: gc, Projections: ps, CloseTimeout: -time.Second}, "CloseTimeout"},
+		"negative dead-letter timeout": {nudge.Config{Channel: gc, Projections: ps, DeadLetterTimeout: -time.Second}, "DeadLetterTimeout"},
+		"bad schema":                   {nudge.Config{Channel: gc, Projections: ps, Schema: "Robert'); DROP"}, "chema"},
+		"bad retry":                    {nudge.Config{Channel: gc, Projections: ps, Retry: retry.Policy{MaxAttempts: -1}}, "Retry"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

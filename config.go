@@ -74,6 +74,10 @@ type Config struct {
 	// CloseTimeout bounds Run's wait for handlers in flight at shutdown. Defaults to
 	// worker.CloseTimeoutDefault.
 	CloseTimeout time.Duration
+	// DeadLetterTimeout bounds one dead-letter write: one that does not commit in time (the
+	// dead-letter database is partitioned away) nacks the trigger, which comes back. Defaults to
+	// worker.DeadLetterTimeoutDefault (10 s).
+	DeadLetterTimeout time.Duration
 	// DisableReplayOnStart turns off "replay after deploy" (see worker.Config).
 	DisableReplayOnStart bool
 	// RouterFunc, if set, gets Run's router before it runs: router-level middleware, plugins,
@@ -139,6 +143,9 @@ func (cfg Config) Validate() error {
 	}
 	if cfg.CloseTimeout < 0 {
 		return fmt.Errorf("%w: CloseTimeout %s is negative", ErrInvalidConfig, cfg.CloseTimeout)
+	}
+	if cfg.DeadLetterTimeout < 0 {
+		return fmt.Errorf("%w: DeadLetterTimeout %s is negative", ErrInvalidConfig, cfg.DeadLetterTimeout)
 	}
 	return nil
 }

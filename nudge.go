@@ -148,7 +148,8 @@ func newClient(cfg Config, p parts) (*Client, error) {
 	}
 	wcfg := worker.Config{Runner: c.runner, Channel: cfg.Channel, Logger: cfg.Logger, DeadLetters: c.dead,
 		SafetyNetInterval: cfg.SafetyNetInterval, StallAfter: cfg.StallAfter, Retry: cfg.Retry,
-		DisableReplayOnStart: cfg.DisableReplayOnStart, CloseTimeout: cfg.CloseTimeout, RouterFunc: routerFunc(cfg)}
+		DisableReplayOnStart: cfg.DisableReplayOnStart, CloseTimeout: cfg.CloseTimeout, RouterFunc: routerFunc(cfg),
+		DeadLetterTimeout: cfg.DeadLetterTimeout}
 	if c.pg != nil {
 		wcfg.Horizon = c.pg // names the transaction that holds readers back
 	}

@@ -24,7 +24,19 @@
 //
 //	failed ──Replay──► replayed ──fails again──► failed
 //	   │                  │
-//	   └────Resolve───────┴──► resolved ──Purge──► (gone)
+//	   └─Resolve/healed───┴──► resolved ──Purge──► (gone)
+//
+// # Healed records
+//
+// A projection that failed on a transient cause (a lock or statement timeout, a serialization
+// failure, a database restart) is dead-lettered when its retries run out, and then often passes
+// the event by itself at its next trigger. Such a record would only be replayed for nothing, so
+// the worker marks such an entry (Metadata key MetadataTransient, naming the cause) and resolves
+// the record (Store.ResolvePassed) once the projection's committed position has passed its
+// failing event while the record is still failed: status resolved, ResolvedBy HealedBy, and a
+// note naming the position passed and when (Record.Healed reports it). Records of other causes
+// (a bug fixed by a deploy is the operator's to replay), records without a failing event (an
+// invalid trigger) and replayed records are never healed.
 //
 // Purge deletes resolved records by default; with PurgeOptions.IncludeUnresolved it deletes
 // old records in any status.
@@ -48,6 +60,13 @@ const (
 	ReplayPageSizeDefault = 500
 	// ErrorMaxBytes is the longest Error kept; a longer one is cut and ends in "…".
 	ErrorMaxBytes = 4096
+	// HealedBy is the ResolvedBy of a record resolved by Store.ResolvePassed: its projection
+	// passed the failing event by itself.
+	HealedBy = "nudge (healed)"
+	// MetadataTransient is the Entry.Metadata key that marks a failure on a transient cause
+	// (its value names the cause, e.g. a SQLSTATE): only such records are healed by
+	// Store.ResolvePassed.
+	MetadataTransient = "nudge_transient_cause"
 )
 
 // Entry is one dead-lettered delivery of a trigger, as a worker writes it.
@@ -118,6 +137,10 @@ type Record struct {
 	UpdatedAt time.Time
 }
 
+// Healed reports whether the record was resolved because its projection passed the failing
+// event by itself (Store.ResolvePassed), rather than by an operator.
+func (r Record) Healed() bool { return r.Status == StatusResolved && r.ResolvedBy == HealedBy }
+
 // Filter selects records for Store.List.
 type Filter struct {
 	// Projection, if set, selects that projection's records only.
@@ -164,6 +187,16 @@ type Store interface {
 	// record changes nothing (the first resolution stays). An unknown id is an error matching
 	// ErrNotFound. by must name who resolves.
 	Resolve(ctx context.Context, id int64, by, note string, at time.Time) error
+	// ResolvePassed resolves, as healed, the projection's failed records that are marked
+	// transient (Metadata holds MetadataTransient) and whose failing event is at or before
+	// passed, the projection's committed position: the projection has handled that event
+	// since, so the fault healed by itself and a replay would do nothing. Each such record
+	// gets status resolved, ResolvedBy HealedBy, ResolvedAt at (the time of the call when zero)
+	// and the ResolveNote "healed: projection passed position <passed> at <at>". Records
+	// without a failing event (invalid triggers), records of later events, and replayed and
+	// resolved records are left alone (a replayed record already says what happened to it). It
+	// returns how many records it resolved.
+	ResolvePassed(ctx context.Context, projection string, passed eventstore.Position, at time.Time) (int, error)
 	// Purge deletes the records opts selects (by default resolved records whose LastFailedAt
 	// is older than opts.OlderThan) and returns how many.
 	Purge(ctx context.Context, opts PurgeOptions) (int, error)

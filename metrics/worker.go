@@ -45,6 +45,7 @@ func (m *Metrics) WatchWorker(w StatsReader, names ...string) error {
 	c.ignored = desc("triggers_ignored_total", "Triggers addressed to another projection.")
 	c.invalid = desc("triggers_invalid_total", "Triggers that could not be decoded; they are dead-lettered at once.")
 	c.deadLettered = desc("triggers_dead_lettered_total", "Triggers handed to the dead letters.")
+	c.healed = desc("dead_letters_healed_total", "Dead letters resolved as healed: the projection passed their failing event by itself (a transient failure).")
 	c.stalls = desc("stalls_total", "Stalls the safety net found: readable events waited worker.Config.StallAfter with no trigger, or behind a stuck catch-up.")
 	c.catchUps = desc("catchups_total", "Catch-ups run for triggers, at start-up and by the safety net.")
 	c.failures = desc("catchup_failures_total", "Catch-ups that returned an error (a handler failure or an infrastructure error).")
@@ -55,12 +56,12 @@ type workerCollector struct {
 	w     StatsReader
 	names []string
 
-	received, redundant, ignored, invalid, deadLettered, catchUps, failures, stalls *prometheus.Desc
+	received, redundant, ignored, invalid, deadLettered, healed, catchUps, failures, stalls *prometheus.Desc
 }
 
 // Describe implements prometheus.Collector.
 func (c *workerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.received, c.redundant, c.ignored, c.invalid, c.deadLettered, c.catchUps, c.failures, c.stalls} {
+	for _, d := range []*prometheus.Desc{c.received, c.redundant, c.ignored, c.invalid, c.deadLettered, c.healed, c.catchUps, c.failures, c.stalls} {
 		ch <- d
 	}
 }
@@ -74,7 +75,7 @@ func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
 			n    int64
 		}{
 			{c.received, s.Received}, {c.redundant, s.Redundant}, {c.ignored, s.Ignored}, {c.invalid, s.Invalid},
-			{c.deadLettered, s.DeadLettered}, {c.catchUps, s.CatchUps}, {c.failures, s.Failures}, {c.stalls, s.Stalls},
+			{c.deadLettered, s.DeadLettered}, {c.healed, s.Healed}, {c.catchUps, s.CatchUps}, {c.failures, s.Failures}, {c.stalls, s.Stalls},
 		} {
 			ch <- prometheus.MustNewConstMetric(v.desc, prometheus.CounterValue, float64(v.n), name)
 		}

@@ -215,7 +215,7 @@ func TestMetricsOfARealRun(t *testing.T) {
 			"nudge_worker_triggers_received_total": s.Received, "nudge_worker_triggers_redundant_total": s.Redundant,
 			"nudge_worker_triggers_ignored_total": s.Ignored, "nudge_worker_triggers_invalid_total": s.Invalid,
 			"nudge_worker_catchups_total": s.CatchUps, "nudge_worker_catchup_failures_total": s.Failures,
-			"nudge_worker_triggers_dead_lettered_total": s.DeadLettered,
+			"nudge_worker_triggers_dead_lettered_total": s.DeadLettered, "nudge_worker_dead_letters_healed_total": s.Healed,
 		} {
 			require.Equal(t, float64(v), mustValue(t, g, metric, "projection", name), "%s{projection=%q}", metric, name)
 		}
@@ -236,7 +236,7 @@ func (n namedStats) Names() []string { return []string{"a"} }
 // Stats lands in its counter.
 func TestWatchWorkerNames(t *testing.T) {
 	t.Parallel()
-	stats := fakeStats{"a": {Received: 1, Redundant: 2, Ignored: 3, Invalid: 4, CatchUps: 5, Failures: 6, DeadLettered: 7}}
+	stats := fakeStats{"a": {Received: 1, Redundant: 2, Ignored: 3, Invalid: 4, CatchUps: 5, Failures: 6, DeadLettered: 7, Healed: 8}}
 	m, _ := newMetrics(t)
 	require.ErrorIs(t, m.WatchWorker(stats), metrics.ErrInvalidConfig, "no names")
 	require.ErrorIs(t, m.WatchWorker(nil, "a"), metrics.ErrInvalidConfig)
@@ -247,7 +247,7 @@ func TestWatchWorkerNames(t *testing.T) {
 	for metric, want := range map[string]float64{
 		"nudge_worker_triggers_received_total": 1, "nudge_worker_triggers_redundant_total": 2, "nudge_worker_triggers_ignored_total": 3,
 		"nudge_worker_triggers_invalid_total": 4, "nudge_worker_catchups_total": 5, "nudge_worker_catchup_failures_total": 6,
-		"nudge_worker_triggers_dead_lettered_total": 7,
+		"nudge_worker_triggers_dead_lettered_total": 7, "nudge_worker_dead_letters_healed_total": 8,
 	} {
 		require.Equal(t, want, mustValue(t, reg, metric, "projection", "a"), metric)
 	}

@@ -98,7 +98,15 @@ func (r *Runner) newBatch(p *Projection, limit int) *batch {
 // read. A batch that failed on an event sets failedOnEvent and returns its *HandlerError,
 // recorded nowhere yet.
 func (b *batch) run(ctx context.Context, res *Result) (bool, error) {
-	err := b.r.backend.RunBatch(ctx, b.p, b.unit)
+	unitCtx, cancel := context.WithTimeout(ctx, b.p.cfg.BatchTimeout)
+	defer cancel()
+	err := b.r.backend.RunBatch(unitCtx, b.p, b.unit)
+	if err != nil && ctx.Err() == nil && unitCtx.Err() != nil {
+		// The batch's own deadline ended it, whatever a handler made of that: not the event's
+		// fault, so the error keeps the cause's text but not its *HandlerError.
+		b.failed, b.failedAt = nil, 0
+		err = fmt.Errorf("projection %s: %w (%s): %v", b.p.name, ErrBatchTimeout, b.p.cfg.BatchTimeout, err) //nolint:errorlint // see above.
+	}
 	if err == nil || errors.Is(err, errPaused) {
 		res.Position = b.committed
 		b.r.remember(b.p.name, b.committed, b.rebuilding)
@@ -329,7 +337,9 @@ func (b *batch) recordFailure(ctx context.Context, res *Result) error {
 			slog.String("event_type", failed.Event.Type), slog.String("position", failed.Event.Position.String()))
 	}
 	b.r.report(BatchReport{Projection: b.p.name, Took: b.r.now().Sub(b.started), Position: res.Position, Err: failed})
-	if err := b.r.backend.RecordFailure(ctx, b.p, Failure{Event: failed.Event, Err: failed.Err, At: b.r.now()}); err != nil {
+	recordCtx, cancel := context.WithTimeout(ctx, b.p.cfg.BatchTimeout)
+	defer cancel()
+	if err := b.r.backend.RecordFailure(recordCtx, b.p, Failure{Event: failed.Event, Err: failed.Err, At: b.r.now()}); err != nil {
 		return errors.Join(failed, fmt.Errorf("projection %s: record the failure: %w", b.p.name, err))
 	}
 	b.r.logger.WarnContext(ctx, "projection failed on an event; position stays before it",

@@ -18,8 +18,12 @@ func TestConfig(t *testing.T) {
 	cfg := projection.Config{}.WithDefaults()
 	require.Equal(t, projection.BatchSizeDefault, cfg.BatchSize)
 	require.Equal(t, projection.MaxBatchDurationDefault, cfg.MaxBatchDuration)
+	require.Equal(t, projection.BatchTimeoutDefault, cfg.BatchTimeout)
 	require.NoError(t, cfg.Validate())
+	require.Equal(t, 4*time.Minute, projection.Config{MaxBatchDuration: 2 * time.Minute}.WithDefaults().BatchTimeout,
+		"the default outlasts a long MaxBatchDuration")
 	for name, bad := range map[string]projection.Config{
+		"BatchTimeout":     {MaxBatchDuration: time.Minute, BatchTimeout: time.Minute},
 		"BatchSize":        {BatchSize: eventstore.ReadLimitMax + 1},
 		"CrashLoopLimit":   {CrashLoopLimit: -1},
 		"MaxBatchDuration": {MaxBatchDuration: -time.Second},

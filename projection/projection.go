@@ -21,6 +21,8 @@ const (
 	// has, to keep transactions short: an open batch holds its read model's row locks (and, with
 	// Config.AppendsEvents, every reader of the store).
 	MaxBatchDurationDefault = 2 * time.Second
+	// BatchTimeoutDefault bounds one batch's unit of work, from its start to its commit.
+	BatchTimeoutDefault = time.Minute
 	// CrashLoopLimitSuggested is a good Config.CrashLoopLimit: how many batches may start at
 	// one position without finishing (the process died in them) before the runner hunts for the
 	// event that kills it.
@@ -35,6 +37,14 @@ type Config struct {
 	// MaxBatchDuration ends a batch early (committing what it handled) once handling has taken
 	// this long. Defaults to MaxBatchDurationDefault.
 	MaxBatchDuration time.Duration
+	// BatchTimeout bounds one batch's unit of work — the database's connection, read, handlers,
+	// flush hook and commit — and the write that records a failure. When it passes, the batch's
+	// context ends: the batch rolls back and CatchUp returns an error matching ErrBatchTimeout,
+	// which is not a handler failure (nothing is recorded or dead-lettered; a worker nacks the
+	// trigger, which comes back). It is what stops a catch-up from waiting forever on a database
+	// that stalls (a partition) or on a lock. It must exceed MaxBatchDuration. Defaults to
+	// BatchTimeoutDefault, or to twice MaxBatchDuration when that is longer.
+	BatchTimeout time.Duration
 	// CrashLoopLimit is how many times batches may start at one position without finishing —
 	// the process died during them, where no recover or retry can see it — before the runner
 	// handles that range one event per batch and, when the process dies CrashLoopLimit times
@@ -170,6 +180,9 @@ func (cfg Config) WithDefaults() Config {
 	cfg.OnFailure = cmp.Or(cfg.OnFailure, OnFailureStop)
 	cfg.MaxParkedStreams = cmp.Or(cfg.MaxParkedStreams, MaxParkedStreamsDefault)
 	cfg.ParkAfterAttempts = cmp.Or(cfg.ParkAfterAttempts, ParkAfterAttemptsDefault)
+	if cfg.BatchTimeout == 0 {
+		cfg.BatchTimeout = max(BatchTimeoutDefault, 2*cfg.MaxBatchDuration)
+	}
 	return cfg
 }
 
@@ -192,6 +205,10 @@ func (cfg Config) Validate() error {
 	if cfg.MaxParkedStreams < 1 || cfg.ParkAfterAttempts < 1 {
 		return fmt.Errorf("%w: MaxParkedStreams (%d) and ParkAfterAttempts (%d) must be positive (0 means %d and %d)",
 			ErrInvalidConfig, cfg.MaxParkedStreams, cfg.ParkAfterAttempts, MaxParkedStreamsDefault, ParkAfterAttemptsDefault)
+	}
+	if cfg.BatchTimeout <= cfg.MaxBatchDuration {
+		return fmt.Errorf("%w: BatchTimeout %s must exceed MaxBatchDuration %s (a batch that handles events that long still has to commit)",
+			ErrInvalidConfig, cfg.BatchTimeout, cfg.MaxBatchDuration)
 	}
 	return nil
 }

@@ -312,11 +312,13 @@ func (r *Runner) Statuses(ctx context.Context) ([]Status, error) {
 
 // ClearCrashLoop lets the projection handle again an event it was judged to die on (after a
 // fix): the next batch there runs the handler, one event at a time. Workers call it for replay
-// triggers.
+// triggers. It is bounded by the projection's BatchTimeout.
 func (r *Runner) ClearCrashLoop(ctx context.Context, name string) error {
 	p, err := r.Projection(name)
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.BatchTimeout)
+	defer cancel()
 	return r.backend.EndAttempt(ctx, p, nil)
 }

@@ -98,6 +98,7 @@ func TestConfig(t *testing.T) {
 	require.Equal(t, worker.CloseTimeoutDefault, cfg.CloseTimeout)
 	require.Equal(t, worker.StallAfterDefault, cfg.StallAfter)
 	require.Equal(t, worker.HorizonWaitDefault, cfg.HorizonWait)
+	require.Equal(t, worker.DeadLetterTimeoutDefault, cfg.DeadLetterTimeout)
 	require.NotNil(t, cfg.Logger)
 	require.Equal(t, cfg.Retry, cfg.Retry.WithDefaults())
 
@@ -118,11 +119,12 @@ func TestConfig(t *testing.T) {
 		change func(*worker.Config)
 		want   string
 	}{
-		"no dead letters":    {func(c *worker.Config) { c.DeadLetters = nil }, "DeadLetters"},
-		"no runner":          {func(c *worker.Config) { c.Runner = nil }, "Runner"},
-		"negative close":     {func(c *worker.Config) { c.CloseTimeout = -time.Second }, "must not be negative"},
-		"bad retry":          {func(c *worker.Config) { c.Retry.Multiplier = 0.5 }, "Retry"},
-		"unknown projection": {func(c *worker.Config) { c.Projections = []string{"beta"} }, "beta"},
+		"no dead letters":              {func(c *worker.Config) { c.DeadLetters = nil }, "DeadLetters"},
+		"no runner":                    {func(c *worker.Config) { c.Runner = nil }, "Runner"},
+		"negative close":               {func(c *worker.Config) { c.CloseTimeout = -time.Second }, "must not be negative"},
+		"negative dead-letter timeout": {func(c *worker.Config) { c.DeadLetterTimeout = -time.Second }, "DeadLetterTimeout"},
+		"bad retry":                    {func(c *worker.Config) { c.Retry.Multiplier = 0.5 }, "Retry"},
+		"unknown projection":           {func(c *worker.Config) { c.Projections = []string{"beta"} }, "beta"},
 	}
 	for name, c := range cases {
 		cfg := good

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,12 @@ const (
 	CloseTimeoutDefault = 30 * time.Second
 	// HorizonWaitDefault bounds a handler's wait for a trigger's position to become readable.
 	HorizonWaitDefault = 2 * time.Second
+	// DeadLetterTimeoutDefault bounds one dead-letter write.
+	DeadLetterTimeoutDefault = 10 * time.Second
+	// ReplayOnStartTimeout bounds a starting worker's work on one projection's dead letters:
+	// the replay, or with Config.DisableReplayOnStart resolving the healed ones. Records it does
+	// not reach wait for the next start.
+	ReplayOnStartTimeout = time.Minute
 )
 
 // Config configures a Worker.
@@ -78,6 +85,18 @@ type Config struct {
 	// Repeated failures on one event fold into one record. Required: deadletter/postgres is
 	// the one `nudge deadletter` sees (deadletter/memory for tests and demos).
 	DeadLetters deadletter.Store
+	// DeadLetterTimeout bounds one dead-letter write (connection included). A write that does
+	// not commit in time — the dead-letter database is partitioned away, say — fails with an
+	// error matching ErrDeadLetterTimeout: the trigger is nacked and comes back, never acked
+	// without its dead letter, and the subscription is free again. Keep the retry budget plus
+	// this below the channel's ack deadline. Defaults to DeadLetterTimeoutDefault.
+	DeadLetterTimeout time.Duration
+	// TransientCauseFunc names the transient cause of a handler's error ("" when it is not
+	// transient): a dead letter of such a failure is marked (deadletter.MetadataTransient) and
+	// resolved as healed once the projection passes its event by itself. Defaults to
+	// TransientCause: PostgreSQL's serialization failures, deadlocks, lock and statement
+	// timeouts, lost connections, shutdowns and exhausted resources.
+	TransientCauseFunc func(err error) string
 	// DisableReplayOnStart turns off "replay after deploy": by default, once its handlers run,
 	// the worker replays its projections' dead letters (status failed) and redrives their
 	// parked streams (projection.Runner.RedriveAll), so a fix that was just deployed takes
@@ -123,6 +142,10 @@ var ErrRunTwice = errors.New("worker: Run was called before on this worker; a Wo
 // older transaction is still open; the trigger is retried, never dead-lettered.
 var ErrNotReadableYet = errors.New("worker: the trigger's events are not readable yet (an open transaction holds the store's readers back)")
 
+// ErrDeadLetterTimeout reports a dead-letter write that did not finish within
+// Config.DeadLetterTimeout; the trigger is nacked and comes back.
+var ErrDeadLetterTimeout = errors.New("worker: the dead-letter write did not finish within DeadLetterTimeout (is the dead-letter database reachable?); the trigger is nacked and comes back")
+
 // Worker runs projections from triggers.
 type Worker struct {
 	cfg     Config
@@ -150,6 +173,10 @@ func (cfg Config) WithDefaults() Config {
 	cfg.HorizonPollInterval = cmp.Or(cfg.HorizonPollInterval, HorizonPollIntervalDefault)
 	cfg.HorizonWarnAfter = cmp.Or(cfg.HorizonWarnAfter, HorizonWarnAfterDefault)
 	cfg.HorizonWait = cmp.Or(cfg.HorizonWait, HorizonWaitDefault)
+	cfg.DeadLetterTimeout = cmp.Or(cfg.DeadLetterTimeout, DeadLetterTimeoutDefault)
+	if cfg.TransientCauseFunc == nil {
+		cfg.TransientCauseFunc = TransientCause
+	}
 	return cfg
 }
 
@@ -166,6 +193,9 @@ func (cfg Config) Validate() error {
 	if cfg.CloseTimeout < 0 || cfg.StallAfter < 0 || cfg.HorizonWarnAfter < 0 || cfg.HorizonWait < 0 {
 		return fmt.Errorf("%w: CloseTimeout (%s), StallAfter (%s), HorizonWarnAfter (%s) and HorizonWait (%s) must not be negative",
 			ErrInvalidConfig, cfg.CloseTimeout, cfg.StallAfter, cfg.HorizonWarnAfter, cfg.HorizonWait)
+	}
+	if cfg.DeadLetterTimeout < 0 {
+		return fmt.Errorf("%w: DeadLetterTimeout (%s) must not be negative", ErrInvalidConfig, cfg.DeadLetterTimeout)
 	}
 	for _, name := range cfg.Projections {
 		if _, err := cfg.Runner.Projection(name); err != nil {
@@ -210,12 +240,15 @@ type Stats struct {
 	Failures int64
 	// DeadLettered counts triggers handed to the dead letters.
 	DeadLettered int64
+	// Healed counts dead letters resolved because the projection passed their failing event
+	// by itself (deadletter.Store.ResolvePassed).
+	Healed int64
 	// Stalls counts the stalls the safety net found (see Config.StallAfter).
 	Stalls int64
 }
 
 type counters struct {
-	received, redundant, ignored, invalid, catchUps, failures, deadLettered, stalls atomic.Int64
+	received, redundant, ignored, invalid, catchUps, failures, deadLettered, healed, stalls atomic.Int64
 	// running counts catch-ups in flight; runningSince is when the count last left zero;
 	// triggered is when a trigger last started a catch-up (Unix nanoseconds).
 	running      atomic.Int32
@@ -231,7 +264,7 @@ func (w *Worker) Stats(name string) Stats {
 	}
 	return Stats{Received: c.received.Load(), Redundant: c.redundant.Load(), Ignored: c.ignored.Load(),
 		Invalid: c.invalid.Load(), CatchUps: c.catchUps.Load(), Failures: c.failures.Load(), DeadLettered: c.deadLettered.Load(),
-		Stalls: c.stalls.Load()}
+		Healed: c.healed.Load(), Stalls: c.stalls.Load()}
 }
 
 // Prepare does what must happen before the projections' handlers run, on a router of yours
@@ -306,8 +339,22 @@ func (w *Worker) deadLetter(name string, msg *message.Message, cause error) erro
 	if errors.As(cause, &gaveUp) {
 		entry.Attempts = gaveUp.Attempts
 	}
-	rec, err := w.cfg.DeadLetters.Add(msg.Context(), entry)
+	if he != nil {
+		if why := w.cfg.TransientCauseFunc(he.Err); why != "" {
+			entry.Metadata = maps.Clone(entry.Metadata)
+			if entry.Metadata == nil {
+				entry.Metadata = map[string]string{}
+			}
+			entry.Metadata[deadletter.MetadataTransient] = why
+		}
+	}
+	ctx, cancel := context.WithTimeout(msg.Context(), w.cfg.DeadLetterTimeout)
+	defer cancel()
+	rec, err := w.cfg.DeadLetters.Add(ctx, entry)
 	if err != nil {
+		if ctx.Err() != nil && msg.Context().Err() == nil {
+			return fmt.Errorf("%w (%s): %w", ErrDeadLetterTimeout, w.cfg.DeadLetterTimeout, err)
+		}
 		return fmt.Errorf("worker: store the dead letter: %w", err)
 	}
 	w.stats[name].deadLettered.Add(1)
@@ -320,21 +367,41 @@ func (w *Worker) deadLetter(name string, msg *message.Message, cause error) erro
 	return nil
 }
 
-// replayOnStart replays the dead letters of the worker's projections ("replay after deploy").
+// replayOnStart does the start-up work on each projection's dead letters (startDeadLetters),
+// then, unless Config.DisableReplayOnStart, redrives its parked streams.
 func (w *Worker) replayOnStart(ctx context.Context) {
+	for _, name := range w.names {
+		log := w.logger.With(slog.String("projection", name))
+		w.startDeadLetters(ctx, name, log)
+		if !w.cfg.DisableReplayOnStart {
+			w.redrive(ctx, name, "", "worker start", log)
+		}
+	}
+}
+
+// startDeadLetters replays the projection's dead letters ("replay after deploy"; a replayed
+// trigger's catch-up passes the events of the transient ones too), or, with
+// DisableReplayOnStart, resolves those the projection has passed since they were written
+// (healPassed: by another process, or before a crash right after a commit). Both within
+// ReplayOnStartTimeout: records it did not reach wait for the next start, and a stalled
+// database does not hold the safety net back.
+func (w *Worker) startDeadLetters(parent context.Context, name string, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(parent, ReplayOnStartTimeout)
+	defer cancel()
 	if w.cfg.DisableReplayOnStart {
+		if st, err := w.cfg.Runner.Status(ctx, name); err == nil {
+			w.healPassed(ctx, name, st.Position, log)
+		} else if parent.Err() == nil {
+			log.WarnContext(ctx, "could not read the projection's position to resolve healed dead letters", slog.Any("error", err))
+		}
 		return
 	}
-	for _, name := range w.names {
-		res, err := deadletter.Replay(ctx, w.cfg.DeadLetters, w.cfg.Channel, deadletter.ReplayFilter{Projection: name}, "worker start", time.Now())
-		log := w.logger.With(slog.String("projection", name))
-		switch {
-		case err != nil && ctx.Err() == nil:
-			log.ErrorContext(ctx, "replaying dead letters at start failed", slog.Any("error", err))
-		case res.Replayed > 0:
-			log.InfoContext(ctx, "replayed dead letters at start", slog.Int("records", res.Replayed))
-		}
-		w.redrive(ctx, name, "", "worker start", log)
+	res, err := deadletter.Replay(ctx, w.cfg.DeadLetters, w.cfg.Channel, deadletter.ReplayFilter{Projection: name}, "worker start", time.Now())
+	switch {
+	case err != nil && parent.Err() == nil:
+		log.ErrorContext(ctx, "replaying dead letters at start failed", slog.Any("error", err))
+	case res.Replayed > 0:
+		log.InfoContext(ctx, "replayed dead letters at start", slog.Int("records", res.Replayed))
 	}
 }
 
@@ -510,7 +577,10 @@ func (w *Worker) waitReadable(ctx context.Context, pos eventstore.Position) (boo
 	deadline := time.Now().Add(w.cfg.HorizonWait)
 	wait := backoff.Exponential{Initial: 2 * time.Millisecond, Max: 100 * time.Millisecond}
 	for {
-		head, err := w.cfg.Store.Head(ctx)
+		head, err := w.head(ctx, deadline)
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			return false, nil // HorizonWait is over, stalled or not
+		}
 		if err != nil {
 			return false, fmt.Errorf("worker: read the store's head: %w", err)
 		}
@@ -525,6 +595,13 @@ func (w *Worker) waitReadable(ctx context.Context, pos eventstore.Position) (boo
 			return false, err
 		}
 	}
+}
+
+// head reads the store's head, giving up at deadline.
+func (w *Worker) head(ctx context.Context, deadline time.Time) (eventstore.Position, error) {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	return w.cfg.Store.Head(ctx)
 }
 
 func (w *Worker) catchUp(ctx context.Context, name string, log *slog.Logger) error {
@@ -543,8 +620,35 @@ func (w *Worker) catchUp(ctx context.Context, name string, log *slog.Logger) err
 	}
 	if res.Events > 0 {
 		log.DebugContext(ctx, "projection caught up", slog.Int("events", res.Events), slog.String("position", res.Position.String()))
+		w.healPassed(ctx, name, res.Position, log)
 	}
 	return nil
+}
+
+// healPassed resolves the projection's dead letters whose failing event its committed position
+// pos has passed (deadletter.Store.ResolvePassed): the fault was transient and healed by itself,
+// so a replay would do nothing. It runs right after the batch's commit rather than inside its
+// transaction: the dead-letter store is a plug-in of its own (in memory, or in another database
+// or schema), and a slow or failing write there must neither keep the batch's transaction open
+// (and with it every reader's horizon) nor roll the projection's progress back. It is bounded
+// by DeadLetterTimeout; a failure is logged, and the next catch-up that commits, or the next
+// start, resolves the records.
+func (w *Worker) healPassed(ctx context.Context, name string, pos eventstore.Position, log *slog.Logger) {
+	if pos.IsZero() {
+		return
+	}
+	healCtx, cancel := context.WithTimeout(ctx, w.cfg.DeadLetterTimeout)
+	defer cancel()
+	n, err := w.cfg.DeadLetters.ResolvePassed(healCtx, name, pos, time.Now())
+	switch {
+	case err != nil && ctx.Err() == nil:
+		log.WarnContext(ctx, "could not resolve the dead letters the projection has passed; the next catch-up tries again",
+			slog.String("position", pos.String()), slog.Any("error", err))
+	case n > 0:
+		w.stats[name].healed.Add(int64(n))
+		log.InfoContext(ctx, "dead letters healed: the projection passed their failing events by itself",
+			slog.Int("records", n), slog.String("position", pos.String()))
+	}
 }
 
 // safetyNet catches every projection up once now, then every SafetyNetInterval, until ctx

@@ -141,7 +141,7 @@ func (c *cli) deadletterList(ctx context.Context, args []string) error {
 		if e := r.FailingEvent; e != nil {
 			evType, evID, evStream, evPos = terminalSafe(e.Type), e.ID.String(), streamText(e.StreamID), e.Position.String()
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, terminalSafe(r.Projection), r.Status, r.Count, r.Attempts,
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, terminalSafe(r.Projection), statusText(r), r.Count, r.Attempts,
 			evType, evID, evStream, evPos, r.LastFailedAt.Format(time.RFC3339), terminalSafe(truncate(r.Error, errorColumnWidth)))
 	}
 	if err := tw.Flush(); err != nil {
@@ -371,6 +371,7 @@ type recordJSON struct {
 	ReplayedBy    string            `json:"replayed_by,omitempty"`
 	ReplayedAt    *time.Time        `json:"replayed_at,omitempty"`
 	ResolvedBy    string            `json:"resolved_by,omitempty"`
+	Healed        bool              `json:"healed,omitempty"`
 	ResolvedAt    *time.Time        `json:"resolved_at,omitempty"`
 	ResolveNote   string            `json:"resolve_note,omitempty"`
 	UpdatedAt     time.Time         `json:"updated_at"`
@@ -381,7 +382,7 @@ func toJSON(r deadletter.Record) recordJSON {
 		ID: r.ID, Projection: r.Projection, Status: string(r.Status), Count: r.Count, Attempts: r.Attempts,
 		Error: r.Error, MessageUUID: r.MessageUUID, Metadata: r.Metadata,
 		FirstFailedAt: r.FirstFailedAt, LastFailedAt: r.LastFailedAt, Replays: r.Replays,
-		ReplayedBy: r.ReplayedBy, ResolvedBy: r.ResolvedBy, ResolveNote: r.ResolveNote, UpdatedAt: r.UpdatedAt,
+		ReplayedBy: r.ReplayedBy, ResolvedBy: r.ResolvedBy, Healed: r.Healed(), ResolveNote: r.ResolveNote, UpdatedAt: r.UpdatedAt,
 		FailingEvent: toEventRefJSON(r.FailingEvent),
 	}
 	if utf8.Valid(r.Payload) {
@@ -417,7 +418,7 @@ func writeRecord(w io.Writer, r deadletter.Record) error {
 	}
 	line("id", strconv.FormatInt(r.ID, 10))
 	line("projection", r.Projection)
-	line("status", string(r.Status))
+	line("status", statusText(r))
 	line("count", strconv.Itoa(r.Count))
 	line("attempts", strconv.Itoa(r.Attempts))
 	if e := r.FailingEvent; e != nil {
@@ -455,6 +456,15 @@ func writeRecord(w io.Writer, r deadletter.Record) error {
 	}
 	line("updated at", when(r.UpdatedAt))
 	return tw.Flush()
+}
+
+// statusText is a record's status as list shows it: "resolved (healed)" for a record the worker
+// resolved because its projection passed the failing event by itself.
+func statusText(r deadletter.Record) string {
+	if r.Healed() {
+		return string(r.Status) + " (healed)"
+	}
+	return string(r.Status)
 }
 
 // parseOneID parses the single ID a command takes.

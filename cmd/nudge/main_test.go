@@ -680,3 +680,43 @@ func readFile(t *testing.T, path string) string {
 	require.NoError(t, err)
 	return string(b)
 }
+
+// TestHealedRecords: a record the worker resolved because its projection passed the event by
+// itself shows as healed, with the position passed, in list, show and their JSON.
+func TestHealedRecords(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	_, err := f.store.Add(ctx, deadletter.Entry{
+		Projection: "orders", MessageUUID: "m-4", Error: "canceling statement due to lock timeout",
+		Metadata:     map[string]string{deadletter.MetadataTransient: "sqlstate 55P03"},
+		FailingEvent: &eventstore.EventRef{ID: uuid.New(), Type: "OrderBad", Position: eventstore.Position{TransactionID: 700, GlobalPosition: 39}},
+		At:           time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC),
+	})
+	require.NoError(t, err)
+	n, err := f.store.ResolvePassed(ctx, "orders", eventstore.Position{TransactionID: 700, GlobalPosition: 40},
+		time.Date(2025, 3, 1, 13, 0, 0, 0, time.UTC))
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "only record 4 is transient and passed")
+
+	res := runCLI(t, f.env, "deadletter", "list")
+	require.Equal(t, 0, res.code, res.stderr)
+	lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
+	require.Len(t, lines, 5, res.stdout)
+	require.Regexp(t, `^1\s+orders\s+failed\s+`, lines[1])
+	require.Regexp(t, `^4\s+orders\s+resolved \(healed\)\s+1\s+1\s+OrderBad\s+`, lines[4])
+
+	res = runCLI(t, f.env, "deadletter", "show", "4")
+	require.Equal(t, 0, res.code, res.stderr)
+	for _, want := range []string{`status:\s+resolved \(healed\)\n`, `metadata nudge_transient_cause:\s+sqlstate 55P03\n`,
+		`resolved by:\s+nudge \(healed\)\n`, `resolve note:\s+healed: projection passed position 700/40 at 2025-03-01T13:00:00Z\n`} {
+		require.Regexp(t, want, res.stdout)
+	}
+
+	res = runCLI(t, f.env, "deadletter", "show", "4", "--json")
+	require.Equal(t, 0, res.code, res.stderr)
+	var rec map[string]any
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &rec))
+	require.Equal(t, "resolved", rec["status"])
+	require.Equal(t, true, rec["healed"])
+}

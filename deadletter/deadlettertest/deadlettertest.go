@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/deadletter"
+	"github.com/nudgeworks/nudge/deadletter/internal/dlstore"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/trigger"
 )
@@ -42,6 +43,7 @@ func Run(t *testing.T, newStore NewStoreFunc) {
 		{"NotFound", testNotFound},
 		{"MarkReplayedChangesOnlyNamedEligibleRecords", testMarkReplayed},
 		{"Resolve", testResolve},
+		{"ResolvePassedHealsOnlyPassedEvents", testResolvePassed},
 		{"PurgeChangesOnlyWhatItSelects", testPurge},
 		{"ReplayPublishesOneAddressedTriggerPerProjection", testReplay},
 		{"ReplayWithNothingToDo", testReplayNothingToDo},
@@ -572,6 +574,65 @@ func testResolve(t *testing.T, s deadletter.Store) {
 	require.Empty(t, got.ResolveNote)
 	require.False(t, got.ResolvedAt.IsZero(), "at defaults to now")
 	require.Equal(t, 1, got.Replays)
+}
+
+// entryAt is EventEntry for a transient failure (marked with deadletter.MetadataTransient) on
+// an event at position (tx, global).
+func entryAt(projection string, tx uint64, global int64) deadletter.Entry {
+	e := EventEntry(projection, uuid.New(), Base())
+	e.FailingEvent.Position = eventstore.Position{TransactionID: tx, GlobalPosition: global}
+	e.Metadata = map[string]string{deadletter.MetadataTransient: "sqlstate 55P03"}
+	return e
+}
+
+func testResolvePassed(t *testing.T, s deadletter.Store) {
+	ctx := context.Background()
+	passed := eventstore.Position{TransactionID: 1<<40 + 7, GlobalPosition: 4242}
+	before := add(t, s, entryAt("tickets", 1<<40+7, 4241))       // same transaction, earlier event
+	at := add(t, s, entryAt("tickets", 1<<40+7, 4242))           // the position passed itself
+	olderTx := add(t, s, entryAt("tickets", 1<<40+6, 9999))      // earlier transaction, larger global position
+	rep := replayed(t, s, entryAt("tickets", 1<<40+7, 4000))     // replayed records heal too
+	later := add(t, s, entryAt("tickets", 1<<40+7, 4243))        // not passed yet
+	laterTx := add(t, s, entryAt("tickets", 1<<40+8, 1))         // later transaction, smaller global position
+	other := add(t, s, entryAt("orders", 1<<40+7, 4000))         // another projection
+	invalid := add(t, s, InvalidEntry("tickets", "m-1", Base())) // no failing event: never healed
+	byHand := resolved(t, s, entryAt("tickets", 1<<40+7, 4100))  // resolved by an operator: kept
+	bug := EventEntry("tickets", uuid.New(), Base())             // passed, but not a transient cause
+	bug.FailingEvent.Position = eventstore.Position{TransactionID: 1<<40 + 7, GlobalPosition: 4001}
+	notTransient := add(t, s, bug)
+	when := Base().Add(time.Hour)
+
+	n, err := s.ResolvePassed(ctx, "tickets", passed, when)
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	for _, r := range []deadletter.Record{before, at, olderTx} {
+		got := get(t, s, r.ID)
+		want := stable(r)
+		want.Status, want.ResolvedBy, want.ResolvedAt = deadletter.StatusResolved, deadletter.HealedBy, when
+		want.ResolveNote = dlstore.HealedNote(passed, when)
+		require.Equal(t, want, stable(got), "record %d passed", r.ID)
+		require.True(t, got.Healed())
+		require.Contains(t, got.ResolveNote, "healed: projection passed position "+passed.String())
+	}
+	for _, r := range []deadletter.Record{rep, later, laterTx, other, invalid, byHand, notTransient} {
+		got := get(t, s, r.ID)
+		require.Equal(t, stable(r), stable(got), "record %d is left alone", r.ID)
+		require.False(t, got.Healed())
+	}
+
+	// Healed records are resolved: a new failure on the same event starts a new record, and a
+	// second call changes nothing.
+	e := entryAt("tickets", 1<<40+7, 4242)
+	e.FailingEvent.ID = at.FailingEvent.ID
+	fresh := add(t, s, e)
+	require.NotEqual(t, at.ID, fresh.ID)
+	require.Equal(t, 1, fresh.Count)
+	n, err = s.ResolvePassed(ctx, "tickets", eventstore.Position{TransactionID: 1<<40 + 7, GlobalPosition: 4241}, time.Time{})
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	_, err = s.ResolvePassed(ctx, "", passed, when)
+	require.ErrorIs(t, err, deadletter.ErrInvalidInput)
 }
 
 func testPurge(t *testing.T, s deadletter.Store) {

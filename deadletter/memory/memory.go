@@ -15,6 +15,7 @@ import (
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/deadletter/internal/clean"
 	"github.com/nudgeworks/nudge/deadletter/internal/dlstore"
+	"github.com/nudgeworks/nudge/eventstore"
 )
 
 // Config configures a Store.
@@ -220,6 +221,35 @@ func (s *Store) Resolve(ctx context.Context, id int64, by, note string, at time.
 	r.ResolvedAt, r.UpdatedAt = clean.Time(at), now
 	delete(s.open, keyOf(r))
 	return nil
+}
+
+// ResolvePassed implements deadletter.Store.
+func (s *Store) ResolvePassed(ctx context.Context, projection string, passed eventstore.Position, at time.Time) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if err := dlstore.NormalizePassed(projection); err != nil {
+		return 0, err
+	}
+	now := s.clock()
+	if at.IsZero() {
+		at = now
+	}
+	at = clean.Time(at)
+	note := dlstore.HealedNote(passed, at)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	healed := 0
+	for _, id := range s.ids {
+		r := s.records[id]
+		if r.Projection != projection || r.Status != deadletter.StatusFailed || r.FailingEvent == nil || r.Metadata[deadletter.MetadataTransient] == "" || passed.Less(r.FailingEvent.Position) {
+			continue
+		}
+		r.Status, r.ResolvedBy, r.ResolveNote, r.ResolvedAt, r.UpdatedAt = deadletter.StatusResolved, deadletter.HealedBy, note, at, now
+		delete(s.open, keyOf(r))
+		healed++
+	}
+	return healed, nil
 }
 
 // Purge implements deadletter.Store.

@@ -38,6 +38,7 @@ import (
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/deadletter/internal/clean"
 	"github.com/nudgeworks/nudge/deadletter/internal/dlstore"
+	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/pgmigrate"
 	"github.com/nudgeworks/nudge/postgres"
 )
@@ -237,6 +238,35 @@ func (s *Store) resolve(ctx context.Context, q querier, id int64, by, note strin
 		return &deadletter.NotFoundError{ID: id}
 	}
 	return nil
+}
+
+// ResolvePassed implements deadletter.Store, in one statement of its own.
+func (s *Store) ResolvePassed(ctx context.Context, projection string, passed eventstore.Position, at time.Time) (int, error) {
+	return s.resolvePassed(ctx, s.db, projection, passed, at)
+}
+
+// ResolvePassedTx is ResolvePassed inside the caller's transaction.
+func (s *Store) ResolvePassedTx(ctx context.Context, tx pgx.Tx, projection string, passed eventstore.Position, at time.Time) (int, error) {
+	if tx == nil {
+		return 0, nilTx("ResolvePassedTx", "ResolvePassed")
+	}
+	return s.resolvePassed(ctx, tx, projection, passed, at)
+}
+
+func (s *Store) resolvePassed(ctx context.Context, q querier, projection string, passed eventstore.Position, at time.Time) (int, error) {
+	if err := dlstore.NormalizePassed(projection); err != nil {
+		return 0, err
+	}
+	if at.IsZero() {
+		at = s.now()
+	}
+	at = clean.Time(at)
+	tag, err := q.Exec(ctx, s.sql.resolvePassed, projection, passed.TransactionID, passed.GlobalPosition,
+		deadletter.HealedBy, dlstore.HealedNote(passed, at), at, deadletter.MetadataTransient)
+	if err != nil {
+		return 0, s.translate(fmt.Errorf("deadletter/postgres: resolve the records projection %s passed: %w", projection, err))
+	}
+	return int(tag.RowsAffected()), nil
 }
 
 // Purge implements deadletter.Store, in one statement of its own.

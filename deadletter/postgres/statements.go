@@ -15,11 +15,12 @@ import (
 
 // statements are the store's SQL with the table name qualified by the configured schema.
 type statements struct {
-	table        string
-	add          string
-	get          string
-	markReplayed string
-	resolve      string
+	table         string
+	add           string
+	get           string
+	markReplayed  string
+	resolve       string
+	resolvePassed string
 	// purge is indexed by PurgeOptions.IncludeUnresolved (0: resolved records only).
 	purge [2]string
 	// list is indexed by listIndex: with or without a projection and a status condition.
@@ -68,6 +69,11 @@ func newStatements(schema string) statements {
 				WHERE id = $1 AND status <> 'resolved'
 			)
 			SELECT EXISTS (SELECT 1 FROM {table} WHERE id = $1)`),
+		// One statement; a no-op costs about a millisecond (BenchmarkResolvePassedNothingToDo).
+		resolvePassed: r.Replace(`UPDATE {table} SET status = 'resolved', resolved_by = $4, resolve_note = $5,
+				resolved_at = $6, updated_at = now()
+			WHERE projection = $1 AND status = 'failed' AND failing_event_id IS NOT NULL AND coalesce(metadata ->> $7, '') <> ''
+				AND (failing_transaction_id, failing_global_position) <= ($2::xid8, $3::bigint)`),
 		purge: [2]string{
 			r.Replace(`DELETE FROM {table} WHERE last_failed_at < $1 AND status = 'resolved'`),
 			r.Replace(`DELETE FROM {table} WHERE last_failed_at < $1`),

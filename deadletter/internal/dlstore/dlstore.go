@@ -14,6 +14,7 @@ import (
 
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/deadletter/internal/clean"
+	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/name"
 )
 
@@ -24,6 +25,21 @@ func FoldKey(e deadletter.Entry) string {
 		return e.FailingEvent.ID.String()
 	}
 	return "message:" + clean.Text(e.MessageUUID)
+}
+
+// NormalizePassed checks the projection name of a ResolvePassed call. Errors match
+// deadletter.ErrInvalidInput.
+func NormalizePassed(projection string) error {
+	if err := name.Validate(projection); err != nil {
+		return fmt.Errorf("%w: ResolvePassed's projection: %w", deadletter.ErrInvalidInput, err)
+	}
+	return nil
+}
+
+// HealedNote is the ResolveNote of a record Store.ResolvePassed resolves at at, its projection
+// having committed position passed.
+func HealedNote(passed eventstore.Position, at time.Time) string {
+	return "healed: projection passed position " + passed.String() + " at " + at.UTC().Format(time.RFC3339Nano)
 }
 
 // NormalizeEntry checks e and returns it as it is stored: Attempts defaults to 1 and At to now,
