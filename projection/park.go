@@ -125,11 +125,12 @@ var errNoPark = errors.New("projection: failure not parked")
 // errParkLimit rolls back a park unit of a projection that has MaxParkedStreams parked.
 var errParkLimit = errors.New("projection: too many parked streams")
 
-// outage reports an error that says a connection, not the event, is at fault: a network
+// IsOutage reports an error that says a connection, not the event, is at fault: a network
 // error, a dropped or refused connection, a timeout, PostgreSQL's connection-exception (08),
-// shutdown (57P01–57P03) and too-many-connections (53300) errors. Such a failure never parks a
-// stream: the outage passes, and the event with it.
-func outage(err error) bool {
+// shutdown (57P01–57P03) and too-many-connections (53300) errors — also when a handler's own
+// I/O (a pool of its own, a remote service) returned it. Such a failure never parks a stream
+// and is never dead-lettered: the outage passes, and the event with it.
+func IsOutage(err error) bool {
 	var (
 		netErr net.Error
 		pgErr  *pgconn.PgError
@@ -190,7 +191,7 @@ func (b *batch) park(ctx context.Context, res *Result) bool {
 // position past the event, if the event is still the next to handle and the failure is due.
 func (b *batch) parkUnit(ctx context.Context, u Unit) (Outcome, ParkedStream, error) {
 	st, f := u.Status, b.failed
-	if outage(f.Err) {
+	if IsOutage(f.Err) {
 		return Outcome{}, ParkedStream{}, errNoPark // an outage waits
 	}
 	due := b.crashLoop || permanent(f.Err) ||

@@ -29,13 +29,13 @@ func TestParkClassifiesErrors(t *testing.T) {
 		&pgconn.PgError{Code: "53300", Message: "too many connections"},
 		fmt.Errorf("call: %w", context.DeadlineExceeded),
 	} {
-		require.True(t, outage(err), "%v", err)
+		require.True(t, IsOutage(err), "%v", err)
 	}
 	for _, err := range []error{
 		&pgconn.PgError{Code: "22001", Message: "value too long for type character varying(25)"},
 		errors.New("ticket not found"),
 	} {
-		require.False(t, outage(err), "%v", err)
+		require.False(t, IsOutage(err), "%v", err)
 		require.False(t, permanent(err), "%v", err)
 	}
 	require.True(t, permanent(fmt.Errorf("wrapped: %w", permanentErr{errors.New("never")})))

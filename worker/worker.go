@@ -322,8 +322,13 @@ func (w *Worker) AddHandlers(router *message.Router) error {
 // shouldDeadLetter says which errors dead-letter a trigger after its retries: undecodable
 // triggers, handler failures (a crash loop included) and panics. Everything else — a database or
 // broker that is down, a position not readable yet — is nacked, so the trigger comes back; a
-// shutdown is never dead-lettered.
+// shutdown is never dead-lettered. A handler failure that is an outage (projection.IsOutage: the
+// handler's own connection dropped, say, as a database crash does) is nacked too: outages are
+// never dead-lettered.
 func shouldDeadLetter(err error) bool {
+	if errors.Is(err, projection.ErrHandler) && projection.IsOutage(err) {
+		return false
+	}
 	return retry.ShouldDeadLetterDefault(err) || errors.Is(err, trigger.ErrInvalid) || errors.Is(err, projection.ErrHandler)
 }
 
