@@ -28,15 +28,7 @@ func TestQuorumSuite(t *testing.T) {
 	t.Parallel()
 	channeltest.Run(t, func(t *testing.T) (channel.Channel, channeltest.RestartFunc) {
 		env := amqptest.New(t)
-		ch, err := amqp.New(context.Background(), quorumConfig(t, env))
-		require.NoError(t, err)
-		return ch, func(t *testing.T, old channel.Channel) channel.Channel {
-			require.Positive(t, env.CloseConnections(t), "the channel had a connection to close")
-			require.NoError(t, old.Close())
-			re, err := amqp.New(context.Background(), quorumConfig(t, env))
-			require.NoError(t, err)
-			return re
-		}
+		return suiteChannel(t, env, quorumConfig(t, env))
 	})
 }
 
