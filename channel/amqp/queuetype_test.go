@@ -82,13 +82,7 @@ func TestQuorumQueueKeepsNackedTriggers(t *testing.T) {
 	env := amqptest.New(t)
 	ch := newChannel(t, quorumConfig(t, env))
 	ctx := context.Background()
-	require.NoError(t, ch.Declare(ctx, "alpha"))
-	sub, topic, err := ch.Subscriber("alpha")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	msgs, err := sub.Subscribe(ctx, topic)
-	require.NoError(t, err)
+	msgs := subscribe(t, ch, "alpha")
 	require.NoError(t, ch.Publish(ctx, channeltest.Trigger(5)))
 
 	const nacks = 25
@@ -103,6 +97,20 @@ func TestQuorumQueueKeepsNackedTriggers(t *testing.T) {
 		}
 		msg.Ack()
 	}
+}
+
+// subscribe declares the projection's queue and consumes it raw, until the test ends, so
+// that a test can ack and nack each message itself.
+func subscribe(t *testing.T, ch *amqp.Channel, projection string) <-chan *message.Message {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	require.NoError(t, ch.Declare(ctx, projection))
+	sub, topic, err := ch.Subscriber(projection)
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	return msgs
 }
 
 func nextMessage(t *testing.T, msgs <-chan *message.Message) *message.Message {
