@@ -255,11 +255,14 @@ func (r *liveRecorder) progress() string {
 
 // samples returns, for every measured projection and every appended event, the time from the
 // append's return to the commit of the batch that handled it (0 when the batch committed first).
-func (r *liveRecorder) samples() []time.Duration {
+func (r *liveRecorder) samples() []time.Duration { return r.samplesOf(r.measured) }
+
+// samplesOf is samples for the projections called names.
+func (r *liveRecorder) samplesOf(names []string) []time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]time.Duration, 0, len(r.committed)*len(r.measured))
-	for _, name := range r.measured {
+	out := make([]time.Duration, 0, len(r.committed)*len(names))
+	for _, name := range names {
 		for id, at := range r.committed {
 			if seen, ok := r.visible[name][id]; ok {
 				out = append(out, max(seen.Sub(at), 0))
@@ -276,9 +279,10 @@ type liveConfig struct {
 	// slow adds a projection whose batches write, then sleep slowBatch in their transaction
 	// (holding back the store's readers meanwhile); it is not measured.
 	slow bool
-	// onFailure is the measured projections' OnFailure; with poison, every projection fails on
-	// the first event of poisonStream (its flush names it), which parks that stream with
-	// OnFailurePark. The poisoned stream's events are not measured.
+	// onFailure is the measured projections' OnFailure; with poison, every other projection
+	// (live_01, live_03, …) fails on the first event of poisonStream (its flush names it),
+	// which parks that stream with OnFailurePark, and the others do not: both halves run side
+	// by side under the same load. The poisoned stream's events are not measured.
 	onFailure projection.OnFailure
 	poison    bool
 	rate      int
@@ -294,10 +298,13 @@ const slowBatch = 50 * time.Millisecond
 
 // liveResult is what a live run measured.
 type liveResult struct {
-	latency     Latency
-	appended    int
-	appendsPerS float64
-	slowBatches int64
+	latency Latency
+	// clean and parked are, in a poisoned run, the samples of each projection with no parked
+	// stream and of each with one.
+	clean, parked [][]time.Duration
+	appended      int
+	appendsPerS   float64
+	slowBatches   int64
 }
 
 // livePayload is the live events' payload.
@@ -349,7 +356,7 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 	var ps []*projection.Projection
 	for _, name := range names {
 		p, err := newProjection(name, cfg.onFailure, func(_ context.Context, fp projection.FlushParams) error {
-			if err := cfg.poisoned(fp.Events); err != nil {
+			if err := cfg.poisoned(fp.Projection, fp.Events); err != nil {
 				return err
 			}
 			rec.flush(fp.Projection, fp.Events)
@@ -390,6 +397,11 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 	}
 	defer func() { _ = stop() }()
 
+	if cfg.poison {
+		if err := warmPoisonStream(ctx, w, runner); err != nil {
+			return res, err
+		}
+	}
 	appended, err := appendPaced(ctx, w, cfg, rec)
 	if err != nil {
 		return res, err
@@ -408,6 +420,15 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 		return res, fmt.Errorf("stop the worker: %w", err)
 	}
 	res.latency = Summarize(rec.samples())
+	if cfg.poison {
+		for _, name := range rec.measured {
+			if poisonedProjection(name) {
+				res.parked = append(res.parked, rec.samplesOf([]string{name}))
+			} else {
+				res.clean = append(res.clean, rec.samplesOf([]string{name}))
+			}
+		}
+	}
 	return res, nil
 }
 

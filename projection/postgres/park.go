@@ -74,6 +74,12 @@ func (b *Backend) writeParking(ctx context.Context, tx pgx.Tx, name string, out 
 		return nil
 	}
 	var batch pgx.Batch
+	b.queueParking(&batch, name, out)
+	return tx.SendBatch(ctx, &batch).Close()
+}
+
+// queueParking queues out's changes to parked streams on batch.
+func (b *Backend) queueParking(batch *pgx.Batch, name string, out projection.Outcome) {
 	if ps := out.Park; ps != nil {
 		e := ps.Event
 		batch.Queue(b.sql.insertParked, name, ps.StreamID, [16]byte(e.ID), e.Type, e.Position.TransactionID, e.Position.GlobalPosition,
@@ -91,7 +97,6 @@ func (b *Backend) writeParking(ctx context.Context, tx pgx.Tx, name string, out 
 	if f := out.ParkFailed; f != nil {
 		batch.Queue(b.sql.parkFailed, name, f.StreamID, errorText(f.Err))
 	}
-	return tx.SendBatch(ctx, &batch).Close()
 }
 
 // nullable is s, or NULL when empty.

@@ -218,21 +218,23 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn pro
 		if err != nil {
 			return err
 		}
-		if err := b.writeParking(ctx, tx, p.Name(), out); err != nil {
-			return err
+		// The outcome's writes (parking, skip, position) go in one round trip.
+		var batch pgx.Batch
+		if out.ChangesParking() {
+			b.queueParking(&batch, p.Name(), out)
 		}
 		if k := out.Skip; k != nil {
-			if _, err := tx.Exec(ctx, b.sql.recordSkip, p.Name(), [16]byte(k.Event.ID), k.Event.Type, k.Event.StreamID,
-				k.Event.Position.TransactionID, k.Event.Position.GlobalPosition, k.By, k.Reason, k.Forced, k.At); err != nil {
-				return err
-			}
+			batch.Queue(b.sql.recordSkip, p.Name(), [16]byte(k.Event.ID), k.Event.Type, k.Event.StreamID,
+				k.Event.Position.TransactionID, k.Event.Position.GlobalPosition, k.By, k.Reason, k.Forced, k.At)
 		}
-		if out.Processed == 0 && out.Position == st.Position && out.State == st.State && !out.ClearFailure {
+		if out.Processed != 0 || out.Position != st.Position || out.State != st.State || out.ClearFailure {
+			batch.Queue(b.sql.advance, p.Name(), out.Position.TransactionID, out.Position.GlobalPosition,
+				out.Processed, string(out.State), out.ClearFailure)
+		}
+		if batch.Len() == 0 {
 			return nil // nothing changed: write nothing
 		}
-		_, err = tx.Exec(ctx, b.sql.advance, p.Name(), out.Position.TransactionID, out.Position.GlobalPosition,
-			out.Processed, string(out.State), out.ClearFailure)
-		return err
+		return tx.SendBatch(ctx, &batch).Close()
 	})
 }
 
