@@ -17,6 +17,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore/storetest"
 	"github.com/nudgeworks/nudge/internal/testlog"
 	"github.com/nudgeworks/nudge/internal/testwait"
+	pgdriver "github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
 )
 
@@ -597,4 +598,65 @@ func TestVersionOneUnchanged(t *testing.T) {
 	res, err = r.CatchUp(ctx, "plain")
 	require.NoError(t, err)
 	require.True(t, res.Retired)
+}
+
+// TestBlueGreenCutOverAllOrNothing: a dead letter of version 2 still to replay or resolve
+// holds the cut-over back; a cut-over whose connection goes away in the middle (the context
+// ends inside it, as when the process dies) leaves version 1 active, its view and version 2's
+// position as they were; the next catch-up cuts over.
+func TestBlueGreenCutOverAllOrNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := testwait.Context(t, time.Minute)
+	require.NoError(t, pgdriver.Migrate(ctx, e.db.Pool, "", pgdriver.ComponentDeadLetters))
+	var die atomic.Pointer[context.CancelFunc]
+	v1 := lastV1(t, projection.Config{})
+	v2 := lastV2(t, projection.Config{ActivateFunc: func(ctx context.Context, _ projection.HookParams) error {
+		if cancel := die.Load(); cancel != nil {
+			(*cancel)()
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}}, nil)
+	r := runner(t, e.backend, v1, v2)
+	appendSettled(ctx, t, e, 1, 20, false)
+	_, err := r.CatchUp(ctx, v1.Name())
+	require.NoError(t, err)
+
+	_, err = e.db.Pool.Exec(ctx, `INSERT INTO nudge_dead_letters (projection, message_uuid, payload, error, attempts, first_failed_at, last_failed_at)
+		VALUES ($1, 'm-1', '\x00', 'handler failed', 5, now(), now())`, v2.Name())
+	require.NoError(t, err)
+	res, err := r.CatchUp(ctx, v2.Name())
+	require.NoError(t, err)
+	require.False(t, res.Activated, "a dead letter to replay or resolve holds the cut-over back")
+	_, err = e.db.Pool.Exec(ctx, `UPDATE nudge_dead_letters SET status = 'resolved'`)
+	require.NoError(t, err)
+
+	appendSettled(ctx, t, e, 21, 25, false) // handled in the cut-over
+	before, err := r.Status(ctx, v2.Name())
+	require.NoError(t, err)
+	dying, cancel := context.WithCancel(ctx)
+	die.Store(&cancel)
+	res, err = r.CatchUp(dying, v2.Name())
+	require.ErrorIs(t, err, context.Canceled)
+	require.False(t, res.Activated)
+	after, err := r.Status(ctx, v2.Name())
+	require.NoError(t, err)
+	require.Equal(t, before.Position, after.Position)
+	require.Equal(t, projection.VersionBuilding, after.VersionState)
+	v1st, err := r.Status(ctx, v1.Name())
+	require.NoError(t, err)
+	require.Equal(t, projection.VersionActive, v1st.VersionState)
+	var cols int
+	require.NoError(t, e.db.Pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns WHERE table_name = 'stream_last'`).Scan(&cols))
+	require.Equal(t, 2, cols, "the view is still version 1's")
+
+	die.Store(nil)
+	res, err = r.CatchUp(ctx, v2.Name())
+	require.NoError(t, err)
+	require.True(t, res.Activated)
+	got, err := readModel(ctx, e.db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, 25, got)
 }
