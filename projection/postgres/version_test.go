@@ -162,7 +162,7 @@ func readModel(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 func TestBlueGreenReaderSeesWholeModels(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ctx := testwait.Context(t, 2*time.Minute)
+	ctx := testwait.Context(t, 3*time.Minute)
 	v1 := lastV1(t, projection.Config{})
 	old := runner(t, e.backend, v1)
 	n := 200
@@ -381,7 +381,7 @@ func pool(ctx context.Context) *pgxpool.Pool { return ctx.Value(poolKey{}).(*pgx
 func TestBlueGreenSideEffectsOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ctx := context.WithValue(testwait.Context(t, time.Minute), poolKey{}, e.db.Pool)
+	ctx := context.WithValue(testwait.Context(t, 3*time.Minute), poolKey{}, e.db.Pool)
 	v1, v2 := sinkProjection(t, 1, -1), sinkProjection(t, 2, 0)
 	r := runner(t, e.backend, v1)
 	k := 0
@@ -432,7 +432,7 @@ func TestBlueGreenSideEffectsOnce(t *testing.T) {
 func TestBlueGreenRetireGraceDrops(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ctx := testwait.Context(t, time.Minute)
+	ctx := testwait.Context(t, 3*time.Minute)
 	v1, v2 := lastV1(t, projection.Config{RetireGrace: time.Hour}), lastV2(t, projection.Config{}, nil)
 	var now atomic.Pointer[time.Time]
 	start := time.Now()
@@ -475,7 +475,7 @@ func TestBlueGreenRetireGraceDrops(t *testing.T) {
 func TestBlueGreenFlipOnlyWhenReady(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ctx := testwait.Context(t, time.Minute)
+	ctx := testwait.Context(t, 3*time.Minute)
 	v1 := lastV1(t, projection.Config{})
 	var (
 		refuse      atomic.Bool
@@ -562,7 +562,7 @@ func TestBlueGreenFlipOnlyWhenReady(t *testing.T) {
 func TestVersionOneUnchanged(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ctx := testwait.Context(t, time.Minute)
+	ctx := testwait.Context(t, 3*time.Minute)
 	p, err := projection.New("plain", projection.Config{}, projection.OnIdempotent("Appended", func(context.Context, projection.Event[appended]) error { return nil }))
 	require.NoError(t, err)
 	require.Equal(t, "plain", p.Name())
@@ -607,7 +607,7 @@ func TestVersionOneUnchanged(t *testing.T) {
 func TestBlueGreenCutOverAllOrNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ctx := testwait.Context(t, time.Minute)
+	ctx := testwait.Context(t, 3*time.Minute)
 	require.NoError(t, pgdriver.Migrate(ctx, e.db.Pool, "", pgdriver.ComponentDeadLetters))
 	var die atomic.Pointer[context.CancelFunc]
 	v1 := lastV1(t, projection.Config{})
