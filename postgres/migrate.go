@@ -25,7 +25,8 @@ const (
 	ComponentEvents Component = "eventstore"
 	// ComponentProjections are the projections' positions and status (projection/postgres):
 	// the tables nudge_projections, nudge_projection_skips, nudge_projection_parked,
-	// nudge_projection_park_actions, nudge_partition_leases and nudge_partition_members, and the view
+	// nudge_projection_park_actions, nudge_partition_leases,
+	// nudge_partition_members and nudge_projection_versions, and the view
 	// nudge_projection_conditions once the event store's tables exist. It reads the event
 	// store's tables, so it is migrated after ComponentEvents.
 	ComponentProjections Component = "projection"

@@ -47,11 +47,12 @@ var newSteps = []step{
 	{Component: "projection", Version: 5, Name: "create_parked_streams"},
 	{Component: "channel", Version: 3, Name: "notify_triggers"},
 	{Component: "projection", Version: 6, Name: "create_partition_leases"},
+	{Component: "projection", Version: 7, Name: "create_projection_versions"},
 }
 
 // allSteps are every component's migrations, in the order of postgres.Components, then by
 // version.
-var allSteps = slices.Concat(legacySteps[:2], newSteps[:1], legacySteps[2:6], newSteps[3:4], newSteps[5:6], legacySteps[6:7], newSteps[1:2], legacySteps[7:], newSteps[2:3], newSteps[4:5])
+var allSteps = slices.Concat(legacySteps[:2], newSteps[:1], legacySteps[2:6], newSteps[3:4], newSteps[5:7], legacySteps[6:7], newSteps[1:2], legacySteps[7:], newSteps[2:3], newSteps[4:5])
 
 // stepsOf returns the steps of allSteps that belong to components, in allSteps' order.
 func stepsOf(components ...string) []step {
@@ -66,7 +67,7 @@ func stepsOf(components ...string) []step {
 
 // allTables are the tables and views Migrate creates with every component.
 var allTables = []string{"nudge_channel_subscriptions", "nudge_channel_triggers", "nudge_dead_letters",
-	"nudge_events", "nudge_partition_leases", "nudge_partition_members", "nudge_projection_conditions", "nudge_projection_park_actions", "nudge_projection_parked", "nudge_projection_skips", "nudge_projections", "nudge_schema_migrations", "nudge_streams"}
+	"nudge_events", "nudge_partition_leases", "nudge_partition_members", "nudge_projection_conditions", "nudge_projection_park_actions", "nudge_projection_parked", "nudge_projection_skips", "nudge_projection_versions", "nudge_projections", "nudge_schema_migrations", "nudge_streams"}
 
 // recorded returns the rows of nudge_schema_migrations in schema, in the order of
 // postgres.Components, then by version.
@@ -141,7 +142,7 @@ func TestMigrateOneComponentThenAll(t *testing.T) {
 	require.Equal(t, []string{"nudge_dead_letters", "nudge_schema_migrations"}, tables(t, db, ""))
 
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, "", postgres.ComponentProjections))
-	require.Equal(t, []string{"nudge_dead_letters", "nudge_partition_leases", "nudge_partition_members", "nudge_projection_park_actions", "nudge_projection_parked", "nudge_projection_skips", "nudge_projections", "nudge_schema_migrations"}, tables(t, db, ""),
+	require.Equal(t, []string{"nudge_dead_letters", "nudge_partition_leases", "nudge_partition_members", "nudge_projection_park_actions", "nudge_projection_parked", "nudge_projection_skips", "nudge_projection_versions", "nudge_projections", "nudge_schema_migrations"}, tables(t, db, ""),
 		"no view without the events table")
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, "", postgres.ComponentEvents))
 	require.Contains(t, tables(t, db, ""), "nudge_projection_conditions")
@@ -162,7 +163,7 @@ func TestMigrateTakesComponentsInAnyOrder(t *testing.T) {
 	db := pgtest.New(t)
 	require.NoError(t, postgres.Migrate(ctx, db.Pool, "nudge", postgres.ComponentProjections, postgres.ComponentEvents, postgres.ComponentProjections))
 	require.Equal(t, stepsOf("eventstore", "projection"), withoutTimes(recorded(t, db, "nudge")))
-	require.Equal(t, []string{"nudge_events", "nudge_partition_leases", "nudge_partition_members", "nudge_projection_conditions", "nudge_projection_park_actions", "nudge_projection_parked", "nudge_projection_skips", "nudge_projections",
+	require.Equal(t, []string{"nudge_events", "nudge_partition_leases", "nudge_partition_members", "nudge_projection_conditions", "nudge_projection_park_actions", "nudge_projection_parked", "nudge_projection_skips", "nudge_projection_versions", "nudge_projections",
 		"nudge_schema_migrations", "nudge_streams"}, tables(t, db, "nudge"))
 }
 

@@ -59,6 +59,19 @@ type Backend interface {
 	// a projection that was judged to crash the process).
 	EndAttempt(ctx context.Context, p *Projection, at *eventstore.Position) error
 
+	// Activate is the cut-over of a building version (p) to active, in one unit of work that
+	// holds the active version's lock and p's: when p is building, running or failing (not
+	// paused or rebuilding), has no parked streams and no pending dead letters, it runs fn on
+	// p's unit (which brings p to the head and returns the outcome to store), points every
+	// stable name of p's Config.Tables at p's tables, runs hook (if not nil), retires the
+	// active version and makes p active. Anything failing rolls all of it back. When p is not
+	// ready, it changes nothing and says why in the Activation.
+	Activate(ctx context.Context, p *Projection, fn BatchFunc, hook HookFunc) (Activation, error)
+	// DropRetired runs hook (if not nil) on a retired version's unit, holding its lock, and
+	// records that its read model is dropped. It returns an error matching ErrNotRetired when
+	// p's version is not retired; a version already dropped is left alone.
+	DropRetired(ctx context.Context, p *Projection, hook HookFunc) error
+
 	// Seal marks the backends of this module; it does nothing.
 	Seal(seal.Token)
 }
@@ -90,6 +103,8 @@ type Unit struct {
 	Read func(ctx context.Context, after eventstore.Position, opts eventstore.ReadOptions) ([]eventstore.Event, error)
 	// ReadStream reads one stream's events after a version, in version order, inside the unit.
 	ReadStream func(ctx context.Context, streamID string, afterVersion int64, limit int) ([]eventstore.Event, error)
+	// Version is the unit's version record, read under the unit's lock.
+	Version VersionInfo
 	// Parked are the projection's parked streams by stream id, read under the unit's lock, so a
 	// batch and a redrive (or a park, skip or purge) never interleave.
 	Parked map[string]ParkedStream

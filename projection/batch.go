@@ -13,8 +13,12 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 )
 
-// errPaused rolls back a unit that found the projection paused.
-var errPaused = errors.New("projection paused")
+// errPaused rolls back a unit that found the projection paused; errRetired one that found its
+// version retired.
+var (
+	errPaused  = errors.New("projection paused")
+	errRetired = errors.New("projection version retired")
+)
 
 // step runs one batch of a catch-up and reports whether more events may be readable. When a
 // handler fails, the batch rolls back; step then commits the events before the failing one in
@@ -60,6 +64,10 @@ type batch struct {
 	committed eventstore.Position
 	// rebuilding: the unit found the projection rebuilding.
 	rebuilding bool
+	// version is the unit's version record; building: the unit runs a building version's
+	// history, up to version.ActivePosition; cutOver: the batch runs in a cut-over.
+	version           VersionInfo
+	building, cutOver bool
 	// exhausted: the read came back short and every event it returned was handled, so
 	// everything readable has been read.
 	exhausted bool
@@ -107,6 +115,11 @@ func (b *batch) run(ctx context.Context, res *Result) (bool, error) {
 		b.failed, b.failedAt = nil, 0
 		err = fmt.Errorf("projection %s: %w (%s): %v", b.p.name, ErrBatchTimeout, b.p.cfg.BatchTimeout, err) //nolint:errorlint // see above.
 	}
+	if errors.Is(err, errRetired) {
+		res.Retired, res.version = true, b.version
+		return false, nil
+	}
+	res.building = res.building || b.building
 	if err == nil || errors.Is(err, errPaused) {
 		res.Position = b.committed
 		b.r.remember(b.p.name, b.committed, b.rebuilding)
@@ -136,6 +149,10 @@ func (b *batch) run(ctx context.Context, res *Result) (bool, error) {
 func (b *batch) unit(ctx context.Context, u Unit) (Outcome, error) {
 	st := u.Status
 	b.committed, b.rebuilding = st.Position, st.State == StateRebuilding
+	b.version, b.building = u.Version, u.Version.State == VersionBuilding && !b.cutOver
+	if u.Version.State == VersionRetired && !b.cutOver {
+		return Outcome{}, errRetired // a newer version took over: nothing runs here any more
+	}
 	if st.State == StatePaused {
 		return Outcome{}, errPaused
 	}
@@ -171,6 +188,13 @@ func (b *batch) read(ctx context.Context, u Unit) ([]eventstore.Event, error) {
 		return nil, fmt.Errorf("projection %s: read events after %s: %w", b.p.name, u.Status.Position, err)
 	}
 	b.exhausted = len(events) < b.limit
+	if b.building {
+		// History only: the events after the active version's position are handled in the
+		// cut-over, under its lock, so that none is live in both versions.
+		n := len(events)
+		events = slices.DeleteFunc(events, func(e eventstore.Event) bool { return b.version.ActivePosition.Less(e.Position) })
+		b.exhausted = b.exhausted || len(events) < n
+	}
 	b.readEvents = events
 	return events, nil
 }
@@ -180,7 +204,7 @@ func (b *batch) read(ctx context.Context, u Unit) ([]eventstore.Event, error) {
 // none, with a crash-loop verdict as the batch's failure.
 func (b *batch) guardCrashLoop(ctx context.Context, at eventstore.Position, events []eventstore.Event) ([]eventstore.Event, error) {
 	limit := b.p.cfg.CrashLoopLimit
-	if limit <= 0 {
+	if limit <= 0 || b.cutOver {
 		return events, nil
 	}
 	read := len(events)
@@ -231,6 +255,9 @@ func (r *Runner) watchCrashLoops(ctx context.Context, p *Projection, at eventsto
 // events it passed (handled or held), a prefix of events, and those it handled.
 func (b *batch) handle(ctx context.Context, tx pgx.Tx, events []eventstore.Event) (passed, handled []eventstore.Event, err error) {
 	deadline := b.started.Add(b.p.cfg.MaxBatchDuration)
+	if b.building {
+		ctx = withReplay(ctx)
+	}
 	var queue Queue
 	handled = events[:0:0]
 	for i := range events {

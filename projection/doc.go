@@ -33,4 +33,14 @@
 // What makes a runner catch up is the caller's choice: package worker does it for triggers from
 // a broker (the usual mode), Poller does it on an adaptive interval without a broker, and
 // projection/postgres's Inline applies projections inside the append's transaction.
+//
+// # Changing a read model's shape
+//
+// Config.Version versions a read model. A definition with a higher version than the active one
+// runs as a unit of its own (UnitName: "ticket_list.v2"), built from the start beside the
+// active version while that one keeps serving; its handlers see history as a replay
+// (Replaying, Event.Replay). Once level with the active version, one transaction holding both
+// versions' locks brings it to the head, points the stable names of Config.Tables (views) at its
+// tables (Projection.Table) and makes it active; the old version's batches then do nothing, and
+// its DeleteFunc drops its read model after Config.RetireGrace (or Runner.DropRetired).
 package projection

@@ -53,6 +53,10 @@ var (
 	// back; nothing was recorded as the projection's failure. Retry later.
 	ErrBatchTimeout = errors.New("projection: the batch did not finish within BatchTimeout (is the database reachable, or a lock held?); it rolled back")
 
+	// ErrNotRetired reports a Runner.DropRetired of a version that is not retired: only a
+	// version a newer one has replaced may lose its read model this way.
+	ErrNotRetired = errors.New("projection: the version is not retired; only a version a newer one replaced can be dropped")
+
 	// ErrHandler matches every *HandlerError.
 	ErrHandler = errors.New("projection: handler failed")
 

@@ -16,6 +16,9 @@ type Event[T any] struct {
 	eventstore.Event
 	// Data is the decoded payload.
 	Data T
+	// Replay is true when the event is history handled again by a version being built beside
+	// the active one (see Replaying): skip side effects outside the read model.
+	Replay bool
 }
 
 // Handler handles the events of one type for a projection. Make one with On or OnQueued (a
@@ -76,7 +79,7 @@ func typed[T any](eventType string, fn func(context.Context, pgx.Tx, Event[T]) e
 		return nil
 	}
 	return func(ctx context.Context, tx pgx.Tx, e eventstore.Event) error {
-		typedEvent := Event[T]{Event: e}
+		typedEvent := Event[T]{Event: e, Replay: Replaying(ctx)}
 		if err := decode(eventType, e, &typedEvent.Data); err != nil {
 			return err
 		}

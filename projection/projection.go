@@ -94,6 +94,26 @@ type Config struct {
 	// SkipFunc runs when an operator skips an event the projection failed on, inside the
 	// transaction that moves the position past it.
 	SkipFunc func(ctx context.Context, p SkipParams) error
+
+	// Version is the version of the projection's read model. Deploying a definition with a
+	// higher version than the active one builds it beside the active version, as a unit of its
+	// own (UnitName), and cuts readers over to it atomically once it has caught up (see the
+	// README, "Changing a read model's shape"). Defaults to 1.
+	Version int
+	// Tables are the stable names of the read model's tables. Hooks and handlers write to
+	// Projection.Table(name), the version's own table (name_vN); readers query name, a view
+	// of the active version's table, which the cut-over replaces in its transaction. Leave it
+	// empty for a projection that names its tables itself (and is never versioned).
+	Tables []string
+	// ActivateFunc runs in the cut-over's transaction, after the views point at this version
+	// and before the commit: an error cancels the cut-over (nothing changes). Grant privileges
+	// on the new tables here, say.
+	ActivateFunc func(ctx context.Context, p HookParams) error
+	// RetireGrace is how long this version's read model is kept once a newer version has
+	// replaced it, before DeleteFunc drops it (run by a runner holding this version's
+	// definition, at its next catch-up). A negative value keeps it until Runner.DropRetired.
+	// Defaults to RetireGraceDefault.
+	RetireGrace time.Duration
 }
 
 // HookParams is passed to the init, reset and delete hooks.
@@ -126,7 +146,8 @@ type SkipParams struct {
 // Projection is a validated projection definition. Create it with New; it is immutable and safe
 // to share.
 type Projection struct {
-	name          string
+	name          string // the unit name (UnitName)
+	base          string // the name New was given, shared by every version
 	cfg           Config
 	handlers      map[string]Handler
 	types         []string // nil: every type
@@ -154,10 +175,17 @@ func newProjection(name string, cfg Config, handlers ...Handler) (*Projection, e
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("projection %s: %w", name, err)
 	}
+	if err := validateTables(name, cfg.Version, cfg.Tables); err != nil {
+		return nil, err
+	}
+	unit, err := UnitName(name, cfg.Version)
+	if err != nil {
+		return nil, err
+	}
 	if len(handlers) == 0 {
 		return nil, invalidConfig(name, "no handlers; pass at least one projection.On or projection.OnIdempotent")
 	}
-	p := &Projection{name: name, cfg: cfg, handlers: make(map[string]Handler, len(handlers))}
+	p := &Projection{name: unit, base: name, cfg: cfg, handlers: make(map[string]Handler, len(handlers))}
 	for i := range handlers {
 		if err := p.add(handlers, i); err != nil {
 			return nil, err
@@ -180,6 +208,8 @@ func (cfg Config) WithDefaults() Config {
 	cfg.OnFailure = cmp.Or(cfg.OnFailure, OnFailureStop)
 	cfg.MaxParkedStreams = cmp.Or(cfg.MaxParkedStreams, MaxParkedStreamsDefault)
 	cfg.ParkAfterAttempts = cmp.Or(cfg.ParkAfterAttempts, ParkAfterAttemptsDefault)
+	cfg.Version = cmp.Or(cfg.Version, 1)
+	cfg.RetireGrace = cmp.Or(cfg.RetireGrace, RetireGraceDefault)
 	if cfg.BatchTimeout == 0 {
 		cfg.BatchTimeout = max(BatchTimeoutDefault, 2*cfg.MaxBatchDuration)
 	}
@@ -205,6 +235,9 @@ func (cfg Config) Validate() error {
 	if cfg.MaxParkedStreams < 1 || cfg.ParkAfterAttempts < 1 {
 		return fmt.Errorf("%w: MaxParkedStreams (%d) and ParkAfterAttempts (%d) must be positive (0 means %d and %d)",
 			ErrInvalidConfig, cfg.MaxParkedStreams, cfg.ParkAfterAttempts, MaxParkedStreamsDefault, ParkAfterAttemptsDefault)
+	}
+	if cfg.Version < 1 {
+		return fmt.Errorf("%w: Version %d; versions start at 1 (0 means 1)", ErrInvalidConfig, cfg.Version)
 	}
 	if cfg.BatchTimeout <= cfg.MaxBatchDuration {
 		return fmt.Errorf("%w: BatchTimeout %s must exceed MaxBatchDuration %s (a batch that handles events that long still has to commit)",
@@ -241,7 +274,9 @@ func (p *Projection) add(handlers []Handler, i int) error {
 	return nil
 }
 
-// Name returns the projection's name.
+// Name returns the projection's unit name: the name New was given for version 1, else
+// UnitName's "<name>.v<version>". Positions, status, locks, dead letters and trigger
+// subscriptions are keyed by it.
 func (p *Projection) Name() string { return p.name }
 
 // Types returns the event types the projection handles, sorted; nil when it handles every type

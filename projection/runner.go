@@ -167,6 +167,17 @@ type Result struct {
 	Position eventstore.Position
 	// Paused is true when the projection is paused and nothing was done.
 	Paused bool
+	// Retired is true when the projection's version is retired (a newer version replaced
+	// it) and nothing was done.
+	Retired bool
+	// Activated is true when the catch-up ended in the cut-over that made the projection's
+	// version active; CutOverHeld is then how long the cut-over held the active version's
+	// lock (the pause its batches, and readers of the views it replaced, saw).
+	Activated   bool
+	CutOverHeld time.Duration
+
+	building bool        // a batch ran a building version's history
+	version  VersionInfo // the version record, when Retired
 }
 
 // CatchUp handles the projection's events from its committed position until a read comes back
@@ -192,10 +203,20 @@ func (r *Runner) CatchUp(ctx context.Context, name string) (Result, error) {
 	var res Result
 	for {
 		more, err := r.step(ctx, p, &res)
-		if err != nil || !more {
+		if err != nil || res.Paused {
 			return res, err
 		}
+		if !more {
+			break
+		}
 	}
+	switch {
+	case res.building:
+		return res, r.activate(ctx, p, &res)
+	case res.Retired:
+		return res, r.dropAfterGrace(ctx, p, res.version)
+	}
+	return res, nil
 }
 
 func (r *Runner) report(b BatchReport) {

@@ -31,6 +31,18 @@ type Status struct {
 	ParkedStreams  int
 	OldestParkedAt time.Time
 
+	// Version is the version the status row belongs to (Config.Version; 1 for a projection
+	// without versions), ActiveVersion the version readers see (0 when the backend has no
+	// version record, as for rows written before versions existed) and VersionState where
+	// this version stands: active, building beside the active one, or retired. A building
+	// version's Progress is against the store; it cuts over once it is level with the
+	// active one.
+	Version       int
+	ActiveVersion int
+	VersionState  VersionState
+	// RetiredAt is when a retired version was replaced; zero otherwise.
+	RetiredAt time.Time
+
 	// RebuildStartedAt is when the last Reset happened; zero if never.
 	RebuildStartedAt time.Time
 	UpdatedAt        time.Time

@@ -654,7 +654,7 @@ func TestMigrateDoesWhatItSays(t *testing.T) {
 	require.NoError(t, err)
 	created, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	require.Equal(t, []string{"nudge_dead_letters", "nudge_events", "nudge_partition_leases", "nudge_partition_members", "nudge_projection_conditions", "nudge_projection_park_actions", "nudge_projection_parked", "nudge_projection_skips",
+	require.Equal(t, []string{"nudge_dead_letters", "nudge_events", "nudge_partition_leases", "nudge_partition_members", "nudge_projection_conditions", "nudge_projection_park_actions", "nudge_projection_parked", "nudge_projection_skips", "nudge_projection_versions",
 		"nudge_projections", "nudge_schema_migrations", "nudge_streams"}, created)
 
 	help := runCLI(t, nil, "help", "migrate")

@@ -14,7 +14,8 @@ PostgreSQL packages:
   event store    nudge_events, nudge_streams
   projections    nudge_projections, nudge_projection_skips, nudge_projection_parked,
                  nudge_projection_park_actions, nudge_partition_leases,
-                 nudge_partition_members, the view nudge_projection_conditions
+                 nudge_partition_members, nudge_projection_versions,
+                 the view nudge_projection_conditions
   dead letters   nudge_dead_letters
 
 and records each step in nudge_schema_migrations. Safe to run again, and from several processes

@@ -26,8 +26,9 @@ type Backend struct {
 	store *memstore.Store
 	now   func() time.Time
 
-	mu   sync.Mutex
-	rows map[string]*row
+	mu       sync.Mutex
+	rows     map[string]*row
+	versions map[string]map[int]*version // by projection (Projection.Base), then version
 }
 
 type row struct {
@@ -126,7 +127,7 @@ func New(store *memstore.Store, cfg Config) (*Backend, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Backend{store: store, now: cfg.NowFunc, rows: make(map[string]*row)}, nil
+	return &Backend{store: store, now: cfg.NowFunc, rows: make(map[string]*row), versions: make(map[string]map[int]*version)}, nil
 }
 
 // locked runs fn holding the projection's lock.
@@ -153,6 +154,7 @@ func (b *Backend) Register(ctx context.Context, p *projection.Projection, init p
 			p.Name(), projection.ErrNeedsTransaction)
 	}
 	b.mu.Lock()
+	state := b.registerVersion(p)
 	if _, ok := b.rows[p.Name()]; !ok {
 		b.rows[p.Name()] = &row{
 			lock:   make(chan struct{}, 1),
@@ -160,7 +162,7 @@ func (b *Backend) Register(ctx context.Context, p *projection.Projection, init p
 		}
 	}
 	b.mu.Unlock()
-	if init == nil {
+	if init == nil || state == projection.VersionRetired {
 		return nil
 	}
 	return b.locked(ctx, p.Name(), func(*row) error { return init(ctx, nil) })
@@ -181,32 +183,42 @@ func (*Backend) Seal(seal.Token) {}
 // RunBatch implements projection.Backend.
 func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn projection.BatchFunc) error {
 	return b.locked(ctx, p.Name(), func(r *row) error {
-		out, err := fn(ctx, projection.Unit{Status: r.get(), Read: b.store.Read, ReadStream: b.store.ReadStream, Parked: r.parkedCopy()})
+		out, err := fn(ctx, b.unit(r, b.versionInfo(p.Name())))
 		if err != nil {
 			return err
 		}
-		r.update(func(st *projection.Status) {
-			r.applyParking(out)
-			if out.Skip != nil {
-				skip := *out.Skip
-				st.LastSkip = &skip
-			}
-			if out.Processed == 0 && out.Position == st.Position && out.State == st.State && !out.ClearFailure {
-				return
-			}
-			st.Position, st.State = out.Position, out.State
-			st.EventsProcessed += int64(out.Processed)
-			r.attempt.at, r.attempt.starts = eventstore.Position{}, 0
-			if !st.Position.Less(r.attempt.careful) {
-				r.attempt.careful = eventstore.Position{}
-			}
-			if out.ClearFailure {
-				st.LastError, st.FailingEvent, st.Attempts = "", nil, 0
-				st.FirstFailureAt, st.LastFailureAt = time.Time{}, time.Time{}
-			}
-			st.UpdatedAt = b.now()
-		})
+		b.apply(r, out)
 		return nil
+	})
+}
+
+// unit is the projection.Unit of a batch on r.
+func (b *Backend) unit(r *row, ver projection.VersionInfo) projection.Unit {
+	return projection.Unit{Status: r.get(), Read: b.store.Read, ReadStream: b.store.ReadStream, Parked: r.parkedCopy(), Version: ver}
+}
+
+// apply stores a batch's outcome on r.
+func (b *Backend) apply(r *row, out projection.Outcome) {
+	r.update(func(st *projection.Status) {
+		r.applyParking(out)
+		if out.Skip != nil {
+			skip := *out.Skip
+			st.LastSkip = &skip
+		}
+		if out.Processed == 0 && out.Position == st.Position && out.State == st.State && !out.ClearFailure {
+			return
+		}
+		st.Position, st.State = out.Position, out.State
+		st.EventsProcessed += int64(out.Processed)
+		r.attempt.at, r.attempt.starts = eventstore.Position{}, 0
+		if !st.Position.Less(r.attempt.careful) {
+			r.attempt.careful = eventstore.Position{}
+		}
+		if out.ClearFailure {
+			st.LastError, st.FailingEvent, st.Attempts = "", nil, 0
+			st.FirstFailureAt, st.LastFailureAt = time.Time{}, time.Time{}
+		}
+		st.UpdatedAt = b.now()
 	})
 }
 
@@ -273,6 +285,7 @@ func (b *Backend) Delete(ctx context.Context, p *projection.Projection, hook pro
 	}
 	b.mu.Lock()
 	delete(b.rows, p.Name())
+	delete(b.versions[p.Base()], p.Version())
 	b.mu.Unlock()
 	return nil
 }
@@ -287,6 +300,7 @@ func (b *Backend) Status(ctx context.Context, p *projection.Projection) (project
 	}
 	// The projection's lock is not taken: a status read does not wait for a batch in flight.
 	st := r.get()
+	b.versionStatus(p, &st)
 	for _, ps := range r.parkedCopy() {
 		st.ParkedStreams++
 		if st.OldestParkedAt.IsZero() || ps.ParkedAt.Before(st.OldestParkedAt) {

@@ -105,7 +105,7 @@ func (b *Backend) inTxWith(ctx context.Context, opts pgx.TxOptions, fn func(pgx.
 // tables are the tables and views Migrate creates; storeTables the event store's, which the
 // backend's statements read too.
 var (
-	tables      = []string{"nudge_projections", "nudge_projection_skips", "nudge_projection_conditions", "nudge_projection_parked", "nudge_projection_park_actions"}
+	tables      = []string{"nudge_projections", "nudge_projection_skips", "nudge_projection_conditions", "nudge_projection_parked", "nudge_projection_park_actions", "nudge_projection_versions"}
 	storeTables = []string{"nudge_events", "nudge_streams"}
 )
 
@@ -126,12 +126,12 @@ func (b *Backend) translate(err error) error {
 
 // lock takes the projection's advisory lock and reads its status row, in one round trip.
 func (b *Backend) lock(ctx context.Context, tx pgx.Tx, name string) (projection.Status, error) {
-	return b.lockWith(ctx, tx, name, nil)
+	return b.lockWith(ctx, tx, name, nil, nil)
 }
 
 // lockWith is lock; when parked is not nil, it also reads the projection's parked streams into
-// it, in the same round trip.
-func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked map[string]projection.ParkedStream) (projection.Status, error) {
+// it, and when ver is not nil its version record, in the same round trip.
+func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked map[string]projection.ParkedStream, ver *projection.VersionInfo) (projection.Status, error) {
 	var (
 		batch pgx.Batch
 		st    projection.Status
@@ -144,6 +144,16 @@ func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked m
 				parked[ps.StreamID] = ps
 			}
 			return err
+		})
+	}
+	if ver != nil {
+		batch.Queue(b.sql.selectVersionInfo, name).Query(func(rows pgx.Rows) error {
+			if rows.Next() {
+				if err := scanVersionInfo(rows, ver); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
 		})
 	}
 	batch.Queue(b.sql.selectStatus, name).QueryRow(func(row pgx.Row) error {
@@ -171,13 +181,23 @@ func (b *Backend) Register(ctx context.Context, p *projection.Projection, init p
 		if !storeReady {
 			return fmt.Errorf("projection %s: %w", p.Name(), eventstore.ErrNotMigrated)
 		}
-		if _, err := tx.Exec(ctx, b.sql.lock, p.Name()); err != nil {
+		state, err := b.registerVersion(ctx, tx, p)
+		if err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, b.sql.register, p.Name(), p.Types()); err != nil {
 			return err
 		}
-		return runHook(ctx, tx, init)
+		if state == projection.VersionRetired {
+			return nil // a newer version replaced this one: its read model is not created again
+		}
+		if err := runHook(ctx, tx, init); err != nil {
+			return err
+		}
+		if state == projection.VersionActive {
+			return b.createViews(ctx, tx, p)
+		}
+		return nil
 	})
 }
 
@@ -194,48 +214,65 @@ func (*Backend) Seal(seal.Token) {}
 
 // RunBatch implements projection.Backend.
 func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn projection.BatchFunc) error {
-	opts := readCommitted
-	if !p.Config().AppendsEvents {
-		opts = b.store.ExemptTxOptions(opts)
-	}
-	return b.inTxWith(ctx, opts, func(tx pgx.Tx) error {
+	return b.inTxWith(ctx, b.batchOptions(p), func(tx pgx.Tx) error {
 		parked := make(map[string]projection.ParkedStream)
-		st, err := b.lockWith(ctx, tx, p.Name(), parked)
+		var ver projection.VersionInfo
+		st, err := b.lockWith(ctx, tx, p.Name(), parked, &ver)
 		if err != nil {
 			return err
 		}
-		out, err := fn(ctx, projection.Unit{
-			Tx:     tx,
-			Status: st,
-			Read: func(ctx context.Context, after eventstore.Position, opts eventstore.ReadOptions) ([]eventstore.Event, error) {
-				return b.store.ReadTx(ctx, tx, after, opts)
-			},
-			ReadStream: func(ctx context.Context, streamID string, afterVersion int64, limit int) ([]eventstore.Event, error) {
-				return b.store.ReadStreamTx(ctx, tx, streamID, afterVersion, limit)
-			},
-			Parked: parked,
-		})
+		out, err := fn(ctx, b.unit(tx, st, parked, ver))
 		if err != nil {
 			return err
 		}
-		// The outcome's writes (parking, skip, position) go in one round trip.
-		var batch pgx.Batch
-		if out.ChangesParking() {
-			b.queueParking(&batch, p.Name(), out)
-		}
-		if k := out.Skip; k != nil {
-			batch.Queue(b.sql.recordSkip, p.Name(), [16]byte(k.Event.ID), k.Event.Type, k.Event.StreamID,
-				k.Event.Position.TransactionID, k.Event.Position.GlobalPosition, k.By, k.Reason, k.Forced, k.At)
-		}
-		if out.Processed != 0 || out.Position != st.Position || out.State != st.State || out.ClearFailure {
-			batch.Queue(b.sql.advance, p.Name(), out.Position.TransactionID, out.Position.GlobalPosition,
-				out.Processed, string(out.State), out.ClearFailure)
-		}
-		if batch.Len() == 0 {
-			return nil // nothing changed: write nothing
-		}
-		return tx.SendBatch(ctx, &batch).Close()
+		return b.storeOutcome(ctx, tx, p, st, out)
 	})
+}
+
+// batchOptions are the options of p's batch transactions: exempt from the store's horizon
+// unless p appends events.
+func (b *Backend) batchOptions(p *projection.Projection) pgx.TxOptions {
+	if p.Config().AppendsEvents {
+		return readCommitted
+	}
+	return b.store.ExemptTxOptions(readCommitted)
+}
+
+// unit is the projection.Unit of a batch in tx.
+func (b *Backend) unit(tx pgx.Tx, st projection.Status, parked map[string]projection.ParkedStream, ver projection.VersionInfo) projection.Unit {
+	return projection.Unit{
+		Tx:     tx,
+		Status: st,
+		Read: func(ctx context.Context, after eventstore.Position, opts eventstore.ReadOptions) ([]eventstore.Event, error) {
+			return b.store.ReadTx(ctx, tx, after, opts)
+		},
+		ReadStream: func(ctx context.Context, streamID string, afterVersion int64, limit int) ([]eventstore.Event, error) {
+			return b.store.ReadStreamTx(ctx, tx, streamID, afterVersion, limit)
+		},
+		Version: ver,
+		Parked:  parked,
+	}
+}
+
+// storeOutcome writes a batch's outcome (parking, skip, position) in one round trip; nothing
+// when nothing changed.
+func (b *Backend) storeOutcome(ctx context.Context, tx pgx.Tx, p *projection.Projection, st projection.Status, out projection.Outcome) error {
+	var batch pgx.Batch
+	if out.ChangesParking() {
+		b.queueParking(&batch, p.Name(), out)
+	}
+	if k := out.Skip; k != nil {
+		batch.Queue(b.sql.recordSkip, p.Name(), [16]byte(k.Event.ID), k.Event.Type, k.Event.StreamID,
+			k.Event.Position.TransactionID, k.Event.Position.GlobalPosition, k.By, k.Reason, k.Forced, k.At)
+	}
+	if out.Processed != 0 || out.Position != st.Position || out.State != st.State || out.ClearFailure {
+		batch.Queue(b.sql.advance, p.Name(), out.Position.TransactionID, out.Position.GlobalPosition,
+			out.Processed, string(out.State), out.ClearFailure)
+	}
+	if batch.Len() == 0 {
+		return nil
+	}
+	return tx.SendBatch(ctx, &batch).Close()
 }
 
 // RecordFailure implements projection.Backend.
@@ -296,6 +333,9 @@ func (b *Backend) Delete(ctx context.Context, p *projection.Projection, hook pro
 			return err
 		}
 		if _, err := tx.Exec(ctx, b.sql.clearParked, p.Name()); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, b.sql.deleteVersion, p.Name()); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, b.sql.delete, p.Name())

@@ -53,7 +53,7 @@ func TestNewTakesTheStore(t *testing.T) {
 	require.NoError(t, err)
 	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	require.Equal(t, []string{"nudge_partition_leases", "nudge_partition_members", "nudge_projection_park_actions", "nudge_projection_parked", "nudge_projection_skips", "nudge_projections",
+	require.Equal(t, []string{"nudge_partition_leases", "nudge_partition_members", "nudge_projection_park_actions", "nudge_projection_parked", "nudge_projection_skips", "nudge_projection_versions", "nudge_projections",
 		"nudge_schema_migrations"}, tables)
 }
 

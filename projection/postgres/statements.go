@@ -22,6 +22,9 @@ type statements struct {
 	selectAllStatus string
 	// eventsExist: see Backend.Register.
 	eventsExist string
+	// Versions: see version.go.
+	legacyVersion, registerVersion, selectVersionState, selectActiveVersion, selectVersionInfo      string
+	retireActive, activateVersion, markDropped, deleteVersion, deadLettersExist, pendingDeadLetters string
 }
 
 // lagWindow bounds the events a status reads to count a projection's lag: up to that many,
@@ -37,12 +40,15 @@ const statusColumns = `p.name, p.transaction_id, p.global_position, p.state, p.e
 	p.failing_transaction_id, p.failing_global_position, p.failing_event_id, p.failing_event_type, p.failing_stream_id,
 	p.attempts, p.first_failed_at, p.last_failed_at, p.rebuild_started_at, p.updated_at,
 	k.event_id, k.event_type, k.stream_id, k.transaction_id, k.global_position, k.skipped_by, k.reason, k.forced, k.skipped_at,
-	p.event_types, coalesce(pk.n, 0), pk.oldest`
+	p.event_types, coalesce(pk.n, 0), pk.oldest,
+	v.version, v.state, v.retired_at, av.version`
 
 // statusFrom is the FROM clause of the status queries: the status row and its last skip.
 const statusFrom = `FROM {projections} p
 	LEFT JOIN LATERAL (SELECT * FROM {skips} s WHERE s.projection = p.name ORDER BY s.id DESC LIMIT 1) k ON true
-	LEFT JOIN LATERAL (SELECT count(*) AS n, min(parked_at) AS oldest FROM {parked} x WHERE x.projection = p.name) pk ON true`
+	LEFT JOIN LATERAL (SELECT count(*) AS n, min(parked_at) AS oldest FROM {parked} x WHERE x.projection = p.name) pk ON true
+	LEFT JOIN {versions} v ON v.unit = p.name
+	LEFT JOIN {versions} av ON av.projection = v.projection AND av.state = 'active'`
 
 func newStatements(schema, horizon string) statements {
 	table := func(name string) string {
@@ -52,7 +58,7 @@ func newStatements(schema, horizon string) statements {
 		return pgx.Identifier{schema, name}.Sanitize()
 	}
 	r := strings.NewReplacer("{projections}", table("nudge_projections"), "{events}", table("nudge_events"), "{skips}", table("nudge_projection_skips"),
-		"{parked}", table("nudge_projection_parked"), "{park_actions}", table("nudge_projection_park_actions"),
+		"{parked}", table("nudge_projection_parked"), "{versions}", table("nudge_projection_versions"), "{deadletters}", table("nudge_dead_letters"), "{park_actions}", table("nudge_projection_park_actions"),
 		"{columns}", statusColumns, "{class}", lockClass, "{schema}", schema, "{horizon}", horizon, "{window}", strconv.Itoa(lagWindow))
 	var s statements
 	s.addMigrationSQL(r)
@@ -60,6 +66,7 @@ func newStatements(schema, horizon string) statements {
 	s.addWriteSQL(r)
 	s.addAttemptSQL(r)
 	s.addParkSQL(r)
+	s.addVersionSQL(r)
 	return s
 }
 
@@ -201,11 +208,14 @@ func scanStatus(row pgx.Row) (projection.Status, []string, error) {
 		skipForced                     *bool
 		skipAt                         *time.Time
 		oldestParked                   *time.Time
+		version, activeVersion         *int
+		versionState                   *string
+		retiredAt                      *time.Time
 	)
 	if err := row.Scan(&st.Name, &st.Position.TransactionID, &st.Position.GlobalPosition, &state, &st.EventsProcessed,
 		&st.LastError, &failTx, &failPos, &failID, &failType, &failStream, &st.Attempts, &firstFail, &lastFail,
 		&rebuiltAt, &st.UpdatedAt, &skipID, &skipType, &skipStream, &skipTx, &skipPos, &skipBy, &skipReason,
-		&skipForced, &skipAt, &types, &st.ParkedStreams, &oldestParked); err != nil {
+		&skipForced, &skipAt, &types, &st.ParkedStreams, &oldestParked, &version, &versionState, &retiredAt, &activeVersion); err != nil {
 		return st, nil, err
 	}
 	if skipID != nil {
@@ -227,6 +237,8 @@ func scanStatus(row pgx.Row) (projection.Status, []string, error) {
 	}
 	st.FirstFailureAt, st.LastFailureAt, st.RebuildStartedAt = deref(firstFail), deref(lastFail), deref(rebuiltAt)
 	st.OldestParkedAt = deref(oldestParked)
+	st.Version, st.ActiveVersion, st.VersionState = max(deref(version), 1), deref(activeVersion), projection.VersionState(deref(versionState))
+	st.RetiredAt = deref(retiredAt)
 	return st, types, nil
 }
 

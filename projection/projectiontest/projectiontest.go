@@ -53,6 +53,7 @@ func Run(t *testing.T, newEnv NewEnvFunc) {
 		{"SkipOneEvent", testSkip},
 	}
 	tests = append(tests, parkTests...)
+	tests = append(tests, versionTests...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -1,0 +1,95 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+)
+
+// activate tries the cut-over of p, a building version whose catch-up has handled all the
+// history it may (it is level with the active version): one unit of work that holds both
+// versions' locks brings p to the head and makes it active (Backend.Activate). A handler that
+// fails in the cut-over rolls all of it back; the failure is recorded on p's unit only (its
+// status fails, a worker retries and dead-letters its trigger), and it blocks only the
+// cut-over: the active version goes on serving.
+func (r *Runner) activate(ctx context.Context, p *Projection, res *Result) error {
+	unitCtx, cancel := context.WithTimeout(ctx, p.cfg.BatchTimeout)
+	defer cancel()
+	var failed *batch
+	act, err := r.backend.Activate(unitCtx, p, r.cutOver(p, &failed), hook("activate", p, p.cfg.ActivateFunc))
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if failed != nil && failed.failed != nil && errors.Is(err, ErrHandler) {
+			return failed.recordFailure(ctx, res)
+		}
+		return fmt.Errorf("projection %s: cut-over to version %d: %w", p.name, p.cfg.Version, err)
+	}
+	if !act.Activated {
+		r.logger.DebugContext(ctx, "projection version not cut over yet", slog.String("projection", p.name),
+			slog.Int("version", p.cfg.Version), slog.String("reason", act.Reason))
+		return nil
+	}
+	res.Activated, res.CutOverHeld = true, act.Held
+	res.Events += act.Events
+	r.logger.InfoContext(ctx, "projection version cut over: readers now see it", slog.String("projection", p.name),
+		slog.Int("version", p.cfg.Version), slog.Int("previous", act.Previous), slog.Int("events", act.Events),
+		slog.Duration("held", act.Held))
+	return nil
+}
+
+// cutOver is the cut-over's work in p's unit: batches of the events after p's position (live
+// events, not history) until a read comes back short, their outcomes summed into one. It sets
+// *failed to the batch that failed, if one does.
+func (r *Runner) cutOver(p *Projection, failed **batch) BatchFunc {
+	return func(ctx context.Context, u Unit) (Outcome, error) {
+		total := Outcome{Position: u.Status.Position, State: u.Status.State}
+		for {
+			b := r.newBatch(p, p.cfg.BatchSize)
+			b.cutOver = true
+			out, err := b.unit(ctx, u)
+			if err != nil {
+				*failed = b
+				return Outcome{}, err
+			}
+			total.Position, total.State = out.Position, out.State
+			total.Processed += out.Processed
+			total.ClearFailure = total.ClearFailure || out.ClearFailure
+			u.Status.Position, u.Status.State = out.Position, out.State
+			if b.passed == 0 || b.exhausted {
+				r.remember(p.name, total.Position, false)
+				return total, nil
+			}
+		}
+	}
+}
+
+// dropAfterGrace drops a retired version's read model (its DeleteFunc) once Config.RetireGrace
+// has passed since it was retired; a negative grace keeps it.
+func (r *Runner) dropAfterGrace(ctx context.Context, p *Projection, v VersionInfo) error {
+	grace := p.cfg.RetireGrace
+	if grace < 0 || !v.DroppedAt.IsZero() || v.RetiredAt.IsZero() || r.now().Before(v.RetiredAt.Add(grace)) {
+		return nil
+	}
+	return r.DropRetired(ctx, p.name)
+}
+
+// DropRetired runs the DeleteFunc of the projection called name (a unit name, see UnitName)
+// now, if its version is retired, and records that its read model is gone: its status row
+// stays, so its batches keep doing nothing. A version that is not retired is refused with an
+// error matching ErrNotRetired. Runners call it by themselves once Config.RetireGrace has
+// passed.
+func (r *Runner) DropRetired(ctx context.Context, name string) error {
+	p, err := r.Projection(name)
+	if err != nil {
+		return err
+	}
+	if err := r.backend.DropRetired(ctx, p, hook("delete", p, p.cfg.DeleteFunc)); err != nil {
+		return fmt.Errorf("projection %s: drop the retired version %d: %w", name, p.cfg.Version, err)
+	}
+	r.logger.InfoContext(ctx, "projection: retired version's read model dropped", slog.String("projection", name),
+		slog.Int("version", p.cfg.Version))
+	return nil
+}

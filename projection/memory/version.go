@@ -1,0 +1,195 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nudgeworks/nudge/projection"
+)
+
+// version is the record of one version of a projection.
+type version struct {
+	unit                 string
+	state                projection.VersionState
+	retiredAt, droppedAt time.Time
+}
+
+// registerVersion records p's version and returns its state: the first version registered is
+// active, a higher one than the active builds beside it, a lower one is retired. A projection
+// registered before (its version 1 row exists without a record) is version 1, active. The
+// caller holds b.mu.
+func (b *Backend) registerVersion(p *projection.Projection) projection.VersionState {
+	vs := b.versions[p.Base()]
+	if vs == nil {
+		vs = make(map[int]*version)
+		b.versions[p.Base()] = vs
+		if _, ok := b.rows[p.Base()]; ok && p.Version() > 1 {
+			vs[1] = &version{unit: p.Base(), state: projection.VersionActive}
+		}
+	}
+	if v, ok := vs[p.Version()]; ok {
+		return v.state
+	}
+	v := &version{unit: p.Name(), state: projection.VersionActive}
+	if active := activeOf(vs); active > 0 {
+		v.state = projection.VersionBuilding
+		if p.Version() < active {
+			v.state, v.retiredAt = projection.VersionRetired, b.now()
+		}
+	}
+	vs[p.Version()] = v
+	return v.state
+}
+
+// activeOf returns the active version among vs, 0 when none is.
+func activeOf(vs map[int]*version) int {
+	for n, v := range vs {
+		if v.state == projection.VersionActive {
+			return n
+		}
+	}
+	return 0
+}
+
+// versionOf returns the record of the unit called unit, its projection's records and its
+// version; nil when it has none. The caller holds b.mu.
+func (b *Backend) versionOf(unit string) (*version, map[int]*version) {
+	for _, vs := range b.versions {
+		for _, v := range vs {
+			if v.unit == unit {
+				return v, vs
+			}
+		}
+	}
+	return nil, nil
+}
+
+// versionInfo returns the version record of unit as a batch sees it.
+func (b *Backend) versionInfo(unit string) projection.VersionInfo {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	v, vs := b.versionOf(unit)
+	if v == nil {
+		return projection.VersionInfo{}
+	}
+	info := projection.VersionInfo{State: v.state, RetiredAt: v.retiredAt, DroppedAt: v.droppedAt}
+	if a := vs[activeOf(vs)]; a != nil && v.state == projection.VersionBuilding {
+		if r, ok := b.rows[a.unit]; ok {
+			info.ActivePosition = r.get().Position
+		}
+	}
+	return info
+}
+
+// versionStatus fills st's version fields for p.
+func (b *Backend) versionStatus(p *projection.Projection, st *projection.Status) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st.Version = p.Version()
+	if v, vs := b.versionOf(p.Name()); v != nil {
+		st.VersionState, st.ActiveVersion, st.RetiredAt = v.state, activeOf(vs), v.retiredAt
+	}
+}
+
+// lockedUnits runs fn holding the locks of units, in order, skipping repeats and units
+// without a row.
+func (b *Backend) lockedUnits(ctx context.Context, units []string, fn func() error) error {
+	if len(units) == 0 {
+		return fn()
+	}
+	b.mu.Lock()
+	_, ok := b.rows[units[0]]
+	b.mu.Unlock()
+	if !ok || (len(units) > 1 && units[0] == units[1]) {
+		return b.lockedUnits(ctx, units[1:], fn)
+	}
+	return b.locked(ctx, units[0], func(*row) error { return b.lockedUnits(ctx, units[1:], fn) })
+}
+
+// Activate implements projection.Backend, holding the locks of the projection's version 1,
+// the active version and p. Without a transaction, a failing fn or hook leaves everything as
+// it was only because the outcome is applied last: fn's handlers' side effects stay.
+func (b *Backend) Activate(ctx context.Context, p *projection.Projection, fn projection.BatchFunc, hook projection.HookFunc) (projection.Activation, error) {
+	b.mu.Lock()
+	activeUnit := ""
+	vs := b.versions[p.Base()]
+	if a := vs[activeOf(vs)]; a != nil {
+		activeUnit = a.unit
+	}
+	b.mu.Unlock()
+	var act projection.Activation
+	err := b.lockedUnits(ctx, []string{p.Base(), activeUnit}, func() error {
+		return b.locked(ctx, p.Name(), func(r *row) error {
+			start := time.Now()
+			if reason := b.notReady(p, r); reason != "" {
+				act.Reason = reason
+				return nil
+			}
+			out, err := fn(ctx, b.unit(r, projection.VersionInfo{}))
+			if err != nil {
+				return err
+			}
+			if err := runHook(ctx, hook); err != nil {
+				return err
+			}
+			b.apply(r, out)
+			act = b.flip(p, out.Processed)
+			act.Held = time.Since(start)
+			return nil
+		})
+	})
+	return act, err
+}
+
+// notReady says why p, whose row is r, may not cut over; empty when it may.
+func (b *Backend) notReady(p *projection.Projection, r *row) string {
+	b.mu.Lock()
+	v := b.versions[p.Base()][p.Version()]
+	b.mu.Unlock()
+	st := r.get()
+	switch {
+	case v == nil || v.state != projection.VersionBuilding:
+		return fmt.Sprintf("version %d is not building", p.Version())
+	case st.State != projection.StateRunning && st.State != projection.StateFailing:
+		return fmt.Sprintf("version %d is %s", p.Version(), st.State)
+	case len(r.parkedCopy()) > 0:
+		return fmt.Sprintf("version %d has parked streams", p.Version())
+	}
+	return ""
+}
+
+// flip retires the active version of p's projection and makes p's active.
+func (b *Backend) flip(p *projection.Projection, events int) projection.Activation {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	vs := b.versions[p.Base()]
+	act := projection.Activation{Activated: true, Events: events, Previous: activeOf(vs)}
+	if a := vs[act.Previous]; a != nil {
+		a.state, a.retiredAt = projection.VersionRetired, b.now()
+	}
+	vs[p.Version()].state = projection.VersionActive
+	return act
+}
+
+// DropRetired implements projection.Backend.
+func (b *Backend) DropRetired(ctx context.Context, p *projection.Projection, hook projection.HookFunc) error {
+	return b.locked(ctx, p.Name(), func(*row) error {
+		b.mu.Lock()
+		v := b.versions[p.Base()][p.Version()]
+		b.mu.Unlock()
+		switch {
+		case v == nil || v.state != projection.VersionRetired:
+			return fmt.Errorf("projection %s version %d is not retired: %w", p.Name(), p.Version(), projection.ErrNotRetired)
+		case !v.droppedAt.IsZero():
+			return nil
+		}
+		if err := runHook(ctx, hook); err != nil {
+			return err
+		}
+		b.mu.Lock()
+		v.droppedAt = b.now()
+		b.mu.Unlock()
+		return nil
+	})
+}
