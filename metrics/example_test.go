@@ -74,8 +74,8 @@ func Example() {
 	scanner := bufio.NewScanner(rec.Body)
 	for scanner.Scan() {
 		line := scanner.Text()
-		for _, name := range []string{"events_projected_total", "batches_total", "lag_events", "state{", "dead_letters_failed", "catchups_total"} {
-			if strings.Contains(line, "nudge_") && strings.Contains(line, name) && !strings.HasPrefix(line, "#") {
+		for _, name := range []string{"events_projected_total", "batches_total", "lag_events", "_state{", "dead_letters_failed", "catchups_total"} {
+			if strings.Contains(line, "nudge_") && strings.Contains(line, name) && !strings.Contains(line, "version_state") && !strings.HasPrefix(line, "#") {
 				fmt.Println(line)
 			}
 		}

@@ -46,6 +46,10 @@ func (m *Metrics) WatchRunner(r StatusReader) error {
 		"1 while committed events of the projection's types wait behind an older open transaction (the projection waits, it never skips).")
 	c.parked = desc("parked_streams", "Streams the projection parked (OnFailure park) and holds until a redrive.")
 	c.parkedAge = desc("oldest_parked_seconds", "How long the projection's oldest parked stream has been parked; 0 when none is.")
+	c.version = desc("version", "The version of the projection's read model the status row belongs to (Config.Version; its own row per version).")
+	c.versionState = desc("version_state",
+		"Where this version stands: 1 for the current one of active (readers see it), building (beside the active one) and retired, 0 for the others.",
+		"version_state")
 	c.query = newQuery(m, SourceStatus, func(ctx context.Context) ([]projection.Status, int) {
 		out := make([]projection.Status, 0, len(c.names))
 		failed := 0
@@ -74,6 +78,7 @@ type runnerCollector struct {
 	lagEvents, lagSeconds, state, held *prometheus.Desc
 	condition, holderAge               *prometheus.Desc
 	parked, parkedAge                  *prometheus.Desc
+	version, versionState              *prometheus.Desc
 	query                              *query[[]projection.Status]
 }
 
@@ -87,6 +92,8 @@ func (c *runnerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.holderAge
 	ch <- c.parked
 	ch <- c.parkedAge
+	ch <- c.version
+	ch <- c.versionState
 	c.query.describe(ch)
 }
 
@@ -107,6 +114,12 @@ func (c *runnerCollector) Collect(ch chan<- prometheus.Metric) {
 			parkedAge = max(time.Since(st.OldestParkedAt), 0)
 		}
 		ch <- prometheus.MustNewConstMetric(c.parkedAge, prometheus.GaugeValue, parkedAge.Seconds(), st.Name)
+		ch <- prometheus.MustNewConstMetric(c.version, prometheus.GaugeValue, float64(max(st.Version, 1)), st.Name)
+		if st.VersionState != "" {
+			for _, v := range projection.VersionStates() {
+				ch <- prometheus.MustNewConstMetric(c.versionState, prometheus.GaugeValue, boolValue(v == st.VersionState), st.Name, string(v))
+			}
+		}
 		for _, k := range projection.Conditions() {
 			ch <- prometheus.MustNewConstMetric(c.condition, prometheus.GaugeValue, boolValue(k == st.Condition()), st.Name, string(k))
 		}

@@ -227,3 +227,19 @@ func TestWatchRunnerParkedStreams(t *testing.T) {
 	require.InDelta(t, 0, mustValue(t, reg, "nudge_projection_parked_streams", "projection", "b"), 0)
 	require.InDelta(t, 0, mustValue(t, reg, "nudge_projection_oldest_parked_seconds", "projection", "b"), 0)
 }
+
+// TestWatchRunnerVersions: the version gauges follow each version's status row.
+func TestWatchRunnerVersions(t *testing.T) {
+	t.Parallel()
+	m, reg := newMetrics(t)
+	r := newFakeRunner()
+	r.set("a", projection.Status{State: projection.StateRunning, Version: 1, ActiveVersion: 1, VersionState: projection.VersionRetired})
+	r.set("b", projection.Status{State: projection.StateRunning, Version: 2, ActiveVersion: 1, VersionState: projection.VersionBuilding})
+	require.NoError(t, m.WatchRunner(r))
+	require.InDelta(t, 1, mustValue(t, reg, "nudge_projection_version", "projection", "a"), 0)
+	require.InDelta(t, 2, mustValue(t, reg, "nudge_projection_version", "projection", "b"), 0)
+	require.InDelta(t, 1, mustValue(t, reg, "nudge_projection_version_state", "projection", "a", "version_state", "retired"), 0)
+	require.InDelta(t, 0, mustValue(t, reg, "nudge_projection_version_state", "projection", "a", "version_state", "active"), 0)
+	require.InDelta(t, 1, mustValue(t, reg, "nudge_projection_version_state", "projection", "b", "version_state", "building"), 0)
+	require.InDelta(t, 0, mustValue(t, reg, "nudge_projection_version_state", "projection", "b", "version_state", "retired"), 0)
+}

@@ -235,7 +235,7 @@ func TestRebuildNoWait(t *testing.T) {
 	var got []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(res.stdout), &got))
 	require.Equal(t, "rebuilding", got[0]["state"])
-	require.Equal(t, map[string]any{"done": 0.0, "total": float64(ticketCount), "percent": 0.0}, got[0]["rebuild"])
+	require.Equal(t, map[string]any{"done": 0.0, "total": float64(ticketCount), "percent": 0.0, "eta_seconds": nil}, got[0]["rebuild"], "no ETA before there is a rate")
 	require.NotNil(t, got[0]["rebuild_started_at"])
 
 	close(s.tk.gate)

@@ -300,7 +300,7 @@ func lagText(st projection.Status) string {
 // far its rebuild is. It holds text from the database (the last error): print it through
 // terminalSafe.
 func statusNote(st projection.Status) string {
-	var notes []string
+	notes := versionNotes(st)
 	if st.HeldByHorizon {
 		if st.Holder != nil {
 			notes = append(notes, "waiting on "+st.Holder.Short()+" (nudge horizon)")
@@ -310,7 +310,11 @@ func statusNote(st projection.Status) string {
 	}
 	if st.State == projection.StateRebuilding {
 		done, total := st.Progress()
-		notes = append(notes, fmt.Sprintf("rebuilding: %d/%d events (%s)", done, total, percent(done, total)))
+		note := fmt.Sprintf("rebuilding: %d/%d events (%s)", done, total, percent(done, total))
+		if eta, ok := rebuildETA(st, time.Now()); ok {
+			note += ", ETA " + humanDuration(eta)
+		}
+		notes = append(notes, note)
 	}
 	if st.State == projection.StateFailing && st.LastError != "" {
 		notes = append(notes, fmt.Sprintf("attempt %d: %s", st.Attempts, truncate(st.LastError, noteErrorWidth)))
@@ -323,6 +327,43 @@ func statusNote(st projection.Status) string {
 		return "-"
 	}
 	return strings.Join(notes, "; ")
+}
+
+// versionNotes says where a versioned projection's row stands: a version built beside the
+// active one, or one a newer version replaced. A projection with one version says nothing.
+func versionNotes(st projection.Status) []string {
+	switch st.VersionState {
+	case projection.VersionBuilding:
+		note := fmt.Sprintf("v%d building beside v%d (active); cuts over once level", st.Version, st.ActiveVersion)
+		if st.ActiveVersion == 0 {
+			note = fmt.Sprintf("v%d building; cuts over once level", st.Version)
+		}
+		return []string{note}
+	case projection.VersionRetired:
+		note := fmt.Sprintf("v%d retired", st.Version)
+		if !st.RetiredAt.IsZero() {
+			note += " at " + st.RetiredAt.UTC().Format(time.RFC3339)
+		}
+		if st.ActiveVersion > 0 {
+			note += fmt.Sprintf(", replaced by v%d", st.ActiveVersion)
+		}
+		return []string{note}
+	case projection.VersionActive:
+		if st.Version > 1 {
+			return []string{fmt.Sprintf("v%d active", st.Version)}
+		}
+	}
+	return nil
+}
+
+// rebuildETA is how long a rebuilding projection (or a version building from the start) still
+// needs at its average rate since it started; false while there is no rate yet.
+func rebuildETA(st projection.Status, now time.Time) (time.Duration, bool) {
+	rate := st.EventsPerSecond(now)
+	if st.State != projection.StateRebuilding || rate <= 0 {
+		return 0, false
+	}
+	return time.Duration(float64(st.LagEvents) / rate * float64(time.Second)), true
 }
 
 // percent is done of total, "100%" when there is nothing to do.
@@ -385,6 +426,10 @@ type statusJSON struct {
 	LastSkip                     *lastSkipJSON `json:"last_skip"`
 	ParkedStreams                int           `json:"parked_streams"`
 	OldestParkedAt               *time.Time    `json:"oldest_parked_at"`
+	Version                      int           `json:"version"`
+	ActiveVersion                int           `json:"active_version"`
+	VersionState                 string        `json:"version_state,omitempty"`
+	RetiredAt                    *time.Time    `json:"retired_at"`
 }
 
 // holderJSON is an eventstore.HorizonHolder as --json prints it.
@@ -425,6 +470,8 @@ type rebuildJSON struct {
 	Done    int64   `json:"done"`
 	Total   int64   `json:"total"`
 	Percent float64 `json:"percent"`
+	// ETASeconds is the time left at the average rate so far; nil before there is a rate.
+	ETASeconds *float64 `json:"eta_seconds"`
 }
 
 type lastSkipJSON struct {
@@ -448,6 +495,7 @@ func toStatusJSON(r statusRow) statusJSON {
 		FirstFailureAt: utcOrNil(st.FirstFailureAt), LastFailureAt: utcOrNil(st.LastFailureAt),
 		RebuildStartedAt: utcOrNil(st.RebuildStartedAt), FailingEvent: toEventRefJSON(st.FailingEvent),
 		ParkedStreams: st.ParkedStreams, OldestParkedAt: utcOrNil(st.OldestParkedAt),
+		Version: st.Version, ActiveVersion: st.ActiveVersion, VersionState: string(st.VersionState), RetiredAt: utcOrNil(st.RetiredAt),
 	}
 	if st.Holder != nil {
 		out.OldestOpenTransactionSeconds = st.Holder.Age.Seconds()
@@ -459,6 +507,10 @@ func toStatusJSON(r statusRow) statusJSON {
 			p = math.Round(1000*float64(done)/float64(total)) / 10
 		}
 		out.Rebuild = &rebuildJSON{Done: done, Total: total, Percent: p}
+		if eta, ok := rebuildETA(st, time.Now()); ok {
+			secs := math.Round(eta.Seconds()*10) / 10
+			out.Rebuild.ETASeconds = &secs
+		}
 	}
 	if k := st.LastSkip; k != nil {
 		out.LastSkip = &lastSkipJSON{EventID: k.Event.ID.String(), Type: k.Event.Type, StreamID: k.Event.StreamID,

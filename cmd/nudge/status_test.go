@@ -419,3 +419,88 @@ func TestStatusWithoutDeadLetterTable(t *testing.T) {
 	require.Contains(t, got[0], "dead_letters")
 	require.Nil(t, got[0]["dead_letters"])
 }
+
+// TestStatusVersions: a version built beside the active one, the active one, and a retired
+// one each say where they stand, in the table and in --json.
+func TestStatusVersions(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	store, err := espg.New(f.db.Pool, espg.Config{})
+	require.NoError(t, err)
+	res, err := store.Append(ctx, "order-1", eventstore.Any,
+		eventstore.EventData{Type: "A", Payload: json.RawMessage(`{}`)},
+		eventstore.EventData{Type: "A", Payload: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	storetest.Settle(t, store, res.Last())
+	backend, err := pjpg.New(store)
+	require.NoError(t, err)
+	define := func(version int) *projection.Projection {
+		var p *projection.Projection
+		p, err := projection.New("orders", projection.Config{Version: version, Tables: []string{"orders"},
+			InitFunc: func(ctx context.Context, hp projection.HookParams) error {
+				_, err := hp.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+p.Table("orders")+` (n int)`)
+				return err
+			}}, projection.OnIdempotent("A", func(context.Context, projection.Event[json.RawMessage]) error { return nil }))
+		require.NoError(t, err)
+		return p
+	}
+	v1, v2 := define(1), define(2)
+	// v1 is active and caught up; v2 is registered beside it and has not run.
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, v1)
+	require.NoError(t, err)
+	require.NoError(t, runner.Init(ctx))
+	_, err = runner.CatchUp(ctx, v1.Name())
+	require.NoError(t, err)
+	building, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, v2)
+	require.NoError(t, err)
+	require.NoError(t, building.Init(ctx))
+
+	out := runCLI(t, f.env, "status")
+	require.Equal(t, 0, out.code, out.stderr)
+	require.Regexp(t, `(?m)^orders\s.*\s-$`, out.stdout, "the active version 1 needs no note")
+	require.Regexp(t, `(?m)^orders\.v2\s.*v2 building beside v1 \(active\); cuts over once level`, out.stdout)
+
+	out = runCLI(t, f.env, "status", "--json")
+	require.Equal(t, 0, out.code, out.stderr)
+	var got []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out.stdout), &got))
+	byName := map[string]map[string]any{}
+	for _, r := range got {
+		byName[r["name"].(string)] = r
+	}
+	require.Equal(t, []any{1.0, 1.0, "active", nil}, []any{byName["orders"]["version"], byName["orders"]["active_version"],
+		byName["orders"]["version_state"], byName["orders"]["retired_at"]})
+	require.Equal(t, []any{2.0, 1.0, "building", nil}, []any{byName["orders.v2"]["version"], byName["orders.v2"]["active_version"],
+		byName["orders.v2"]["version_state"], byName["orders.v2"]["retired_at"]})
+
+	// v2 catches up and cuts over: v1 is retired, replaced by v2.
+	_, err = building.CatchUp(ctx, v2.Name())
+	require.NoError(t, err)
+	st, err := building.Status(ctx, v2.Name())
+	require.NoError(t, err)
+	require.Equal(t, projection.VersionActive, st.VersionState, "v2 cut over in its catch-up")
+	out = runCLI(t, f.env, "status")
+	require.Equal(t, 0, out.code, out.stderr)
+	require.Regexp(t, `(?m)^orders\s.*v1 retired at \S+, replaced by v2$`, out.stdout)
+	require.Regexp(t, `(?m)^orders\.v2\s.*v2 active$`, out.stdout)
+}
+
+func TestVersionNotesAndETA(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	require.Empty(t, versionNotes(projection.Status{Version: 1, ActiveVersion: 1, VersionState: projection.VersionActive}))
+	require.Equal(t, []string{"v3 building; cuts over once level"}, versionNotes(projection.Status{Version: 3, VersionState: projection.VersionBuilding}))
+	require.Equal(t, []string{"v1 retired"}, versionNotes(projection.Status{Version: 1, VersionState: projection.VersionRetired}))
+
+	st := projection.Status{State: projection.StateRebuilding, RebuildStartedAt: now.Add(-10 * time.Second), EventsProcessed: 1000, LagEvents: 3000}
+	eta, ok := rebuildETA(st, now)
+	require.True(t, ok)
+	require.Equal(t, 30*time.Second, eta, "3,000 events left at 100 events/s")
+	st.EventsProcessed = 0
+	_, ok = rebuildETA(st, now)
+	require.False(t, ok, "no rate yet")
+	st.State, st.EventsProcessed = projection.StateRunning, 1000
+	_, ok = rebuildETA(st, now)
+	require.False(t, ok, "not rebuilding")
+}
