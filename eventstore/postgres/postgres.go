@@ -111,6 +111,8 @@ type Store struct {
 	limits   eventstore.Limits
 	sql      statements
 	notifier *notifier
+	// partitions are the partitioned read statements, made per partition count.
+	partitions *partitionStatements
 }
 
 var _ eventstore.Store = (*Store)(nil)
@@ -125,6 +127,7 @@ func New(db postgres.DB, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{db: db, schema: cfg.Schema, attempts: cfg.AppendAttempts, limits: cfg.Limits, sql: newStatements(cfg.Schema)}
+	s.partitions = &partitionStatements{events: s.qualified("nudge_events"), readable: s.sql.horizon}
 	if _, pooled := db.(interface {
 		Acquire(ctx context.Context) (*pgxpool.Conn, error)
 	}); pooled {
@@ -428,9 +431,12 @@ func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, 
 		return nil, err
 	}
 	var rows pgx.Rows
-	if len(opts.Types) == 0 {
+	switch {
+	case opts.Partition.Partitioned():
+		rows, err = s.readPartition(ctx, q, after, opts, limit)
+	case len(opts.Types) == 0:
 		rows, err = q.Query(ctx, s.sql.read[omit(opts)], after.TransactionID, after.GlobalPosition, limit)
-	} else {
+	default:
 		rows, err = q.Query(ctx, s.sql.readTypes[omit(opts)], after.TransactionID, after.GlobalPosition, limit, opts.Types)
 	}
 	if err != nil {
