@@ -56,21 +56,22 @@ func (p Partition) String() string {
 	return fmt.Sprintf("%d/%d", p.Index, p.Count)
 }
 
-// StreamHash is the stable hash of a stream id that partitions are computed from: the first
-// four bytes of the MD5 digest of the id's UTF-8 bytes, as a big-endian two's-complement int32.
-// It is the same in every process and version, and the PostgreSQL store computes it in SQL as
-// ('x' || substr(md5(stream_id), 1, 8))::bit(32)::int (in a database with UTF8 encoding).
-func StreamHash(streamID string) int32 {
+// streamHash is the stable hash of a stream id that partitions are computed from (see
+// PartitionOf); PostgreSQL computes it as ('x' || substr(md5(stream_id), 1, 8))::bit(32)::int
+// (in a database with UTF8 encoding).
+func streamHash(streamID string) int32 {
 	sum := md5.Sum([]byte(streamID))               //nolint:gosec // see the import
 	return int32(binary.BigEndian.Uint32(sum[:4])) //nolint:gosec // the two's-complement reading is the point
 }
 
 // PartitionOf returns the partition of streamID's events among count partitions:
-// (StreamHash(streamID) & 0x7fffffff) % count, the same as the PostgreSQL store's SQL; 0 when
-// count is 1 or less.
+// (hash & 0x7fffffff) % count, where hash is the first four bytes of the MD5 digest of the id's
+// UTF-8 bytes read as a big-endian two's-complement int32. It is the same in every process and
+// version, and the PostgreSQL store computes the same in SQL (eventstore/postgres
+// PartitionSQL); 0 when count is 1 or less.
 func PartitionOf(streamID string, count int) int {
 	if count <= 1 {
 		return 0
 	}
-	return int(StreamHash(streamID)&0x7fffffff) % count
+	return int(streamHash(streamID)&0x7fffffff) % count
 }

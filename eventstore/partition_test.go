@@ -9,20 +9,23 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 )
 
-// TestStreamHash pins the hash to values PostgreSQL computes with
-// ('x' || substr(md5(s), 1, 8))::bit(32)::int: partitions must never move between versions.
-func TestStreamHash(t *testing.T) {
+// TestPartitionOf pins partitions to values PostgreSQL computes with
+// ((('x' || substr(md5(s), 1, 8))::bit(32)::int & 2147483647) % n): a stream's partition must
+// never move between versions.
+func TestPartitionOf(t *testing.T) {
 	t.Parallel()
 	for id, want := range map[string]struct {
-		hash      int32
-		partition int
+		hash      int32 // ('x' || substr(md5(s), 1, 8))::bit(32)::int
+		partition int   // among 16
 	}{
 		"ticket-1":  {-1820146447, 1},
 		"order-42":  {1329687308, 12},
 		"Ünïcødé-流": {-728807610, 6},
 		"a":         {214005177, 9},
 	} {
-		require.Equal(t, want.hash, eventstore.StreamHash(id), id)
+		for _, n := range []int{2, 16, 1000, 1024} {
+			require.Equal(t, int(want.hash&0x7fffffff)%n, eventstore.PartitionOf(id, n), "%s among %d", id, n)
+		}
 		require.Equal(t, want.partition, eventstore.PartitionOf(id, 16), id)
 		require.True(t, eventstore.Partition{Index: want.partition, Count: 16}.Contains(id), id)
 		require.Zero(t, eventstore.PartitionOf(id, 1), "one partition")

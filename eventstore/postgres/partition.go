@@ -18,7 +18,7 @@ import (
 	"github.com/nudgeworks/nudge/internal/pghorizon"
 )
 
-// streamHashSQL is eventstore.StreamHash in SQL: the first 32 bits of md5(stream_id) as a
+// streamHashSQL is the stream hash of eventstore.PartitionOf in SQL: the first 32 bits of md5(stream_id) as a
 // signed int. md5 is immutable, so the expression can be indexed; it hashes the text's bytes in
 // the database encoding, which are the Go string's UTF-8 bytes in a UTF8 (or SQL_ASCII) database.
 const streamHashSQL = `('x' || substr(md5(stream_id), 1, 8))::bit(32)::int`
@@ -43,7 +43,7 @@ func partitionIndexName(count int) string {
 const partitionLockClass = "1852862068"
 
 // ErrPartitionEncoding reports a database whose encoding is neither UTF8 nor SQL_ASCII: there
-// md5(stream_id) hashes other bytes than eventstore.StreamHash, so the partitions of SQL and
+// md5(stream_id) hashes other bytes than eventstore.PartitionOf, so the partitions of SQL and
 // Go would disagree for stream ids outside ASCII. EnsurePartitions refuses such a database.
 var ErrPartitionEncoding = errors.New("postgres: partitioned reads need a database with UTF8 (or SQL_ASCII) encoding, so that stream ids hash the same in SQL and in Go")
 

@@ -29,9 +29,8 @@ func TestPartitionSQLMatchesGo(t *testing.T) {
 		ids = append(ids, fmt.Sprintf("ticket-%d", i), fmt.Sprintf("Kundenkonto-Ü%d-流水-🎫", i))
 	}
 	ids = append(ids, strings.Repeat("x", eventstore.MaxStreamIDLength), "a b", `it's "quoted"`, `back\slash`)
-	for _, count := range []int{2, 7, 16, 1024} {
-		rows, err := db.Pool.Query(ctx, `SELECT stream_id, `+postgres.PartitionSQL(count)+`,
-				('x' || substr(md5(stream_id), 1, 8))::bit(32)::int
+	for _, count := range []int{2, 7, 16, 1000, 1023, 1024} {
+		rows, err := db.Pool.Query(ctx, `SELECT stream_id, `+postgres.PartitionSQL(count)+`
 			FROM unnest($1::text[]) AS t(stream_id)`, ids)
 		require.NoError(t, err)
 		n := 0
@@ -39,10 +38,8 @@ func TestPartitionSQLMatchesGo(t *testing.T) {
 			var (
 				id        string
 				partition int
-				hash      int32
 			)
-			require.NoError(t, rows.Scan(&id, &partition, &hash))
-			require.Equal(t, eventstore.StreamHash(id), hash, "hash of %q", id)
+			require.NoError(t, rows.Scan(&id, &partition))
 			require.Equal(t, eventstore.PartitionOf(id, count), partition, "partition of %q among %d", id, count)
 			n++
 		}
