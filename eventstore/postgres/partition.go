@@ -100,13 +100,47 @@ const partitionReadTypesSQL = `SELECT {columns} FROM {events}
 		AND event_type = ANY($5::text[])
 	ORDER BY {part}, transaction_id, global_position LIMIT $3`
 
-// readPartition is read for a partitioned opts.Partition; limit is checked.
-func (s *Store) readPartition(ctx context.Context, q querier, after eventstore.Position, opts eventstore.ReadOptions, limit int) (pgx.Rows, error) {
+// The partitioned statements run with sorting disabled for the statement alone (set before
+// it and restored after it, transaction-locally, in the same round trip): then the only plan
+// without a sort is the walk of the partition index in read order, which stops at the page's
+// end. Left to its estimates (the horizon is unknown when planning, so it guesses a third of
+// the rows; near the end of the log it expects none), the planner would often fetch every
+// event after the position through the partition index and sort them, or walk the read-order
+// index and drop the other partitions' events: work that grows with the log, not the page.
+// The ORDER BY leads with the partition and the partition condition is an = ANY, so the
+// read-order index cannot give the order either.
+const (
+	sortOff     = `SELECT set_config('nudge.enable_sort', current_setting('enable_sort'), true), set_config('enable_sort', 'off', true)`
+	sortRestore = `SELECT set_config('enable_sort', current_setting('nudge.enable_sort'), true)`
+)
+
+// readPartition is read for a partitioned opts.Partition, limit checked: in tx when q is one,
+// else in a read-only transaction of its own.
+func (s *Store) readPartition(ctx context.Context, q querier, after eventstore.Position, opts eventstore.ReadOptions, limit int) ([]eventstore.Event, error) {
 	st := s.partitions.forCount(opts.Partition.Count)
-	if len(opts.Types) == 0 {
-		return q.Query(ctx, st.read[omit(opts)], after.TransactionID, after.GlobalPosition, limit, opts.Partition.Index)
+	sql, args := st.read[omit(opts)], []any{after.TransactionID, after.GlobalPosition, limit, opts.Partition.Index}
+	if len(opts.Types) > 0 {
+		sql, args = st.readTypes[omit(opts)], append(args, opts.Types)
 	}
-	return q.Query(ctx, st.readTypes[omit(opts)], after.TransactionID, after.GlobalPosition, limit, opts.Partition.Index, opts.Types)
+	var events []eventstore.Event
+	run := func(tx pgx.Tx) error {
+		var batch pgx.Batch
+		batch.Queue(sortOff)
+		batch.Queue(sql, args...).Query(func(rows pgx.Rows) error {
+			var err error
+			events, err = collectEvents(rows, limit)
+			return err
+		})
+		batch.Queue(sortRestore)
+		return tx.SendBatch(ctx, &batch).Close()
+	}
+	var err error
+	if tx, ok := q.(pgx.Tx); ok {
+		err = run(tx)
+	} else {
+		err = pgx.BeginTxFunc(ctx, s.db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, run)
+	}
+	return events, s.translate(err)
 }
 
 // HeadPartition is Head for one partition of the log: the position of the newest event of
@@ -121,10 +155,21 @@ func (s *Store) HeadPartition(ctx context.Context, p eventstore.Partition) (even
 		return s.Head(ctx)
 	}
 	var pos eventstore.Position
-	err := s.db.QueryRow(ctx, s.partitions.forCount(p.Count).head, p.Index).Scan(&pos.TransactionID, &pos.GlobalPosition)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return eventstore.Position{}, nil
-	}
+	err := pgx.BeginTxFunc(ctx, s.db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var batch pgx.Batch
+		batch.Queue(sortOff)
+		batch.Queue(s.partitions.forCount(p.Count).head, p.Index).Query(func(rows pgx.Rows) error {
+			defer rows.Close()
+			for rows.Next() {
+				if err := rows.Scan(&pos.TransactionID, &pos.GlobalPosition); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		})
+		batch.Queue(sortRestore)
+		return tx.SendBatch(ctx, &batch).Close()
+	})
 	return pos, s.translate(err)
 }
 

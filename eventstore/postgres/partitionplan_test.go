@@ -5,9 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/eventload"
 	"github.com/nudgeworks/nudge/internal/pgtest"
 	"github.com/nudgeworks/nudge/internal/testwait"
@@ -15,10 +17,11 @@ import (
 
 // TestPartitionReadPlan: with the index of EnsurePartitions, every partitioned statement (the
 // read with and without types, with and without payloads, and the partition's head) reads the
-// partition index alone, bounded by the position and the horizon in the index condition, and
-// visits no event of another partition; while many events are left, it walks the index in read
-// order and stops at the page's end. Both as planned for the values (custom plan) and for any
-// values (the generic plan a cached prepared statement may switch to). Read and ReadTx send
+// partition index alone in read order, bounded by the position and the horizon in the index
+// condition, stops at the page's end and visits no event of another partition: at the start of
+// a partition and near the end of the log (where the planner expects nothing left), as planned
+// for the values (custom plan) and for any values (the generic plan a cached prepared statement
+// may switch to), with sorting off as the store runs these statements. Read and ReadTx send
 // the same statements.
 func TestPartitionReadPlan(t *testing.T) {
 	t.Parallel()
@@ -36,26 +39,28 @@ func TestPartitionReadPlan(t *testing.T) {
 	var mid string // the position of the 30,000th event, as arguments
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT format('%L, %s', transaction_id, global_position) FROM nudge_events
 		ORDER BY transaction_id, global_position OFFSET 29999 LIMIT 1`).Scan(&mid))
-	// ordered: the page is a small part of what is left, so the plan must walk the index in
-	// read order and stop at the page's end (no sort).
 	cases := map[string]struct {
-		sql     string
-		types   string
-		args    string
-		ordered bool
+		sql   string
+		types string
+		args  string
 	}{
-		"read":              {st.read[0], "xid8, bigint, int, int", "'0', 0, 100, 5", true},
-		"read bare":         {st.read[1], "xid8, bigint, int, int", "'0', 0, 100, 5", true},
-		"read types":        {st.readTypes[0], "xid8, bigint, int, int, text[]", "'0', 0, 100, 5, '{TicketWasRegistered}'", true},
-		"read types bare":   {st.readTypes[1], "xid8, bigint, int, int, text[]", "'0', 0, 100, 5, '{TicketWasRegistered}'", true},
-		"head of partition": {st.head, "int", "5", true},
-		// Fewer events are left in the partition than the page holds: the planner may fetch
-		// them all through the partition index and sort them, which reads nothing more.
-		"the end of the partition, a page of 1000": {st.read[0], "xid8, bigint, int, int", mid + ", 1000, 5", false},
+		"read":              {st.read[0], "xid8, bigint, int, int", "'0', 0, 100, 5"},
+		"read bare":         {st.read[1], "xid8, bigint, int, int", "'0', 0, 100, 5"},
+		"read types":        {st.readTypes[0], "xid8, bigint, int, int, text[]", "'0', 0, 100, 5, '{TicketWasRegistered}'"},
+		"read types bare":   {st.readTypes[1], "xid8, bigint, int, int, text[]", "'0', 0, 100, 5, '{TicketWasRegistered}'"},
+		"head of partition": {st.head, "int", "5"},
+		// Near the end of the log the planner expects almost nothing left: left to its
+		// estimates it would fetch all of it and sort, or walk the read-order index.
+		"near the end, a page of 1000": {st.read[0], "xid8, bigint, int, int", mid + ", 1000, 5"},
+		"the start, a page of 1000":    {st.read[0], "xid8, bigint, int, int", "'0', 0, 1000, 5"},
 	}
 	conn, err := db.Pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
+	// The store sets it for each partitioned statement alone (sortOff); TestPartitionReadWork
+	// checks the store's reads themselves.
+	_, err = conn.Exec(ctx, `SET enable_sort = off`)
+	require.NoError(t, err)
 	for name, c := range cases {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			_, err := conn.Exec(ctx, `SET plan_cache_mode = `+mode)
@@ -83,12 +88,75 @@ func TestPartitionReadPlan(t *testing.T) {
 			for _, other := range []string{"Seq Scan on nudge_events", "nudge_events_read_order_idx", "nudge_events_type_order_idx"} {
 				assert.NotContains(t, plan, other, "%s, %s: no other partition's events are visited", name, mode)
 			}
-			if c.ordered {
-				assert.Regexp(t, `Index Scan (Backward )?using nudge_events_partition_16_idx on nudge_events`, plan, "%s, %s", name, mode)
-				assert.NotContains(t, plan, "Sort Key: (", "%s, %s", name, mode)
-				assert.NotContains(t, plan, "Bitmap", "%s, %s", name, mode)
-			}
+			assert.Regexp(t, `Index Scan (Backward )?using nudge_events_partition_16_idx on nudge_events`, plan, "%s, %s", name, mode)
+			assert.NotContains(t, plan, "Sort Key: (", "%s, %s", name, mode)
+			assert.NotContains(t, plan, "Bitmap", "%s, %s", name, mode)
 			assert.Regexp(t, `Index Cond: \(\(\(\(\(\(\('x'::text \|\| substr\(md5\(stream_id\), 1, 8\)\)\)::bit\(32\)\)::integer & 2147483647\) % 16\) = ANY .*transaction_id < \$\d+\)\)`, plan, "%s, %s", name, mode)
 		}
 	}
+}
+
+// TestPartitionReadWork: reading every partition to its end through Read, ReadTx and
+// HeadPartition fetches each event once and never walks the read-order index: the server's
+// own counters (pg_stat_user_tables, pg_stat_user_indexes) of the reading connection say so.
+func TestPartitionReadWork(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := testwait.Context(t, 2*time.Minute)
+	s, err := New(db.Pool, Config{})
+	require.NoError(t, err)
+	require.NoError(t, s.Migrate(ctx))
+	const events, count, page = 20_000, 16, 500
+	eventload.Load(t, db.Pool, events, 5_000, "TicketWasRegistered", func(string, int) string { return `{"a": 1}` })
+	require.NoError(t, s.EnsurePartitions(ctx, count))
+	_, err = db.Pool.Exec(ctx, `VACUUM ANALYZE nudge_events`)
+	require.NoError(t, err)
+
+	pool := db.NewPool(t, 1) // one backend, whose counters are read
+	reader, err := New(pool, Config{})
+	require.NoError(t, err)
+	counters := func() (fetched, readOrder, partition int64) {
+		_, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`) // reported when the backend goes idle
+		require.NoError(t, err)
+		require.NoError(t, pool.QueryRow(ctx, `SELECT t.idx_tup_fetch,
+				(SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'nudge_events_read_order_idx'),
+				(SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'nudge_events_partition_16_idx')
+			FROM pg_stat_user_tables t WHERE t.relname = 'nudge_events'`).Scan(&fetched, &readOrder, &partition))
+		return fetched, readOrder, partition
+	}
+	fetched0, readOrder0, partition0 := counters()
+	total := 0
+	for i := range count {
+		p := eventstore.Partition{Index: i, Count: count}
+		var after eventstore.Position
+		for n := 0; ; n++ {
+			read := func() ([]eventstore.Event, error) {
+				return reader.Read(ctx, after, eventstore.ReadOptions{Limit: page, Partition: p})
+			}
+			if n%2 == 1 { // every other page in a transaction of the caller's
+				read = func() (events []eventstore.Event, err error) {
+					err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+						events, err = reader.ReadTx(ctx, tx, after, eventstore.ReadOptions{Limit: page, Partition: p})
+						return err
+					})
+					return events, err
+				}
+			}
+			got, err := read()
+			require.NoError(t, err)
+			if len(got) == 0 {
+				break
+			}
+			total += len(got)
+			after = got[len(got)-1].Position
+		}
+		head, err := reader.HeadPartition(ctx, p)
+		require.NoError(t, err)
+		require.Equal(t, after, head)
+	}
+	require.Equal(t, events, total)
+	fetched, readOrder, partition := counters()
+	require.Equal(t, readOrder0, readOrder, "the read-order index was walked")
+	require.LessOrEqual(t, fetched-fetched0, int64(events+count), "heap tuples fetched: each event once, and each partition's head")
+	require.LessOrEqual(t, partition-partition0, int64(events+2*count), "partition index entries read")
 }

@@ -430,10 +430,11 @@ func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, 
 	if err != nil {
 		return nil, err
 	}
+	if opts.Partition.Partitioned() {
+		return s.readPartition(ctx, q, after, opts, limit)
+	}
 	var rows pgx.Rows
 	switch {
-	case opts.Partition.Partitioned():
-		rows, err = s.readPartition(ctx, q, after, opts, limit)
 	case len(opts.Types) == 0:
 		rows, err = q.Query(ctx, s.sql.read[omit(opts)], after.TransactionID, after.GlobalPosition, limit)
 	default:
