@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/eventstore/storetest"
 	"github.com/nudgeworks/nudge/internal/eventload"
 	"github.com/nudgeworks/nudge/internal/pgtest"
 	"github.com/nudgeworks/nudge/internal/testwait"
@@ -107,7 +108,7 @@ func TestPartitionReadWork(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.Migrate(ctx))
 	const events, count, page = 20_000, 16, 500
-	eventload.Load(t, db.Pool, events, 5_000, "TicketWasRegistered", func(string, int) string { return `{"a": 1}` })
+	last := eventload.Load(t, db.Pool, events, 5_000, "TicketWasRegistered", func(string, int) string { return `{"a": 1}` })
 	require.NoError(t, s.EnsurePartitions(ctx, count))
 	_, err = db.Pool.Exec(ctx, `VACUUM ANALYZE nudge_events`)
 	require.NoError(t, err)
@@ -115,6 +116,7 @@ func TestPartitionReadWork(t *testing.T) {
 	pool := db.NewPool(t, 1) // one backend, whose counters are read
 	reader, err := New(pool, Config{})
 	require.NoError(t, err)
+	storetest.Settle(t, reader, last) // other tests' transactions may hold the horizon a while
 	counters := func() (fetched, readOrder, partition int64) {
 		_, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`) // reported when the backend goes idle
 		require.NoError(t, err)
