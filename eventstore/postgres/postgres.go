@@ -28,6 +28,16 @@
 // younger transaction committed to the same stream would, in read order, put its event before
 // the earlier version. AppendTx detects that case and returns an *eventstore.ConflictError with
 // reason eventstore.ConflictStreamOrder: roll back and retry; the retry gets a newer id.
+//
+// # Partitioned reads
+//
+// A Read with ReadOptions.Partition {Index: i, Count: n} returns the events of the streams in
+// partition i of n (eventstore.PartitionOf; in SQL, PartitionSQL(n), computed from stream_id),
+// in read order and below the same horizon. Store.EnsurePartitions(ctx, n) builds the index it
+// reads, (PartitionSQL(n), transaction_id, global_position), concurrently and once for every
+// process; the read then walks that partition's range of the index from the position to the
+// horizon and stops at the page's end, reading no event of another partition. Without the
+// index the read is still correct, but it scans other partitions' events.
 package postgres
 
 import (
