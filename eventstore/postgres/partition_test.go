@@ -14,6 +14,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/eventstore/storetest"
+	"github.com/nudgeworks/nudge/internal/pgtest"
 	"github.com/nudgeworks/nudge/internal/testwait"
 )
 
@@ -194,4 +195,27 @@ func TestEnsurePartitions(t *testing.T) {
 			require.NotContains(t, def, "UNIQUE")
 		})
 	}
+}
+
+// TestEnsurePartitionsRefusesOtherEncodings: in a LATIN1 database md5(stream_id) would hash
+// other bytes than Go for ids outside ASCII, so EnsurePartitions refuses it.
+func TestEnsurePartitionsRefusesOtherEncodings(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := testwait.Context(t, time.Minute)
+	name := db.Name + "_latin1" // the test prefix, so a killed run's database is dropped later
+	_, err := db.Pool.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()+` ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := db.Pool.Exec(context.Background(), `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`)
+		require.NoError(t, err)
+	})
+	other := &pgtest.DB{Name: name, URL: strings.Replace(db.URL, "/"+db.Name, "/"+name, 1)}
+	pool := other.NewPool(t, 2)
+	s, err := postgres.New(pool, postgres.Config{})
+	require.NoError(t, err)
+	require.NoError(t, s.Migrate(ctx))
+	err = s.EnsurePartitions(ctx, 4)
+	require.ErrorIs(t, err, postgres.ErrPartitionEncoding)
+	require.ErrorContains(t, err, "LATIN1")
 }
