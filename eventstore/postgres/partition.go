@@ -18,9 +18,10 @@ import (
 	"github.com/nudgeworks/nudge/internal/pghorizon"
 )
 
-// streamHashSQL is the stream hash of eventstore.PartitionOf in SQL: the first 32 bits of md5(stream_id) as a
-// signed int. md5 is immutable, so the expression can be indexed; it hashes the text's bytes in
-// the database encoding, which are the Go string's UTF-8 bytes in a UTF8 (or SQL_ASCII) database.
+// streamHashSQL is the stream hash of eventstore.PartitionOf in SQL: the first 32 bits of
+// md5(stream_id) as a signed int. md5 is immutable, so the expression can be indexed; it hashes
+// the text's bytes in the database encoding, which are the Go string's UTF-8 bytes in a UTF8
+// (or SQL_ASCII) database.
 const streamHashSQL = `('x' || substr(md5(stream_id), 1, 8))::bit(32)::int`
 
 // PartitionSQL returns the SQL expression, over the events table's stream_id column (of the
@@ -40,7 +41,7 @@ func partitionIndexName(count int) string {
 
 // partitionLockClass is the first key of the session advisory lock that serialises the index
 // builds of EnsurePartitions on one events table ("nprt"); the second is the table's OID.
-const partitionLockClass = "1852862068"
+const partitionLockClass = "1852863092"
 
 // ErrPartitionEncoding reports a database whose encoding is neither UTF8 nor SQL_ASCII: there
 // md5(stream_id) hashes other bytes than eventstore.PartitionOf, so the partitions of SQL and
@@ -58,8 +59,8 @@ type partitionStatements struct {
 
 // partitionSQL are the statements of one partition count.
 type partitionSQL struct {
-	// read and readTypes are indexed by ReadOptions.OmitPayload (0: with payloads); the
-	// partition index is the last parameter.
+	// read and readTypes are indexed by ReadOptions.OmitPayload (0: with payloads); they take
+	// the position ($1, $2), the limit ($3), the partition index ($4) and the types ($5).
 	read      [2]string
 	readTypes [2]string
 	head      string
@@ -71,9 +72,9 @@ func (p *partitionStatements) forCount(count int) *partitionSQL {
 	if st, ok := p.byCount[count]; ok {
 		return st
 	}
-	// The partition condition leads, so the planner takes the partition index (partition,
-	// transaction_id, global_position): an index range scan over this partition's events alone,
-	// in read order, from the position to the horizon.
+	// Run with sorting off (see sortOff), the one plan without a sort is the range scan of
+	// the partition index (partition, transaction_id, global_position) from the position to
+	// the horizon, in read order: this partition's events alone.
 	part := PartitionSQL(count)
 	h := strings.ReplaceAll(horizon, "{readable}", p.readable)
 	full := strings.NewReplacer("{events}", p.events, "{columns}", eventColumns, "{horizon}", h, "{part}", part)
