@@ -14,6 +14,8 @@
 //   - Read returns events in Position order and never skips one: once Read has returned events
 //     up to position P, no event can later appear before P, however transactions interleave.
 //   - Within a stream, Read returns events in version order.
+//   - A partitioned Read (ReadOptions.Partition) returns the events of the streams of one
+//     partition (PartitionOf), in the same order and under the same never-skip rule.
 //   - An append beyond the store's Limits (1 MiB per event, 16 MiB and 10,000 events per append
 //     by default) is refused with ErrTooLarge before anything reaches the database.
 //
@@ -47,6 +49,13 @@ type ReadOptions struct {
 	// OmitPayload returns the events without Payload and Metadata (both nil), for readers that
 	// need only positions, types and streams.
 	OmitPayload bool
+	// Partition, when partitioned (Count above 1), returns only the events of the streams in
+	// that partition, in read order; the zero value reads the whole log. A read of partition i
+	// of N after position P returns exactly the events of the whole log's read after P whose
+	// stream is in partition i, and never skips one either. The PostgreSQL store reads a
+	// partition through an index made by Store.EnsurePartitions(ctx, N), without visiting the
+	// other partitions' events; without that index the read is correct but scans them.
+	Partition Partition
 }
 
 // Store is an event store. Both implementations in this module are safe for concurrent use.

@@ -190,6 +190,9 @@ func (s *Store) Read(ctx context.Context, after eventstore.Position, opts events
 		if len(opts.Types) > 0 && !slices.Contains(opts.Types, e.Type) {
 			continue
 		}
+		if opts.Partition.Partitioned() && !opts.Partition.Contains(e.StreamID) {
+			continue
+		}
 		if opts.OmitPayload {
 			e.Payload, e.Metadata = nil, nil
 			out = append(out, e)
@@ -238,6 +241,26 @@ func (s *Store) Head(ctx context.Context) (eventstore.Position, error) {
 		return eventstore.Position{}, nil
 	}
 	return s.events[len(s.events)-1].Position, nil
+}
+
+// HeadPartition is Head for one partition of the log: the position of the newest event of
+// partition p that Read can return now (the zero Position when the partition has none). An
+// unpartitioned p gives Head. An invalid p fails with a *eventstore.ValidationError.
+func (s *Store) HeadPartition(ctx context.Context, p eventstore.Partition) (eventstore.Position, error) {
+	if err := ctx.Err(); err != nil {
+		return eventstore.Position{}, err
+	}
+	if err := p.Validate(); err != nil {
+		return eventstore.Position{}, err
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for i := len(s.events) - 1; i >= 0; i-- {
+		if p.Contains(s.events[i].StreamID) {
+			return s.events[i].Position, nil
+		}
+	}
+	return eventstore.Position{}, nil
 }
 
 func copyEvent(e eventstore.Event) eventstore.Event {

@@ -28,6 +28,16 @@
 // younger transaction committed to the same stream would, in read order, put its event before
 // the earlier version. AppendTx detects that case and returns an *eventstore.ConflictError with
 // reason eventstore.ConflictStreamOrder: roll back and retry; the retry gets a newer id.
+//
+// # Partitioned reads
+//
+// A Read with ReadOptions.Partition {Index: i, Count: n} returns the events of the streams in
+// partition i of n (eventstore.PartitionOf; in SQL, PartitionSQL(n), computed from stream_id),
+// in read order and below the same horizon. Store.EnsurePartitions(ctx, n) builds the index it
+// reads, (PartitionSQL(n), transaction_id, global_position), concurrently and once for every
+// process; the read then walks that partition's range of the index from the position to the
+// horizon and stops at the page's end, reading no event of another partition. Without the
+// index the read is still correct, but it scans other partitions' events.
 package postgres
 
 import (
@@ -111,6 +121,8 @@ type Store struct {
 	limits   eventstore.Limits
 	sql      statements
 	notifier *notifier
+	// partitions are the partitioned read statements, made per partition count.
+	partitions *partitionStatements
 }
 
 var _ eventstore.Store = (*Store)(nil)
@@ -125,6 +137,7 @@ func New(db postgres.DB, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{db: db, schema: cfg.Schema, attempts: cfg.AppendAttempts, limits: cfg.Limits, sql: newStatements(cfg.Schema)}
+	s.partitions = &partitionStatements{events: s.qualified("nudge_events"), readable: s.sql.horizon}
 	if _, pooled := db.(interface {
 		Acquire(ctx context.Context) (*pgxpool.Conn, error)
 	}); pooled {
@@ -427,10 +440,14 @@ func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, 
 	if err != nil {
 		return nil, err
 	}
+	if opts.Partition.Partitioned() {
+		return s.readPartition(ctx, q, after, opts, limit)
+	}
 	var rows pgx.Rows
-	if len(opts.Types) == 0 {
+	switch {
+	case len(opts.Types) == 0:
 		rows, err = q.Query(ctx, s.sql.read[omit(opts)], after.TransactionID, after.GlobalPosition, limit)
-	} else {
+	default:
 		rows, err = q.Query(ctx, s.sql.readTypes[omit(opts)], after.TransactionID, after.GlobalPosition, limit, opts.Types)
 	}
 	if err != nil {

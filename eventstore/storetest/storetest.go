@@ -43,6 +43,8 @@ func Run(t *testing.T, newStore NewStoreFunc) {
 		{"TooLarge", testTooLarge},
 		{"ConcurrentAppendsToOneStream", testConcurrentAppends},
 		{"ResultsAreCopies", testResultsAreCopies},
+		{"Partitions", testPartitions},
+		{"BadPartition", testBadPartition},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

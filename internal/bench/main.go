@@ -3,7 +3,7 @@
 // (PASS/MISS with the gap). It also writes the results as JSON, with the machine they were
 // measured on, to -out.
 //
-//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|status|horizon|cqrs]
+//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|status|horizon|partitions|cqrs]
 //	                        [-out bench-results] [-cpuprofile] [-pprof-dir DIR]
 //
 // Scenarios (several may be given, comma-separated):
@@ -32,6 +32,11 @@
 //     read horizon alone, with and without 200 more connections on the server (150 idle, 50
 //     holding exempt writing transactions, which the horizon finds in pg_locks); fewer, in
 //     the same ratio, when max_connections leaves no room for 200.
+//   - partitions: the whole log (200,000 events) read to its end in pages of 1,000 by one
+//     reader, and by 16 concurrent readers of one partition each (ReadOptions.Partition,
+//     through the index of Store.EnsurePartitions): wall time and the work on the events table
+//     (blocks, heap and index tuples from pg_statio/pg_stat deltas); what a stored hash column
+//     would have cost to add, and append throughput without and with the partition index.
 //   - cqrs: beside Watermill's CQRS event processor (components/cqrs) on RabbitMQ and on
 //     watermill-sql's PostgreSQL queue, writing the same read model: live latency, events
 //     applied twice and lost when a consumer (a child process) is SIGKILLed between its write
@@ -114,6 +119,7 @@ var scenarios = []scenario{
 	{"park", "other streams' live latency with one stream parked", runPark, []Target{targetParkedStream}},
 	{"status", "projection status with a large backlog", runStatus, statusTargets()},
 	{"horizon", "the read horizon under many connections", runHorizon, []Target{targetHorizonReads}},
+	{"partitions", "reading the log as 16 partitions beside reading it whole", runPartitions, []Target{targetPartitionTuples, targetPartitionBlocks}},
 	{"cqrs", "beside Watermill's CQRS event processor", runCQRS, []Target{targetCQRSFaults}},
 }
 
@@ -319,7 +325,7 @@ func startCPUProfile(dir, name string, at time.Time) (stop func(), path string, 
 }
 
 // postgresOnly are the scenarios that do not use RabbitMQ.
-var postgresOnly = []string{"rebuild", "status", "horizon"}
+var postgresOnly = []string{"rebuild", "status", "horizon", "partitions"}
 
 // needsAMQP reports whether any of the scenarios uses RabbitMQ.
 func needsAMQP(names []string) bool {
@@ -379,6 +385,9 @@ type sizes struct {
 	horizonWriters     int
 	horizonRounds      int // rounds of a read of the whole store per condition
 	horizonCalls       int // horizon statements of each kind timed per condition, over the rounds
+
+	partitionEvents int
+	partitionRounds int // measured reads of the whole log, each way
 }
 
 // sizesFor returns the default sizes (about 10 minutes on 2 cores) or the quick ones (about 2).
@@ -393,6 +402,7 @@ func sizesFor(quick bool) sizes {
 		recoveryEvents: 100_000,
 		statusEvents:   1_000_000, statusRuns: 7, statusBudget: 15 * time.Second,
 		horizonEvents: 200_000, horizonConnections: 200, horizonWriters: 50, horizonRounds: 5, horizonCalls: 2000,
+		partitionEvents: 200_000, partitionRounds: 3,
 	}
 	if quick {
 		s.rebuildEvents, s.naiveEvents, s.batchSizes = 50_000, 2_000, []int{500, 1000}
@@ -403,6 +413,7 @@ func sizesFor(quick bool) sizes {
 		s.recoveryEvents = 10_000
 		s.statusEvents, s.statusBudget = 50_000, 3*time.Second
 		s.horizonEvents, s.horizonRounds = 25_000, 2
+		s.partitionEvents, s.partitionRounds = 20_000, 1
 	}
 	return s
 }

@@ -246,7 +246,7 @@ func TestParseFlags(t *testing.T) {
 	require.True(t, o.cpuProfile, "-pprof-dir implies -cpuprofile")
 
 	_, err = parseFlags([]string{"-scenario", "speed"}, io.Discard)
-	require.ErrorContains(t, err, `-scenario "speed": use all or rebuild, latency, append, idle, fanout, recovery, park, status, horizon`)
+	require.ErrorContains(t, err, `-scenario "speed": use all or rebuild, latency, append, idle, fanout, recovery, park, status, horizon, partitions`)
 	_, err = parseFlags([]string{"-log-level", "loud"}, io.Discard)
 	require.ErrorContains(t, err, "-log-level")
 	_, err = parseFlags([]string{"extra"}, io.Discard)
@@ -261,7 +261,8 @@ func TestParseFlags(t *testing.T) {
 	require.Less(t, sizesFor(true).rebuildEvents, sizesFor(false).rebuildEvents)
 	require.Less(t, sizesFor(true).statusEvents, sizesFor(false).statusEvents)
 	require.Less(t, sizesFor(true).horizonEvents, sizesFor(false).horizonEvents)
-	require.False(t, needsAMQP([]string{"rebuild", "status", "horizon"}))
+	require.Less(t, sizesFor(true).partitionEvents, sizesFor(false).partitionEvents)
+	require.False(t, needsAMQP([]string{"rebuild", "status", "horizon", "partitions"}))
 	require.True(t, needsAMQP([]string{"status", "latency"}))
 }
 

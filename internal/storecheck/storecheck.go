@@ -92,6 +92,9 @@ func ReadOptions(opts eventstore.ReadOptions) (int, error) {
 			return 0, err
 		}
 	}
+	if err := opts.Partition.Validate(); err != nil {
+		return 0, err
+	}
 	return limit, nil
 }
 
