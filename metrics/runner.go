@@ -39,7 +39,7 @@ func (m *Metrics) WatchRunner(r StatusReader) error {
 	c.lagEvents = desc("lag_events", "Readable events of the projection's types after its committed position.")
 	c.lagSeconds = desc("lag_seconds", "Age of the oldest readable event the projection has not handled; 0 when caught up.")
 	c.state = desc("state", "The projection's state: 1 for the current one, 0 for the others.", "state")
-	c.condition = desc("condition", "The projection's one condition (caught_up, working, held, failing, paused, rebuilding): 1 for the current one, 0 for the others.", "condition")
+	c.condition = desc("condition", "The projection's one condition (caught_up, working, held, failing, paused, rebuilding, retired): 1 for the current one, 0 for the others.", "condition")
 	c.holderAge = desc("horizon_holder_age_seconds",
 		"How long the open transaction that holds the projection back has been open (nudge horizon names it); 0 when not held or not visible.")
 	c.held = desc("held_by_horizon",

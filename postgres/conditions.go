@@ -10,12 +10,14 @@ import (
 	"github.com/nudgeworks/nudge/internal/pghorizon"
 )
 
-// conditionsView is projection.Status.Condition in SQL, for operators: one row per projection.
+// conditionsView is projection.Status.Condition in SQL, for operators: one row per projection
+// (per version: a version a newer one replaced is retired).
 // Like the status, it counts the event types recorded at registration (NULL: every type), and
 // looks for them as projection/postgres's lag statement does (see there).
 const conditionsView = `CREATE OR REPLACE VIEW {conditions} AS
 		WITH h AS MATERIALIZED (SELECT {horizon} AS xmin)
 		SELECT p.name, CASE
+				WHEN EXISTS (SELECT 1 FROM {versions} v WHERE v.unit = p.name AND v.state = 'retired') THEN 'retired'
 				WHEN p.state = 'paused' THEN 'paused'
 				WHEN p.state = 'failing' THEN 'failing'
 				WHEN p.state = 'rebuilding' THEN 'rebuilding'
@@ -44,15 +46,15 @@ func replaceConditionsView(ctx context.Context, tx pgx.Tx, schema string) error 
 		return pgx.Identifier{schema, name}.Sanitize()
 	}
 	var ready bool
-	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL`,
-		table("nudge_events"), table("nudge_projections")).Scan(&ready); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL`,
+		table("nudge_events"), table("nudge_projections"), table("nudge_projection_versions")).Scan(&ready); err != nil {
 		return fmt.Errorf("postgres: migrate: look for the tables of the view nudge_projection_conditions: %w", err)
 	}
 	if !ready {
 		return nil
 	}
 	sql := strings.NewReplacer("{conditions}", table("nudge_projection_conditions"), "{projections}", table("nudge_projections"),
-		"{events}", table("nudge_events"), "{horizon}", pghorizon.Readable(schema)).Replace(conditionsView)
+		"{events}", table("nudge_events"), "{versions}", table("nudge_projection_versions"), "{horizon}", pghorizon.Readable(schema)).Replace(conditionsView)
 	if _, err := tx.Exec(ctx, sql); err != nil {
 		return fmt.Errorf("postgres: migrate: create view nudge_projection_conditions: %w", err)
 	}

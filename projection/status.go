@@ -110,18 +110,24 @@ const (
 	ConditionPaused Condition = "paused"
 	// ConditionRebuilding: a reset sent the projection back to the start; it is catching up.
 	ConditionRebuilding Condition = "rebuilding"
+	// ConditionRetired: a newer version of the projection replaced this one (Config.Version):
+	// readers see the newer one, and this version's batches do nothing, however far behind it
+	// is.
+	ConditionRetired Condition = "retired"
 )
 
 // Conditions lists every condition.
 func Conditions() []Condition {
-	return []Condition{ConditionCaughtUp, ConditionWorking, ConditionHeld, ConditionFailing, ConditionPaused, ConditionRebuilding}
+	return []Condition{ConditionCaughtUp, ConditionWorking, ConditionHeld, ConditionFailing, ConditionPaused, ConditionRebuilding, ConditionRetired}
 }
 
-// Condition returns the projection's one condition: paused, failing and rebuilding come from
-// the stored state; a running projection is working while it lags, held while only events
-// behind the horizon wait, else caught up.
+// Condition returns the projection's one condition: retired for a version a newer one
+// replaced; paused, failing and rebuilding come from the stored state; a running projection is
+// working while it lags, held while only events behind the horizon wait, else caught up.
 func (s Status) Condition() Condition {
 	switch {
+	case s.VersionState == VersionRetired:
+		return ConditionRetired
 	case s.State == StatePaused:
 		return ConditionPaused
 	case s.State == StateFailing:

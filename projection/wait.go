@@ -12,7 +12,8 @@ import (
 
 // WaitCaughtUp waits until every named projection (all of the runner's when none is named) is
 // caught up: its condition is ConditionCaughtUp — no readable event left, nothing held behind
-// the horizon, not failing, paused or rebuilding. It does not catch up itself: a worker must
+// the horizon, not failing, paused or rebuilding — or retired: a version a newer one replaced
+// has nothing left to do (its batches do nothing). It does not catch up itself: a worker must
 // be running (a projection no worker has registered yet counts as not caught up). It polls the
 // status, starting at 5 ms and backing off to 200 ms, and returns nil, or ctx's error with what
 // each projection still waited for when ctx ends. Tests and examples use it instead of polling
@@ -56,7 +57,7 @@ func (r *Runner) notCaughtUp(ctx context.Context, names []string) ([]string, err
 		case err != nil:
 			return nil, fmt.Errorf("projection %s: wait until caught up: %w", name, err)
 		}
-		if k := st.Condition(); k != ConditionCaughtUp {
+		if k := st.Condition(); k != ConditionCaughtUp && k != ConditionRetired {
 			pending = append(pending, fmt.Sprintf("%s %s (position %s, lag %d)", name, k, st.Position, st.LagEvents))
 		}
 	}

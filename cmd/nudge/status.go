@@ -28,7 +28,7 @@ import (
 
 const statusDoc = `Shows every projection registered in the database (or the ones named), one row each: its
 one state (caught_up, working, held — waiting on an open transaction, failing, paused,
-rebuilding; the same word as the SQL view nudge_projection_conditions and the metric
+rebuilding, retired — a version a newer one replaced; the same word as the SQL view nudge_projection_conditions and the metric
 projection_condition), committed position, the store's head, its lag in events and in time (the age of the
 oldest event it has still to handle), the event it fails on, its dead letters with status
 failed, and a note: that it waits on an open transaction (which holds every reader of the
@@ -47,10 +47,11 @@ type until its worker restarts.
   writes_events), lag_estimated (lag_events counts 1,000 events and estimates the rest), failing_event ({id, type, stream_id, position} or null),
   last_error, attempts, first_failure_at, last_failure_at (null unless failing),
   dead_letters (null when the dead-letter table is missing), updated_at,
-  rebuild_started_at (null if never rebuilt), rebuild ({done, total, percent} while
-  rebuilding, else null), last_skip ({event_id, type, stream_id, position, by, reason,
+  rebuild_started_at (null if never rebuilt), rebuild ({done, total, percent, eta_seconds}
+  while rebuilding, else null), last_skip ({event_id, type, stream_id, position, by, reason,
   forced, at} or null), parked_streams (streams parked by OnFailure park; 'nudge parked
-  list' lists them) and oldest_parked_at (null when none is parked).
+  list' lists them), oldest_parked_at (null when none is parked), version, active_version,
+  version_state (active, building or retired) and retired_at (see Config.Version).
 Positions are "transaction/global" strings and times RFC 3339. Fields may be added, never
 removed or renamed.
 

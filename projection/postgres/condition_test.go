@@ -21,7 +21,7 @@ import (
 )
 
 // TestOneCondition: on a private cluster (no other transaction there to hold the horizon),
-// a projection goes through working, caught up, held, failing, paused and rebuilding, and at
+// a projection goes through working, caught up, held, failing, paused, rebuilding and retired, and at
 // each step Status.Condition and the SQL view nudge_projection_conditions say the same word;
 // WaitCaughtUp returns only once the condition is caught up.
 func TestOneCondition(t *testing.T) {
@@ -99,6 +99,18 @@ func TestOneCondition(t *testing.T) {
 	require.NoError(t, r.Resume(ctx, "cond"))
 	require.NoError(t, r.Reset(ctx, "cond"))
 	check(projection.ConditionRebuilding)
+
+	// Version 2 builds beside it and cuts over: version 1 is retired, however far behind.
+	v2, err := projection.New("cond", projection.Config{Version: 2}, projection.OnIdempotent("A",
+		func(context.Context, projection.Event[json.RawMessage]) error { return nil }))
+	require.NoError(t, err)
+	r2 := runner(t, backend, v2)
+	res, err := r2.CatchUp(ctx, v2.Name())
+	require.NoError(t, err)
+	require.True(t, res.Activated)
+	projectiontest.AppendN(t, store, 20, 2, "A")
+	check(projection.ConditionRetired)
+	require.NoError(t, r.WaitCaughtUp(ctx, "cond"), "a retired version has nothing left to wait for")
 }
 
 // TestLagEstimatedPastTheWindow: the status counts at most 1,000 events after the position and
