@@ -406,13 +406,13 @@ func sizesFor(quick bool) sizes {
 	}
 	if quick {
 		s.rebuildEvents, s.naiveEvents, s.batchSizes = 50_000, 2_000, []int{500, 1000}
-		s.liveDuration, s.hopDuration = 2*time.Second, 500*time.Millisecond
-		s.appendRun = time.Second
-		s.idleWindow = 4 * time.Second
-		s.fanoutEvents, s.slowLiveDuration = 10_000, 2*time.Second
+		s.liveDuration, s.hopDuration = time.Second, 500*time.Millisecond
+		s.appendRun, s.appendRounds = time.Second, 1
+		s.idleWindow = 3 * time.Second
+		s.fanoutEvents, s.slowLiveDuration = 5_000, 2*time.Second
 		s.recoveryEvents = 10_000
 		s.statusEvents, s.statusBudget = 50_000, 3*time.Second
-		s.horizonEvents, s.horizonRounds = 25_000, 2
+		s.horizonEvents, s.horizonRounds = 25_000, 1
 		s.partitionEvents, s.partitionRounds = 20_000, 1
 	}
 	return s
