@@ -255,6 +255,9 @@ func TestMigrateTxIsTheCallersTransaction(t *testing.T) {
 	db := pgtest.New(t)
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
+	// A failing assertion below must not leave the transaction holding its connection: the
+	// pool's cleanup would wait for it for ever.
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 	var before, after string
 	require.NoError(t, tx.QueryRow(ctx, `SHOW search_path`).Scan(&before))
 	require.NoError(t, postgres.MigrateTx(ctx, tx, "nudge"))
