@@ -110,8 +110,8 @@ type Member struct {
 	parts map[int]*held
 	// changed is closed and replaced whenever parts changes.
 	changed chan struct{}
-	// wake asks Run for a round now.
-	wake chan struct{}
+	// wake asks Run for a round now; batchEnded says a batch (Use) ended, for Close.
+	wake, batchEnded chan struct{}
 	// closed is set by Close: no new batch, no claim, no heartbeat; left once it left.
 	closed, left bool
 }
@@ -134,7 +134,7 @@ func New(db postgres.DB, cfg Config) (*Member, error) {
 	return &Member{
 		db: db, cfg: cfg, sql: newStatements(cfg.Schema),
 		log:   cfg.Logger.With(slog.String("group", cfg.Group), slog.String("owner", cfg.Owner)),
-		parts: map[int]*held{}, changed: make(chan struct{}), wake: make(chan struct{}, 1),
+		parts: map[int]*held{}, changed: make(chan struct{}), wake: make(chan struct{}, 1), batchEnded: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -178,6 +178,10 @@ func (m *Member) Use(p int) (done func(), ok bool) {
 			h.inUse--
 			give := h.give && h.inUse == 0
 			m.mu.Unlock()
+			select {
+			case m.batchEnded <- struct{}{}: // for Close
+			default:
+			}
 			if give {
 				m.poke() // give it back in a round now
 			}
@@ -237,7 +241,6 @@ func (m *Member) hasLeft() bool {
 func (m *Member) round(ctx context.Context) error {
 	var gained, lost []int
 	err := pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
-		gained, lost = nil, nil
 		ttl := m.cfg.TTL.Seconds()
 		share, err := m.share(ctx, tx)
 		if err != nil {
@@ -395,17 +398,14 @@ func (m *Member) Close(ctx context.Context) error {
 		for _, h := range m.parts {
 			busy += h.inUse
 		}
-		ch := m.changed
 		m.mu.Unlock()
 		if busy == 0 {
 			break
 		}
-		// Batches end with done(), which pokes Run; a changed channel or ctx ends the wait.
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("lease: close: %d batches still in flight: %w", busy, ctx.Err())
-		case <-ch:
-		case <-time.After(10 * time.Millisecond):
+		case <-m.batchEnded:
 		}
 	}
 	_, err := m.db.Exec(ctx, m.sql.leave, m.cfg.Group, m.cfg.Owner)

@@ -55,22 +55,25 @@ type group struct {
 	db         *pgtest.DB
 	name       string
 	partitions int
-	mu         sync.Mutex
-	stops      map[string]context.CancelFunc
-	members    map[string]*lease.Member
+	// ttl is the members' lease time: testTTL, or longer for a test in which no lease may
+	// lapse on a busy machine.
+	ttl     time.Duration
+	mu      sync.Mutex
+	stops   map[string]context.CancelFunc
+	members map[string]*lease.Member
 }
 
 func newGroup(t *testing.T, partitions int) *group {
 	t.Helper()
 	db := pgtest.New(t)
 	require.NoError(t, postgres.Migrate(context.Background(), db.Pool, ""))
-	return &group{t: t, db: db, name: "tickets", partitions: partitions, stops: map[string]context.CancelFunc{}, members: map[string]*lease.Member{}}
+	return &group{t: t, db: db, name: "tickets", partitions: partitions, ttl: testTTL, stops: map[string]context.CancelFunc{}, members: map[string]*lease.Member{}}
 }
 
 // join starts a member called owner.
 func (g *group) join(owner string) *lease.Member {
 	g.t.Helper()
-	m, err := lease.New(g.db.Pool, lease.Config{Group: g.name, Partitions: g.partitions, Owner: owner, TTL: testTTL, Renew: testRenew})
+	m, err := lease.New(g.db.Pool, lease.Config{Group: g.name, Partitions: g.partitions, Owner: owner, TTL: g.ttl, Renew: testRenew})
 	require.NoError(g.t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -209,6 +212,7 @@ func TestDeadMemberIsTakenOverAfterItsLease(t *testing.T) {
 func TestPartitionInUseMovesOnlyAfterItsBatch(t *testing.T) {
 	t.Parallel()
 	g := newGroup(t, 2)
+	g.ttl = time.Hour // a's lease must not lapse while its batch is held
 	a := g.join("a")
 	g.awaitBalanced("a alone")
 	// A batch of partition 1 is in flight on a when b joins: a must give 1 back (its share is
@@ -262,4 +266,36 @@ func TestScaleOutAndIn(t *testing.T) {
 	for _, want := range []int{1, 4, 8, 2} {
 		scaleTo(want)
 	}
+}
+
+func TestCloseWaitsForBatchesInFlight(t *testing.T) {
+	t.Parallel()
+	g := newGroup(t, 2)
+	g.ttl = time.Hour // nothing may lapse while the batch is held
+	a := g.join("a")
+	g.awaitBalanced("a alone")
+	done, ok := a.Use(0)
+	require.True(t, ok)
+	g.mu.Lock()
+	delete(g.members, "a")
+	g.mu.Unlock()
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close(context.Background()) }()
+	// Closing gives back what no batch uses at once; partition 0 stays a's while its batch runs.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		ls := g.leases()
+		assert.Empty(c, ls[1].Owner, "partition 1 given back")
+		assert.Equal(c, "a", ls[0].Owner, "partition 0 is in use")
+	}, waitFor, 10*time.Millisecond)
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while a batch was in flight", err)
+	default:
+	}
+	_, ok = a.Use(1)
+	require.False(t, ok, "no new batch once closing")
+	done()
+	require.NoError(t, <-closed)
+	require.Empty(t, a.Owned())
+	require.Empty(t, g.leases()[0].Owner, "given back once its batch ended")
 }

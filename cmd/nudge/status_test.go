@@ -75,23 +75,29 @@ type statusFixture struct {
 	events []eventstore.Event
 }
 
-func newStatusFixture(t *testing.T) *statusFixture {
+// appendToOrder appends events of types to the stream order-1 in f's database, waits until
+// they are readable, and returns them with a projection backend on that store.
+func appendToOrder(t *testing.T, f *fixture, types ...string) (eventstore.AppendResult, *pjpg.Backend) {
 	t.Helper()
-	f := newFixture(t)
-	ctx := context.Background()
 	store, err := espg.New(f.db.Pool, espg.Config{})
 	require.NoError(t, err)
-	res, err := store.Append(ctx, "order-1", eventstore.Any,
-		eventstore.EventData{Type: "A", Payload: json.RawMessage(`{}`)},
-		eventstore.EventData{Type: "B", Payload: json.RawMessage(`{}`)},
-		eventstore.EventData{Type: "C", Payload: json.RawMessage(`{}`)},
-		eventstore.EventData{Type: "A", Payload: json.RawMessage(`{}`)},
-		eventstore.EventData{Type: "C", Payload: json.RawMessage(`{}`)},
-	)
+	events := make([]eventstore.EventData, len(types))
+	for i, typ := range types {
+		events[i] = eventstore.EventData{Type: typ, Payload: json.RawMessage(`{}`)}
+	}
+	res, err := store.Append(context.Background(), "order-1", eventstore.Any, events...)
 	require.NoError(t, err)
 	storetest.Settle(t, store, res.Last())
 	backend, err := pjpg.New(store)
 	require.NoError(t, err)
+	return res, backend
+}
+
+func newStatusFixture(t *testing.T) *statusFixture {
+	t.Helper()
+	f := newFixture(t)
+	ctx := context.Background()
+	res, backend := appendToOrder(t, f, "A", "B", "C", "A", "C")
 	ok := func(context.Context, projection.Event[json.RawMessage]) error { return nil }
 	caughtUp, err := projection.New("caught_up", projection.Config{}, projection.OnIdempotent("A", ok))
 	require.NoError(t, err)
@@ -426,15 +432,7 @@ func TestStatusVersions(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
-	store, err := espg.New(f.db.Pool, espg.Config{})
-	require.NoError(t, err)
-	res, err := store.Append(ctx, "order-1", eventstore.Any,
-		eventstore.EventData{Type: "A", Payload: json.RawMessage(`{}`)},
-		eventstore.EventData{Type: "A", Payload: json.RawMessage(`{}`)})
-	require.NoError(t, err)
-	storetest.Settle(t, store, res.Last())
-	backend, err := pjpg.New(store)
-	require.NoError(t, err)
+	_, backend := appendToOrder(t, f, "A", "A")
 	define := func(version int) *projection.Projection {
 		var p *projection.Projection
 		p, err := projection.New("orders", projection.Config{Version: version, Tables: []string{"orders"},

@@ -444,10 +444,9 @@ func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, 
 		return s.readPartition(ctx, q, after, opts, limit)
 	}
 	var rows pgx.Rows
-	switch {
-	case len(opts.Types) == 0:
+	if len(opts.Types) == 0 {
 		rows, err = q.Query(ctx, s.sql.read[omit(opts)], after.TransactionID, after.GlobalPosition, limit)
-	default:
+	} else {
 		rows, err = q.Query(ctx, s.sql.readTypes[omit(opts)], after.TransactionID, after.GlobalPosition, limit, opts.Types)
 	}
 	if err != nil {
