@@ -115,8 +115,9 @@ func (b *batch) run(ctx context.Context, res *Result) (bool, error) {
 		b.failed, b.failedAt = nil, 0
 		err = fmt.Errorf("projection %s: %w (%s): %v", b.p.name, ErrBatchTimeout, b.p.cfg.BatchTimeout, err) //nolint:errorlint // see above.
 	}
+	res.version = b.version
 	if errors.Is(err, errRetired) {
-		res.Retired, res.version = true, b.version
+		res.Retired = true
 		return false, nil
 	}
 	res.building = res.building || b.building

@@ -114,6 +114,13 @@ type Config struct {
 	// definition, at its next catch-up). A negative value keeps it until Runner.DropRetired.
 	// Defaults to RetireGraceDefault.
 	RetireGrace time.Duration
+	// BuildLagTarget paces this version while it is built beside the active one: while the
+	// active version runs with a lag (the age of the oldest event it has not handled yet) over
+	// BuildLagTarget, the build waits between its batches, longer each time the lag stays over
+	// it and shorter each time it is under (see the README, "Changing a read model's shape").
+	// A failing, paused or stopped active version does not hold the build back. Defaults to
+	// BuildLagTargetDefault; a negative value builds at full speed.
+	BuildLagTarget time.Duration
 }
 
 // HookParams is passed to the init, reset and delete hooks.
@@ -210,6 +217,7 @@ func (cfg Config) WithDefaults() Config {
 	cfg.ParkAfterAttempts = cmp.Or(cfg.ParkAfterAttempts, ParkAfterAttemptsDefault)
 	cfg.Version = cmp.Or(cfg.Version, 1)
 	cfg.RetireGrace = cmp.Or(cfg.RetireGrace, RetireGraceDefault)
+	cfg.BuildLagTarget = cmp.Or(cfg.BuildLagTarget, BuildLagTargetDefault)
 	if cfg.BatchTimeout == 0 {
 		cfg.BatchTimeout = max(BatchTimeoutDefault, 2*cfg.MaxBatchDuration)
 	}

@@ -175,9 +175,12 @@ type Result struct {
 	// lock (the pause its batches, and readers of the views it replaced, saw).
 	Activated   bool
 	CutOverHeld time.Duration
+	// Paced is how long a building version waited between its batches of history for the
+	// active version's lag to come down (Config.BuildLagTarget).
+	Paced time.Duration
 
 	building bool        // a batch ran a building version's history
-	version  VersionInfo // the version record, when Retired
+	version  VersionInfo // the version record the last batch saw
 }
 
 // CatchUp handles the projection's events from its committed position until a read comes back
@@ -201,7 +204,9 @@ func (r *Runner) CatchUp(ctx context.Context, name string) (Result, error) {
 		return Result{}, ctx.Err()
 	}
 	var res Result
+	pace := pacer{target: p.cfg.BuildLagTarget}
 	for {
+		started := r.now()
 		more, err := r.step(ctx, p, &res)
 		if err != nil || res.Paused {
 			return res, err
@@ -209,6 +214,16 @@ func (r *Runner) CatchUp(ctx context.Context, name string) (Result, error) {
 		if !more {
 			break
 		}
+		if res.version.State == VersionBuilding {
+			if err := r.sleep(ctx, pace.next(res.version, r.now().Sub(started))); err != nil {
+				res.Paced = pace.waited
+				return res, err
+			}
+		}
+	}
+	if res.Paced = pace.waited; res.Paced > 0 {
+		r.logger.DebugContext(ctx, "projection version build paced by the active version's lag", slog.String("projection", p.name),
+			slog.Duration("waited", res.Paced), slog.Int("events", res.Events))
 	}
 	switch {
 	case res.building:

@@ -134,6 +134,12 @@ type VersionInfo struct {
 	// RetiredAt is when a retired version was retired; DroppedAt when its read model was
 	// dropped (zero while it is kept).
 	RetiredAt, DroppedAt time.Time
+	// ActiveState and ActiveLag are, for a building version, the active version's state and
+	// its lag when the unit started: the age of the oldest readable event of its types it has
+	// not handled (zero when it is level with the head). A building version is paced by them
+	// (Config.BuildLagTarget).
+	ActiveState State
+	ActiveLag   time.Duration
 }
 
 // Activation is what Backend.Activate did.

@@ -183,7 +183,11 @@ func (*Backend) Seal(seal.Token) {}
 // RunBatch implements projection.Backend.
 func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn projection.BatchFunc) error {
 	return b.locked(ctx, p.Name(), func(r *row) error {
-		out, err := fn(ctx, b.unit(r, b.versionInfo(p.Name())))
+		ver, err := b.versionInfo(ctx, p)
+		if err != nil {
+			return err
+		}
+		out, err := fn(ctx, b.unit(r, ver))
 		if err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/projection"
 )
 
@@ -65,21 +66,35 @@ func (b *Backend) versionOf(unit string) (*version, map[int]*version) {
 	return nil, nil
 }
 
-// versionInfo returns the version record of unit as a batch sees it.
-func (b *Backend) versionInfo(unit string) projection.VersionInfo {
+// versionInfo returns the version record of p's unit as a batch sees it. The active
+// version's lag is the age of the first event of p's types after its position (this backend
+// does not keep the active version's types).
+func (b *Backend) versionInfo(ctx context.Context, p *projection.Projection) (projection.VersionInfo, error) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	v, vs := b.versionOf(unit)
+	v, vs := b.versionOf(p.Name())
 	if v == nil {
-		return projection.VersionInfo{}
+		b.mu.Unlock()
+		return projection.VersionInfo{}, nil
 	}
 	info := projection.VersionInfo{State: v.state, RetiredAt: v.retiredAt, DroppedAt: v.droppedAt}
+	var active *row
 	if a := vs[activeOf(vs)]; a != nil && v.state == projection.VersionBuilding {
-		if r, ok := b.rows[a.unit]; ok {
-			info.ActivePosition = r.get().Position
-		}
+		active = b.rows[a.unit]
 	}
-	return info
+	b.mu.Unlock()
+	if active == nil {
+		return info, nil
+	}
+	st := active.get()
+	info.ActivePosition, info.ActiveState = st.Position, st.State
+	next, err := b.store.Read(ctx, st.Position, eventstore.ReadOptions{Limit: 1, Types: p.Types()})
+	if err != nil {
+		return info, err
+	}
+	if len(next) > 0 {
+		info.ActiveLag = max(b.now().Sub(next[0].RecordedAt), 0)
+	}
+	return info, nil
 }
 
 // versionStatus fills st's version fields for p.

@@ -30,8 +30,22 @@ func (s *statements) addVersionSQL(r *strings.Replacer) {
 		WHERE v.tables IS DISTINCT FROM EXCLUDED.tables`)
 	s.selectVersionState = r.Replace(`SELECT state FROM {versions} WHERE projection = $1 AND version = $2`)
 	s.selectActiveVersion = r.Replace(`SELECT unit, version FROM {versions} WHERE projection = $1 AND state = 'active'`)
-	// The version record of a unit and, for a building version, the active version's position.
-	s.selectVersionInfo = r.Replace(`SELECT v.state, v.retired_at, v.dropped_at, ap.transaction_id, ap.global_position
+	// The version record of a unit and, for a building version, the active version's position,
+	// state and lag: the age of the first readable event after its position, of its types
+	// (one index probe per type), or of any type for a projection of every type.
+	s.selectVersionInfo = r.Replace(`SELECT v.state, v.retired_at, v.dropped_at, ap.transaction_id, ap.global_position, ap.state,
+		CASE WHEN v.state <> 'building' OR ap.name IS NULL THEN NULL
+		WHEN ap.event_types IS NULL THEN (
+			SELECT extract(epoch FROM clock_timestamp() - e.recorded_at)::float8 FROM {events} e
+			WHERE (e.transaction_id, e.global_position) > (ap.transaction_id, ap.global_position) AND e.transaction_id < {horizon}
+			ORDER BY e.transaction_id, e.global_position LIMIT 1)
+		ELSE (
+			SELECT extract(epoch FROM clock_timestamp() - min(f.recorded_at))::float8 FROM unnest(ap.event_types) t(type), LATERAL (
+				SELECT e.recorded_at FROM {events} e
+				WHERE (e.event_type, e.transaction_id, e.global_position) > (t.type, ap.transaction_id, ap.global_position)
+					AND (e.event_type, e.transaction_id) < (t.type, {horizon})
+				ORDER BY e.event_type, e.transaction_id, e.global_position LIMIT 1) f)
+		END
 		FROM {versions} v
 		LEFT JOIN {versions} a ON a.projection = v.projection AND a.state = 'active'
 		LEFT JOIN {projections} ap ON ap.name = a.unit
@@ -51,11 +65,14 @@ func scanVersionInfo(row pgx.Row, v *projection.VersionInfo) error {
 		retired, dropped *time.Time
 		activeTx         *uint64
 		activePos        *int64
+		activeState      *string
+		activeLag        *float64
 	)
-	if err := row.Scan(&state, &retired, &dropped, &activeTx, &activePos); err != nil {
+	if err := row.Scan(&state, &retired, &dropped, &activeTx, &activePos, &activeState, &activeLag); err != nil {
 		return err
 	}
 	v.State, v.RetiredAt, v.DroppedAt = projection.VersionState(state), deref(retired), deref(dropped)
+	v.ActiveState, v.ActiveLag = projection.State(deref(activeState)), time.Duration(max(deref(activeLag), 0)*float64(time.Second))
 	v.ActivePosition.TransactionID, v.ActivePosition.GlobalPosition = deref(activeTx), deref(activePos)
 	return nil
 }

@@ -3,8 +3,10 @@ package projectiontest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -19,6 +21,7 @@ var versionTests = []struct {
 }{
 	{"VersionBuildsBesideAndCutsOver", testVersionCutOver},
 	{"VersionCutOverWaitsForAFix", testVersionCutOverFailing},
+	{"VersionBuildPacedByTheActiveLag", testVersionBuildPaced},
 }
 
 // sink counts, per version, the events each handled live (a side effect) and as history.
@@ -35,7 +38,14 @@ func newSink() *sink {
 
 func (s *sink) projection(t *testing.T, version int) *projection.Projection {
 	t.Helper()
-	p, err := projection.New("versioned", projection.Config{Version: version, BatchSize: 7},
+	return s.projectionWith(t, "versioned", projection.Config{Version: version, BatchSize: 7})
+}
+
+// projectionWith is projection with the name and configuration given.
+func (s *sink) projectionWith(t *testing.T, name string, cfg projection.Config) *projection.Projection {
+	t.Helper()
+	version := cfg.Version
+	p, err := projection.New(name, cfg,
 		projection.OnIdempotent("A", func(ctx context.Context, e projection.Event[Payload]) error {
 			s.mu.Lock()
 			defer s.mu.Unlock()
@@ -143,4 +153,61 @@ func testVersionCutOverFailing(t *testing.T, env Env) {
 	require.NoError(t, err)
 	require.Equal(t, projection.StateRunning, st.State)
 	require.Equal(t, projection.VersionActive, st.VersionState)
+}
+
+// testVersionBuildPaced: a building version waits between its batches of history while the
+// active version runs behind by more than Config.BuildLagTarget, and not when the active
+// version is level, paused, or when pacing is off.
+func testVersionBuildPaced(t *testing.T, env Env) {
+	ctx := context.Background()
+	cases := []struct {
+		name   string
+		target time.Duration
+		lag    bool // the active version has events it has not handled
+		pause  bool // the active version is paused
+		paced  bool
+	}{
+		{"behind", time.Millisecond, true, false, true},
+		{"level", time.Millisecond, false, false, false},
+		{"paused", time.Millisecond, true, true, false},
+		{"off", -1, true, false, false},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := newSink()
+			name := fmt.Sprintf("paced_%d", i)
+			v1 := s.projectionWith(t, name, projection.Config{Version: 1, BatchSize: 7})
+			v2 := s.projectionWith(t, name, projection.Config{Version: 2, BatchSize: 7, BuildLagTarget: c.target})
+			r, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, v1)
+			require.NoError(t, err)
+			require.NoError(t, r.Init(ctx))
+			_, err = r.CatchUp(ctx, v1.Name()) // level with whatever earlier cases appended
+			require.NoError(t, err)
+			at := AppendN(t, env.Store, 0, 40)
+			_, err = r.CatchUp(ctx, v1.Name())
+			require.NoError(t, err)
+			if c.lag {
+				AppendN(t, env.Store, 40, 1)
+				require.Eventually(t, func() bool {
+					st, err := r.Status(ctx, v1.Name())
+					return err == nil && st.LagTime > c.target
+				}, 10*time.Second, time.Millisecond, "the active version lags by more than the target")
+			}
+			if c.pause {
+				require.NoError(t, r.Pause(ctx, v1.Name()))
+			}
+			both, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, v1, v2)
+			require.NoError(t, err)
+			require.NoError(t, both.Init(ctx))
+			res, err := both.CatchUp(ctx, v2.Name())
+			require.NoError(t, err)
+			require.True(t, res.Activated)
+			require.GreaterOrEqual(t, res.Events, len(at))
+			if c.paced {
+				require.Positive(t, res.Paced, "the build waited for the active version")
+			} else {
+				require.Zero(t, res.Paced, "the build ran at full speed")
+			}
+		})
+	}
 }

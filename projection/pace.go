@@ -1,0 +1,64 @@
+package projection
+
+import (
+	"context"
+	"time"
+)
+
+const (
+	// BuildLagTargetDefault is Config.BuildLagTarget's default: the active version's lag above
+	// which a version built beside it slows down.
+	BuildLagTargetDefault = 20 * time.Millisecond
+	// buildPauseMax bounds one wait of a paced build between two of its batches: however
+	// loaded the active version, the build goes on, a batch at least this often.
+	buildPauseMax = time.Second
+	// buildPauseRatioMax bounds the wait of a paced build to this many times its last
+	// batch's duration (the build then runs at least 1/(1+buildPauseRatioMax) of the time).
+	buildPauseRatioMax = 32
+	// buildPauseRatioMin: a ratio below it is none (full speed).
+	buildPauseRatioMin = 1.0 / 16
+)
+
+// pacer paces a version built beside the active one by the active version's lag, batch by
+// batch: after each batch of history it waits a multiple of the batch's duration. The
+// multiple doubles (plus one) while the active version's lag, seen when the batch started, is
+// over the target, and halves while it is not — additive-increase, multiplicative-decrease
+// turned round, since the build yields: it backs off fast when the live projection falls
+// behind and takes its speed back step by step once it keeps up.
+type pacer struct {
+	target time.Duration
+	ratio  float64
+	// waited sums the waits, for the log.
+	waited time.Duration
+}
+
+// next returns how long to wait after a batch of history that took took and saw ver.
+func (pc *pacer) next(ver VersionInfo, took time.Duration) time.Duration {
+	if pc.target < 0 || ver.ActiveState != StateRunning {
+		pc.ratio = 0 // nothing to protect: an active version that does not run has no live lag to keep low
+		return 0
+	}
+	if ver.ActiveLag > pc.target {
+		pc.ratio = min(2*pc.ratio+1, buildPauseRatioMax)
+	} else if pc.ratio /= 2; pc.ratio < buildPauseRatioMin {
+		pc.ratio = 0
+	}
+	wait := min(time.Duration(pc.ratio*float64(took)), buildPauseMax)
+	pc.waited += wait
+	return wait
+}
+
+// sleep waits d, or until ctx ends.
+func (r *Runner) sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
