@@ -34,6 +34,8 @@ func (r *Runner) activate(ctx context.Context, p *Projection, res *Result) error
 	}
 	res.Activated, res.CutOverHeld = true, act.Held
 	res.Events += act.Events
+	res.Position = r.CommittedPosition(p.name)
+	r.report(BatchReport{Projection: p.name, Events: act.Events, Took: act.Held, Position: res.Position})
 	r.logger.InfoContext(ctx, "projection version cut over: readers now see it", slog.String("projection", p.name),
 		slog.Int("version", p.cfg.Version), slog.Int("previous", act.Previous), slog.Int("events", act.Events),
 		slog.Duration("held", act.Held))

@@ -25,6 +25,9 @@ type RunnerConfig struct {
 	// empty reads, pauses or shutdowns), on the catching-up goroutine: keep it fast. Package
 	// metrics uses it for its batch counters and durations.
 	OnBatch func(BatchReport)
+	// OnCatchUp, if set, is called after every CatchUp with its name, result and error, on the
+	// catching-up goroutine: keep it fast.
+	OnCatchUp func(name string, res Result, err error)
 }
 
 // WithDefaults returns cfg with every zero field that has a default set to it.
@@ -73,6 +76,7 @@ type Runner struct {
 	logger      *slog.Logger
 	now         func() time.Time
 	onBatch     func(BatchReport)
+	onCatchUp   func(string, Result, error)
 	projections map[string]*Projection
 	names       []string
 
@@ -99,6 +103,7 @@ func NewRunner(backend Backend, cfg RunnerConfig, projections ...*Projection) (*
 		logger:      cfg.Logger,
 		now:         cfg.NowFunc,
 		onBatch:     cfg.OnBatch,
+		onCatchUp:   cfg.OnCatchUp,
 		projections: make(map[string]*Projection, len(projections)),
 		positions:   make(map[string]eventstore.Position, len(projections)),
 		running:     make(map[string]chan struct{}, len(projections)),
@@ -190,6 +195,14 @@ type Result struct {
 // returned as a *HandlerError. A cancelled context rolls back the batch in flight, records
 // nothing and returns the context's error.
 func (r *Runner) CatchUp(ctx context.Context, name string) (Result, error) {
+	res, err := r.catchUp(ctx, name)
+	if r.onCatchUp != nil {
+		r.onCatchUp(name, res, err)
+	}
+	return res, err
+}
+
+func (r *Runner) catchUp(ctx context.Context, name string) (Result, error) {
 	p, err := r.Projection(name)
 	if err != nil {
 		return Result{}, err

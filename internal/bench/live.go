@@ -178,6 +178,9 @@ func (h *harness) startWorker(ctx context.Context, f *fixture, w *wiring, runner
 // that handled it committed (the read model is visible from then on).
 type liveRecorder struct {
 	measured []string
+	// alias, if set, maps the projection of a batch report to the measured name it counts
+	// for (the units of a projection's versions to the projection).
+	alias func(projection string) string
 
 	mu        sync.Mutex
 	committed map[uuid.UUID]time.Time
@@ -201,14 +204,13 @@ func (r *liveRecorder) appended(id uuid.UUID, at time.Time) {
 	r.mu.Unlock()
 }
 
-// flush notes the events of a batch about to commit (a flush hook).
+// flush notes the events of a batch about to commit (a flush hook); the flushes of a unit of
+// work that commits several batches at once (a cut-over) add up until its report.
 func (r *liveRecorder) flush(name string, events []eventstore.Event) {
-	ids := make([]uuid.UUID, len(events))
-	for i, e := range events {
-		ids[i] = e.ID
-	}
 	r.mu.Lock()
-	r.pending[name] = ids
+	for _, e := range events {
+		r.pending[name] = append(r.pending[name], e.ID)
+	}
 	r.mu.Unlock()
 }
 
@@ -219,7 +221,11 @@ func (r *liveRecorder) onBatch(b projection.BatchReport) {
 	defer r.mu.Unlock()
 	ids := r.pending[b.Projection]
 	delete(r.pending, b.Projection)
-	seen, ok := r.visible[b.Projection]
+	name := b.Projection
+	if r.alias != nil {
+		name = r.alias(name)
+	}
+	seen, ok := r.visible[name]
 	if b.Err != nil || !ok {
 		return
 	}
@@ -237,6 +243,11 @@ func (r *liveRecorder) complete() bool {
 	for _, name := range r.measured {
 		if len(r.visible[name]) < len(r.committed) {
 			return false
+		}
+		for id := range r.committed { // visible may hold events appended before the run
+			if _, ok := r.visible[name][id]; !ok {
+				return false
+			}
 		}
 	}
 	return true
@@ -289,6 +300,8 @@ type liveConfig struct {
 	writers   int
 	streams   int
 	duration  time.Duration
+	// until, if set, ends the appends before duration when it returns true.
+	until func() bool
 	// newProjection makes the measured projections; defaults to liveProjection.
 	newProjection func(name string, onFailure projection.OnFailure, flush func(ctx context.Context, p projection.FlushParams) error) (*projection.Projection, error)
 }
@@ -448,7 +461,7 @@ func appendPaced(ctx context.Context, w *wiring, cfg liveConfig, rec *liveRecord
 		wg.Go(func() {
 			tick := time.NewTicker(interval)
 			defer tick.Stop()
-			for i := 0; time.Now().Before(deadline); i++ {
+			for i := 0; time.Now().Before(deadline) && (cfg.until == nil || !cfg.until()); i++ {
 				select {
 				case <-ctx.Done():
 					return

@@ -3,7 +3,7 @@
 // (PASS/MISS with the gap). It also writes the results as JSON, with the machine they were
 // measured on, to -out.
 //
-//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|status|horizon|partitions|cqrs]
+//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|bluegreen|status|horizon|partitions|cqrs]
 //	                        [-out bench-results] [-cpuprofile] [-pprof-dir DIR]
 //
 // Scenarios (several may be given, comma-separated):
@@ -25,6 +25,10 @@
 //     after the fix and one dead-letter replay, beside a plain catch-up of the same events.
 //   - park: the other streams' live latency on RabbitMQ with one stream parked
 //     (OnFailure park) against none, side by side.
+//   - bluegreen: a new version of a projection built beside the active one over the loaded
+//     events (the rebuild's size) while live appends go on, paced by the live lag and at full
+//     speed, in turns with windows of no build: the active projection's live p99, and the
+//     builds' throughput beside a plain rebuild.
 //   - status: reading the status of 10 projections, each the whole store (1,000,000 events of
 //     a few types) behind: Backend.Statuses and a metrics scrape (WatchRunner, Gather), beside
 //     the exact lag count in SQL the library used to run; and whether the lag is exact.
@@ -117,6 +121,7 @@ var scenarios = []scenario{
 	{"fanout", "many projections on one worker", runFanout, []Target{targetSlowProjection}},
 	{"recovery", "poison event, fix, one replay", runRecovery, nil},
 	{"park", "other streams' live latency with one stream parked", runPark, []Target{targetParkedStream}},
+	{"bluegreen", "a new version built beside the live one", runBlueGreen, []Target{targetBuildBeside}},
 	{"status", "projection status with a large backlog", runStatus, statusTargets()},
 	{"horizon", "the read horizon under many connections", runHorizon, []Target{targetHorizonReads}},
 	{"partitions", "reading the log as 16 partitions beside reading it whole", runPartitions, []Target{targetPartitionTuples, targetPartitionBlocks}},
