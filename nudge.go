@@ -142,7 +142,7 @@ func NewInMemory(cfg Config) (*Client, error) {
 func newClient(cfg Config, p parts) (*Client, error) {
 	c := &Client{cfg: cfg, store: p.store, pg: p.pg, dead: p.dead, migrate: p.migrate, listener: p.listener}
 	var err error
-	c.runner, err = projection.NewRunner(p.backend, projection.RunnerConfig{Logger: cfg.Logger, OnBatch: onBatch(cfg)}, cfg.Projections...)
+	c.runner, err = projection.NewRunner(p.backend, projection.RunnerConfig{Logger: cfg.Logger, OnBatch: onBatch(cfg), OnCatchUp: onCatchUp(cfg)}, cfg.Projections...)
 	if err != nil {
 		return nil, err
 	}
@@ -210,6 +210,14 @@ func onBatch(cfg Config) func(projection.BatchReport) {
 		cfg.Metrics.ObserveBatch(b)
 		cfg.OnBatch(b)
 	}
+}
+
+// onCatchUp is Config.Metrics' catch-up counters, if set.
+func onCatchUp(cfg Config) func(string, projection.Result, error) {
+	if cfg.Metrics == nil {
+		return nil
+	}
+	return cfg.Metrics.ObserveCatchUp
 }
 
 // routerFunc is Config.RouterFunc, after Config.Metrics' router metrics.

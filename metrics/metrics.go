@@ -4,7 +4,7 @@
 //
 //	reg := prometheus.NewRegistry()
 //	m, err := metrics.New(metrics.Config{Registerer: reg})
-//	runner, err := projection.NewRunner(backend, projection.RunnerConfig{OnBatch: m.ObserveBatch}, list)
+//	runner, err := projection.NewRunner(backend, projection.RunnerConfig{OnBatch: m.ObserveBatch, OnCatchUp: m.ObserveCatchUp}, list)
 //	err = m.WatchRunner(runner)                      // lag, state, horizon: read at scrape time
 //	err = m.WatchWorker(w, runner.Names()...)        // the worker's trigger counters
 //	err = m.WatchDeadLetters(dead, runner.Names()...) // failed dead letters per projection
@@ -22,6 +22,7 @@
 //	nudge_projection_batches_total                counter    projection,outcome  ObserveBatch: committed|failed|error
 //	nudge_projection_batch_duration_seconds       histogram  projection          ObserveBatch: every batch, any outcome
 //	nudge_projection_handler_failures_total       counter    projection,event_type  ObserveBatch: a handler failed
+//	nudge_projection_build_paced_seconds_total    counter    projection          ObserveCatchUp: a building version's waits for the active version's lag
 //	nudge_projection_lag_events                   gauge      projection          WatchRunner: readable events not yet handled
 //	nudge_projection_lag_seconds                  gauge      projection          WatchRunner: age of the oldest of them
 //	nudge_projection_state                        gauge      projection,state    WatchRunner: 1 for the current state, 0 for the others
@@ -169,6 +170,7 @@ type Metrics struct {
 	batches         *prometheus.CounterVec
 	batchDuration   *prometheus.HistogramVec
 	handlerFailures *prometheus.CounterVec
+	buildPaced      *prometheus.CounterVec
 
 	mu      sync.Mutex
 	routers map[*message.Router]bool
@@ -231,8 +233,12 @@ func New(cfg Config) (*Metrics, error) {
 		Namespace: m.ns, Subsystem: "projection", Name: "handler_failures_total",
 		Help: "Batches rolled back because a handler failed, by the type of the event it failed on.",
 	}, []string{"projection", "event_type"})
+	m.buildPaced = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: m.ns, Subsystem: "projection", Name: "build_paced_seconds_total",
+		Help: "Time a version built beside the active one waited between its batches for the active version's lag (Config.BuildLagTarget).",
+	}, []string{"projection"})
 	var done []prometheus.Collector
-	for _, c := range []prometheus.Collector{m.eventsProjected, m.batches, m.batchDuration, m.handlerFailures} {
+	for _, c := range []prometheus.Collector{m.eventsProjected, m.batches, m.batchDuration, m.handlerFailures, m.buildPaced} {
 		if err := m.register("the batch metrics", c); err != nil {
 			for _, d := range done {
 				m.reg.Unregister(d)
@@ -275,6 +281,15 @@ func (m *Metrics) ObserveBatch(b projection.BatchReport) {
 	}
 	m.batches.WithLabelValues(b.Projection, outcome).Inc()
 	m.batchDuration.WithLabelValues(b.Projection).Observe(b.Took.Seconds())
+}
+
+// ObserveCatchUp records one catch-up of a runner: the time a building version waited for the
+// active version's lag. Pass it as projection.RunnerConfig.OnCatchUp; it is fast and safe for
+// concurrent use.
+func (m *Metrics) ObserveCatchUp(name string, res projection.Result, _ error) {
+	if res.Paced > 0 {
+		m.buildPaced.WithLabelValues(name).Add(res.Paced.Seconds())
+	}
 }
 
 // initBatchSeries creates the batch series of the named projections at zero, so that they

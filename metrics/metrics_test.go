@@ -192,6 +192,22 @@ nudge_projection_handler_failures_total{event_type="Poison",projection="a"} 1
 	}
 }
 
+// TestObserveCatchUp: a building version's waits add up per projection; a catch-up that did
+// not wait adds no series.
+func TestObserveCatchUp(t *testing.T) {
+	t.Parallel()
+	m, reg := newMetrics(t)
+	m.ObserveCatchUp("a.v2", projection.Result{Paced: 1500 * time.Millisecond}, nil)
+	m.ObserveCatchUp("a.v2", projection.Result{Paced: 500 * time.Millisecond}, errors.New("cancelled"))
+	m.ObserveCatchUp("b", projection.Result{Events: 5}, nil)
+	expected := `
+# HELP nudge_projection_build_paced_seconds_total Time a version built beside the active one waited between its batches for the active version's lag (Config.BuildLagTarget).
+# TYPE nudge_projection_build_paced_seconds_total counter
+nudge_projection_build_paced_seconds_total{projection="a.v2"} 2
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected), "nudge_projection_build_paced_seconds_total"))
+}
+
 // TestNamespace: every metric takes the configured namespace.
 func TestNamespace(t *testing.T) {
 	t.Parallel()
