@@ -150,13 +150,6 @@ func (s *workerSlot) deploy(version int) {
 	s.set.exactVersion = version
 }
 
-// version is the version of the exactly-once projection the slot's incarnations run.
-func (s *workerSlot) version() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.set.exactVersion
-}
-
 // current returns the running incarnation, nil if none.
 func (s *workerSlot) current() *workerProc {
 	s.mu.Lock()
