@@ -252,7 +252,7 @@ func TestSelectScenarios(t *testing.T) {
 	all := scenarios()
 	got, err := selectScenarios(all, "all")
 	require.NoError(t, err)
-	require.Len(t, got, 12)
+	require.Len(t, got, 13)
 	require.Equal(t, "security", got[len(got)-1].name, "security runs last: it searches the others' outputs")
 	got, err = selectScenarios(all, "poison, sigkill")
 	require.NoError(t, err)
@@ -269,6 +269,27 @@ func TestSelectScenarios(t *testing.T) {
 		}
 		require.Positive(t, sc.settings.safetyNet, sc.name)
 	}
+}
+
+// TestReliabilityDocumentsEveryScenario: RELIABILITY.md has a section per scenario, in the
+// order "all" runs them, and none for a scenario that does not exist.
+func TestReliabilityDocumentsEveryScenario(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "RELIABILITY.md"))
+	require.NoError(t, err)
+	_, section, found := strings.Cut(string(doc), "\n## Scenarios\n")
+	require.True(t, found, "RELIABILITY.md has no Scenarios section")
+	section, _, _ = strings.Cut(section, "\n## ")
+	var documented []string
+	for _, line := range strings.Split(section, "\n") {
+		if name, ok := strings.CutPrefix(line, "### "); ok {
+			documented = append(documented, strings.TrimSpace(name))
+		}
+	}
+	var names []string
+	for _, sc := range scenarios() {
+		names = append(names, sc.name)
+	}
+	require.Equal(t, names, documented, "the ### sections of RELIABILITY.md's Scenarios")
 }
 
 func TestLossyPublisherDropsItsShare(t *testing.T) {

@@ -71,7 +71,12 @@ type env struct {
 	backend *pgproj.Backend
 	dead    *dlpostgres.Store
 	models  *chaosmodel.Models
-	status  *projection.Runner // the projections' definitions, for Status only: it never catches up
+	// next is version 2 of the exactly-once projection in rebuild-kill, nil elsewhere.
+	next   *chaosmodel.Models
+	status *projection.Runner // the projections' definitions, for Status only: it never catches up
+	// units are the projections' unit names (queues): chaosmodel.Names, and version 2 of the
+	// exactly-once projection in rebuild-kill.
+	units   []string
 	channel *amqpchannel.Channel
 	lossy   *lossyPublisher
 	workers *pool
@@ -121,6 +126,11 @@ type scenarioSettings struct {
 	externalRelay bool
 	// park runs the exactly-once projection with OnFailure park.
 	park bool
+	// rebuild runs the exactly-once projection as a versioned one, at version 1 in every
+	// worker to begin with, and registers its version 2 (building) beside it; flipHold is how
+	// long version 2's cut-over waits in its ActivateFunc.
+	rebuild  bool
+	flipHold time.Duration
 }
 
 func randomHex(n int) string {
@@ -190,11 +200,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 			return nil, err
 		}
 	}
-	// The runner's models never handle an event: its file sink stays empty.
-	if e.models, err = chaosmodel.New(chaosmodel.Config{DB: e.pool, SinkPath: filepath.Join(e.logDir, "status-only.sink")}); err != nil {
-		return nil, err
-	}
-	if e.status, err = projection.NewRunner(e.backend, projection.RunnerConfig{Logger: e.log}, e.models.Projections...); err != nil {
+	if err := e.newStatusRunner(); err != nil {
 		return nil, err
 	}
 	// Created here once, so the workers' Init finds the tables (concurrent CREATE TABLE IF NOT
@@ -207,7 +213,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 	if err != nil {
 		return nil, err
 	}
-	if err := e.channel.Declare(ctx, chaosmodel.Names()...); err != nil {
+	if err := e.channel.Declare(ctx, e.units...); err != nil {
 		return nil, err
 	}
 	e.lossy = &lossyPublisher{inner: e.channel, rng: mrand.New(mrand.NewPCG(s.seed, 7))}
@@ -218,9 +224,40 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 		return nil, err
 	}
 	e.workers = newPool(workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: e.broker.url, prefix: e.prefix,
-		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet, park: set.park}, 2)
+		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet, park: set.park, flipHold: set.flipHold}, 2)
+	if set.rebuild {
+		for _, slot := range e.workers.slots {
+			slot.deploy(1)
+		}
+	}
 	e.load = newLoad(e.store, e.log, 4, s.rate, s.seed^hashName(name))
 	return e, nil
+}
+
+// newStatusRunner defines the projections (with version 2 of the exactly-once one in
+// rebuild-kill) in a runner that only reads their status. Its models never handle an event:
+// their file sinks stay empty.
+func (e *env) newStatusRunner() error {
+	cfg := chaosmodel.Config{DB: e.pool, SinkPath: filepath.Join(e.logDir, "status-only.sink")}
+	e.units = chaosmodel.Names()
+	if e.settings.rebuild {
+		cfg.ExactVersion = 1
+	}
+	var err error
+	if e.models, err = chaosmodel.New(cfg); err != nil {
+		return err
+	}
+	projections := e.models.Projections
+	if e.settings.rebuild {
+		cfg.ExactVersion, cfg.SinkPath = 2, filepath.Join(e.logDir, "status-only-v2.sink")
+		if e.next, err = chaosmodel.New(cfg); err != nil {
+			return err
+		}
+		projections = append(projections, e.next.Projections[0])
+		e.units = append(e.units, chaosmodel.ExactUnit(2))
+	}
+	e.status, err = projection.NewRunner(e.backend, projection.RunnerConfig{Logger: e.log}, projections...)
+	return err
 }
 
 // startRelay runs a relay in the suite's process, publishing through the lossy publisher.
@@ -268,12 +305,15 @@ func (e *env) close() {
 	}
 	if e.channel != nil {
 		_ = e.channel.Close()
-		if err := e.broker.deleteTopology(e.prefix, chaosmodel.Names()); err != nil {
+		if err := e.broker.deleteTopology(e.prefix, e.units); err != nil {
 			e.log.Warn("could not delete the scenario's queues", slog.Any("error", err))
 		}
 	}
 	if e.models != nil {
 		_ = e.models.Close()
+	}
+	if e.next != nil {
+		_ = e.next.Close()
 	}
 	if e.pool != nil {
 		e.pool.Close()
@@ -292,7 +332,7 @@ func (e *env) caughtUpTo(ctx context.Context, pos eventstore.Position) bool {
 		return false
 	}
 	for _, st := range sts {
-		if st.Position.Less(pos) {
+		if st.VersionState != projection.VersionRetired && st.Position.Less(pos) {
 			return false
 		}
 	}
@@ -345,7 +385,7 @@ func (e *env) waitCaughtUp(ctx context.Context, timeout time.Duration) error {
 
 func allCaughtUp(sts []projection.Status) bool {
 	for _, st := range sts {
-		if st.Condition() != projection.ConditionCaughtUp {
+		if k := st.Condition(); k != projection.ConditionCaughtUp && k != projection.ConditionRetired {
 			return false
 		}
 	}

@@ -99,6 +99,7 @@ func scenarios() []scenario {
 			after:    checkPoison,
 		},
 		parkScenario(),
+		rebuildScenario(),
 		{
 			name:     "malformed-input",
 			injects:  "random bytes, truncated JSON, oversized and unknown-version triggers, empty and wrongly typed ones, published straight to every projection's queue",

@@ -29,6 +29,12 @@ type workerSettings struct {
 	relay bool
 	// park runs the worker's exactly-once projection with OnFailure park.
 	park bool
+	// exactVersion is the version of the worker's exactly-once projection (0: unversioned);
+	// deploy changes it for the slot's next incarnations.
+	exactVersion int
+	// flipHold is how long the exactly-once projection's cut-over waits in its ActivateFunc
+	// (chaosworker -flip-hold).
+	flipHold time.Duration
 }
 
 // workerSlot is one of a scenario's worker processes, restarted under the same name after
@@ -59,6 +65,10 @@ type workerProc struct {
 	done  chan struct{} // closed when the process has been waited for
 	err   error         // Wait's result, set before done is closed
 	id    string        // <slot>.<incarnation>, the name of its log
+	// flipping is closed when the process printed "flip-hold" (it is inside the cut-over of
+	// its exactly-once projection's version); inFlip is true from then until "flip-hold-end".
+	flipping chan struct{}
+	inFlip   atomic.Bool
 	// signalled is set before the suite sends a signal: an exit without it is the process's own.
 	signalled atomic.Bool
 }
@@ -80,6 +90,9 @@ func (s *workerSlot) start() (*workerProc, error) {
 	if s.set.park {
 		args = append(args, "-park")
 	}
+	if s.set.exactVersion > 0 {
+		args = append(args, "-exact-version", strconv.Itoa(s.set.exactVersion), "-flip-hold", s.set.flipHold.String())
+	}
 	if s.set.debug {
 		args = append(args, "-debug")
 	}
@@ -96,15 +109,26 @@ func (s *workerSlot) start() (*workerProc, error) {
 		_ = logFile.Close()
 		return nil, fmt.Errorf("start worker %s: %w", id, err)
 	}
-	p := &workerProc{cmd: cmd, ready: make(chan struct{}), done: make(chan struct{}), id: id}
+	p := &workerProc{cmd: cmd, ready: make(chan struct{}), done: make(chan struct{}), id: id, flipping: make(chan struct{})}
 	go func() {
 		sc := bufio.NewScanner(stdout)
-		ready := false
+		ready, flipping := false, false
 		for sc.Scan() {
 			_, _ = fmt.Fprintf(logFile, "stdout: %s\n", sc.Text())
-			if !ready && sc.Text() == "ready" {
-				ready = true
-				close(p.ready)
+			switch sc.Text() {
+			case "ready":
+				if !ready {
+					ready = true
+					close(p.ready)
+				}
+			case "flip-hold":
+				p.inFlip.Store(true)
+				if !flipping {
+					flipping = true
+					close(p.flipping)
+				}
+			case "flip-hold-end":
+				p.inFlip.Store(false)
 			}
 		}
 		p.err = cmd.Wait()
@@ -116,6 +140,14 @@ func (s *workerSlot) start() (*workerProc, error) {
 	}()
 	s.proc = p
 	return p, nil
+}
+
+// deploy makes the slot's next incarnations run version version of the exactly-once
+// projection: a rolling deploy replaces a worker by killing it and starting it again.
+func (s *workerSlot) deploy(version int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.set.exactVersion = version
 }
 
 // current returns the running incarnation, nil if none.

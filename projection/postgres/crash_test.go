@@ -181,11 +181,12 @@ func catchUp(ctx context.Context, backend projection.Backend, spec workerSpec, i
 
 // child is a worker process.
 type child struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	stderr bytes.Buffer
-	ready  chan struct{} // closed when the worker printed "ready"
-	done   chan struct{} // closed when the process has been waited for
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	stderr  bytes.Buffer
+	ready   chan struct{} // closed when the worker printed "ready"
+	holding chan struct{} // closed when the worker printed "holding" (held inside its work)
+	done    chan struct{} // closed when the process has been waited for
 	// committed receives the events of each batch the worker reported committed.
 	committed chan int64
 
@@ -198,19 +199,35 @@ type child struct {
 // ends.
 func startChild(t *testing.T, ctx context.Context, dbURL string, spec workerSpec, barrier bool) *child {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestWorkerProcess$", "-test.count=1",
-		"-test.timeout="+testwait.For(workerTimeout+time.Minute).String())
-	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0") // the race detector would idle 1 s at every exit
+	var env []string
 	if barrier {
-		cmd.Env = append(cmd.Env, workerBarrierEnv+"=1")
+		env = append(env, workerBarrierEnv+"=1")
 	}
+	return startTestProcess(t, ctx, "TestWorkerProcess", append(env, spec.env(workerURL(t, dbURL))...))
+}
+
+// workerURL is dbURL with the workers' application_name, by which waitSessionsGone finds
+// their sessions.
+func workerURL(t *testing.T, dbURL string) string {
+	t.Helper()
 	u, err := url.Parse(dbURL)
 	require.NoError(t, err)
 	q := u.Query()
 	q.Set("application_name", workerAppName)
 	u.RawQuery = q.Encode()
-	cmd.Env = append(cmd.Env, spec.env(u.String())...)
-	c := &child{cmd: cmd, ready: make(chan struct{}), done: make(chan struct{}), committed: make(chan int64, 1<<16)}
+	return u.String()
+}
+
+// startTestProcess runs the test test of this binary again as a child process with env added
+// to the environment, and follows its output. It is killed when ctx ends.
+func startTestProcess(t *testing.T, ctx context.Context, test string, env []string) *child {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+test+"$", "-test.count=1",
+		"-test.timeout="+testwait.For(workerTimeout+time.Minute).String())
+	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0") // the race detector would idle 1 s at every exit
+	cmd.Env = append(cmd.Env, env...)
+	c := &child{cmd: cmd, ready: make(chan struct{}), holding: make(chan struct{}), done: make(chan struct{}),
+		committed: make(chan int64, 1<<16)}
 	cmd.Stderr = &c.stderr
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -219,13 +236,16 @@ func startChild(t *testing.T, ctx context.Context, dbURL string, spec workerSpec
 	require.NoError(t, cmd.Start())
 	go func() {
 		defer close(c.done)
-		var once sync.Once
+		var readyOnce, holdingOnce sync.Once
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			line := sc.Text()
 			c.lines = append(c.lines, line)
-			if line == "ready" {
-				once.Do(func() { close(c.ready) })
+			switch line {
+			case "ready":
+				readyOnce.Do(func() { close(c.ready) })
+			case "holding":
+				holdingOnce.Do(func() { close(c.holding) })
 			}
 			if n, ok := strings.CutPrefix(line, "committed="); ok {
 				events, _ := strconv.ParseInt(n, 10, 64)

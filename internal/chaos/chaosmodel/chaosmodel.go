@@ -8,7 +8,9 @@
 //   - ExactProjection (projection.On): a table in the event store's database keyed by event
 //     id, with a counter that every handling increments inside the batch's transaction, so a
 //     duplicate shows as a counter above 1. It is exactly-once: no duplicate is allowed.
-//     A payload marked Poison fails it until the control table holds PoisonFixedKey.
+//     A payload marked Poison fails it until the control table holds PoisonFixedKey. With
+//     Config.ExactVersion it is a versioned projection: each version writes a table of its
+//     own (ExactTable) and the name ExactProjection is a view of the active version's.
 //   - IdempotentProjection (projection.OnIdempotent): an upsert through the pool, outside the
 //     batch's transaction, counting deliveries. At-least-once: duplicates are allowed.
 //   - FileProjection (projection.OnIdempotent): appends a line per event to a file of the
@@ -84,6 +86,26 @@ type Config struct {
 	// ParkAfter, when positive, makes ExactProjection park a failing event's stream
 	// (projection.OnFailurePark) after that many recorded failures, instead of stopping.
 	ParkAfter int
+	// ExactVersion, when positive, makes ExactProjection a versioned projection at that
+	// version (projection.Config.Version): its table is ExactTable(ExactVersion), read through
+	// the view ExactProjection. 0 keeps the plain table ExactProjection of an unversioned
+	// projection.
+	ExactVersion int
+	// ActivateFunc, if set, runs in ExactProjection's cut-over (projection.Config.ActivateFunc).
+	ActivateFunc func(ctx context.Context) error
+}
+
+// ExactTable is the table of ExactProjection's version version: "chaos_exact_v<version>".
+func ExactTable(version int) string { return projection.TableName(ExactProjection, version) }
+
+// ExactUnit is the unit name of ExactProjection's version version (projection.UnitName):
+// its queue, position and status are under this name.
+func ExactUnit(version int) string {
+	unit, err := projection.UnitName(ExactProjection, version)
+	if err != nil {
+		panic(err) // the name is a constant, and valid for every version from 1
+	}
+	return unit
 }
 
 // Models are the three projections of one process and the file behind FileProjection.
@@ -112,36 +134,7 @@ func New(cfg Config) (*Models, error) {
 	if cfg.ParkAfter > 0 {
 		onFailure = projection.OnFailurePark
 	}
-	exact, err := projection.New(ExactProjection, projection.Config{
-		BatchSize: cfg.BatchSize, OnFailure: onFailure, ParkAfterAttempts: cfg.ParkAfter,
-		InitFunc: func(ctx context.Context, p projection.HookParams) error {
-			_, err := p.Tx.Exec(ctx, `
-				CREATE TABLE IF NOT EXISTS `+ExactProjection+` (
-					event_id     uuid PRIMARY KEY,
-					times        integer NOT NULL,
-					projected_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-					stream_id    text NOT NULL,
-					version      bigint NOT NULL,
-					writer       integer NOT NULL,
-					seq          integer NOT NULL,
-					applied      bigserial NOT NULL);
-				CREATE TABLE IF NOT EXISTS `+ControlTable+` (key text PRIMARY KEY)`)
-			return err
-		},
-	}, projection.On(EventType, func(ctx context.Context, tx pgx.Tx, e projection.Event[Payload]) error {
-		if e.Data.Poison {
-			var fixed bool
-			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+ControlTable+` WHERE key = $1)`, PoisonFixedKey).Scan(&fixed); err != nil {
-				return err
-			}
-			if !fixed {
-				return ErrPoison
-			}
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO `+ExactProjection+` (event_id, times, stream_id, version, writer, seq) VALUES ($1, 1, $2, $3, $4, $5)
-			ON CONFLICT (event_id) DO UPDATE SET times = `+ExactProjection+`.times + 1`, e.ID, e.StreamID, e.StreamVersion, e.Data.Writer, e.Data.Seq)
-		return err
-	}))
+	exact, err := m.exact(cfg, onFailure)
 	if err != nil {
 		return nil, errors.Join(err, sink.Close())
 	}
@@ -176,6 +169,48 @@ func New(cfg Config) (*Models, error) {
 	}
 	m.Projections = []*projection.Projection{exact, idem, file}
 	return m, nil
+}
+
+// exact defines ExactProjection: unversioned with its plain table, or at cfg.ExactVersion with
+// its version's table behind the view.
+func (m *Models) exact(cfg Config, onFailure projection.OnFailure) (*projection.Projection, error) {
+	table := ExactProjection
+	pc := projection.Config{BatchSize: cfg.BatchSize, OnFailure: onFailure, ParkAfterAttempts: cfg.ParkAfter}
+	if cfg.ExactVersion > 0 {
+		table = ExactTable(cfg.ExactVersion)
+		pc.Version, pc.Tables = cfg.ExactVersion, []string{ExactProjection}
+	}
+	if cfg.ActivateFunc != nil {
+		pc.ActivateFunc = func(ctx context.Context, _ projection.HookParams) error { return cfg.ActivateFunc(ctx) }
+	}
+	pc.InitFunc = func(ctx context.Context, p projection.HookParams) error {
+		_, err := p.Tx.Exec(ctx, `
+			CREATE TABLE IF NOT EXISTS `+table+` (
+				event_id     uuid PRIMARY KEY,
+				times        integer NOT NULL,
+				projected_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+				stream_id    text NOT NULL,
+				version      bigint NOT NULL,
+				writer       integer NOT NULL,
+				seq          integer NOT NULL,
+				applied      bigserial NOT NULL);
+			CREATE TABLE IF NOT EXISTS `+ControlTable+` (key text PRIMARY KEY)`)
+		return err
+	}
+	return projection.New(ExactProjection, pc, projection.On(EventType, func(ctx context.Context, tx pgx.Tx, e projection.Event[Payload]) error {
+		if e.Data.Poison {
+			var fixed bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+ControlTable+` WHERE key = $1)`, PoisonFixedKey).Scan(&fixed); err != nil {
+				return err
+			}
+			if !fixed {
+				return ErrPoison
+			}
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, times, stream_id, version, writer, seq) VALUES ($1, 1, $2, $3, $4, $5)
+			ON CONFLICT (event_id) DO UPDATE SET times = `+table+`.times + 1`, e.ID, e.StreamID, e.StreamVersion, e.Data.Writer, e.Data.Seq)
+		return err
+	}))
 }
 
 // Line is one line of FileProjection's sink: an event's id, when it was applied, its stream,

@@ -53,6 +53,8 @@ type options struct {
 	startup      time.Duration
 	debug        bool
 	park         bool
+	exactVersion int
+	flipHold     time.Duration
 }
 
 func main() {
@@ -67,6 +69,9 @@ func main() {
 	flag.DurationVar(&o.startup, "startup-timeout", 20*time.Second, "how long to retry the first connections")
 	flag.BoolVar(&o.debug, "debug", false, "log at debug level")
 	flag.BoolVar(&o.park, "park", false, "the exactly-once projection parks a failing stream after -attempts failures")
+	flag.IntVar(&o.exactVersion, "exact-version", 0, "`version` of the exactly-once projection (0: unversioned)")
+	flag.DurationVar(&o.flipHold, "flip-hold", 0,
+		"how long the exactly-once projection's cut-over waits in its ActivateFunc, between the lines \"flip-hold\" and \"flip-hold-end\" on stdout")
 	flag.Parse()
 
 	level := slog.LevelInfo
@@ -112,7 +117,8 @@ func run(ctx context.Context, o options, logger *slog.Logger) error {
 		return err
 	}
 	defer idemPool.Close()
-	models, err := chaosmodel.New(chaosmodel.Config{DB: idemPool, SinkPath: o.sink, BatchSize: o.batchSize, ParkAfter: parkAfter(o)})
+	models, err := chaosmodel.New(chaosmodel.Config{DB: idemPool, SinkPath: o.sink, BatchSize: o.batchSize, ParkAfter: parkAfter(o),
+		ExactVersion: o.exactVersion, ActivateFunc: flipHold(o.flipHold)})
 	if err != nil {
 		return err
 	}
@@ -207,4 +213,24 @@ func parkAfter(o options) int {
 		return 0
 	}
 	return o.attempts
+}
+
+// flipHold is the exactly-once projection's ActivateFunc with -flip-hold: it prints
+// "flip-hold", waits hold (inside the cut-over's transaction, which holds both versions' locks
+// and has replaced the view), then prints "flip-hold-end", so the suite can kill the process
+// inside the flip and tell that it did. nil without -flip-hold.
+func flipHold(hold time.Duration) func(context.Context) error {
+	if hold <= 0 {
+		return nil
+	}
+	return func(ctx context.Context) error {
+		fmt.Println("flip-hold")
+		select {
+		case <-time.After(hold):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		fmt.Println("flip-hold-end")
+		return nil
+	}
 }

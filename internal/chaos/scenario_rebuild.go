@@ -1,0 +1,289 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/backoff"
+	"github.com/nudgeworks/nudge/internal/chaos/chaosmodel"
+	"github.com/nudgeworks/nudge/projection"
+)
+
+// The rebuild-kill scenario's sizes.
+const (
+	// rebuildBacklog is appended before the workers start: history for version 2 to build.
+	rebuildBacklog = 6000
+	// rebuildBuildKills is how many kills the build gets at most (at random moments); the
+	// rest of it runs undisturbed until the cut-over.
+	rebuildBuildKills = 6
+	// rebuildMinBuildKills is how many of them must land while version 2 is building with
+	// committed progress and still behind.
+	rebuildMinBuildKills = 3
+	// rebuildFlipKills is how many cut-overs are killed inside their ActivateFunc before one
+	// is let through.
+	rebuildFlipKills = 2
+	// rebuildFlipHold is how long version 2's cut-over waits in its ActivateFunc: the window
+	// for a kill inside the flip.
+	rebuildFlipHold = time.Second
+	// rebuildLiveKills are the kills after the flip, with version 2 active.
+	rebuildLiveKills = 2
+	// rebuildWait bounds each wait for the build or the flip.
+	rebuildWait = 60 * time.Second
+)
+
+// rebuildScenario: a rolling deploy of version 2 of the exactly-once projection under load,
+// with SIGKILLs during its build and inside its cut-over.
+func rebuildScenario() scenario {
+	return scenario{
+		name: "rebuild-kill",
+		injects: fmt.Sprintf("chaos_exact as a versioned projection (a table per version behind the view chaos_exact), both workers at "+
+			"version 1 over a %d-event backlog and live load; a rolling deploy: worker-1 killed and restarted at version 2, "+
+			"which builds beside version 1 while random workers are SIGKILLed (up to %d kills, restarted at once); version 2's "+
+			"cut-over waits %s in its ActivateFunc, and the first %d cut-overs are killed there (the first time with the "+
+			"version 1 worker too); then worker-2 is replaced at version 2 and %d more kills follow",
+			rebuildBacklog, rebuildBuildKills, rebuildFlipHold, rebuildFlipKills, rebuildLiveKills),
+		checks: "at least 3 kills land while version 2 is building with committed progress and behind; at least one kill aimed " +
+			"at the flip lands inside its ActivateFunc, and each that does leaves version 1 active; version 2 is active at the end and the view is its table, with every event exactly " +
+			"once and in stream order (the usual checks on chaos_exact); version 1 is retired and its table holds every event " +
+			"up to its last position exactly once and in order, none after it (exact_v1)",
+		settings: scenarioSettings{safetyNet: safetyNetDefault, rebuild: true, flipHold: rebuildFlipHold},
+		run:      runRebuildKill,
+		after:    checkRebuildKill,
+	}
+}
+
+func runRebuildKill(ctx context.Context, e *env, r *result) error {
+	if err := e.load.backlog(ctx, rebuildBacklog); err != nil {
+		return err
+	}
+	if err := e.startAll(ctx); err != nil {
+		return err
+	}
+	if err := backoff.Sleep(ctx, time.Second); err != nil {
+		return err
+	}
+	// The rolling deploy: worker-1 comes back at version 2, worker-2 runs version 1 on.
+	neu, old := e.workers.slots[0], e.workers.slots[1]
+	neu.deploy(2)
+	e.killAndRestart(r, neu)
+	e.s.progress(e.name, "worker-1 restarted at version 2; killing workers during its build")
+	built := time.Now()
+	inBuild, err := e.killDuringBuild(ctx, r, neu)
+	if err != nil {
+		return err
+	}
+	r.addCheck("kills during the build", inBuild >= rebuildMinBuildKills, "%d kills while version 2 was building, behind, with committed progress", inBuild)
+	flipped, err := e.killInsideFlips(ctx, r, neu, old)
+	if err != nil {
+		return err
+	}
+	r.Notes = append(r.Notes, fmt.Sprintf("version 2 built and cut over %s after its first worker started (%d kills during the build)",
+		flipped.Sub(built).Round(100*time.Millisecond), inBuild))
+
+	// The rest of the rolling deploy, and kills with version 2 active.
+	old.deploy(2)
+	e.killAndRestart(r, old)
+	for range rebuildLiveKills {
+		if err := backoff.Sleep(ctx, e.between(300*time.Millisecond, 900*time.Millisecond)); err != nil {
+			return err
+		}
+		e.killAndRestart(r, e.workers.slots[e.rng.IntN(len(e.workers.slots))])
+	}
+	r.FaultKind = "SIGKILLs, rolling deploy of version 2"
+	e.faultsOver()
+	return backoff.Sleep(ctx, 2*time.Second)
+}
+
+// killAndRestart SIGKILLs the slot's worker, counting the kill, and starts it again at once.
+func (e *env) killAndRestart(r *result, s *workerSlot) {
+	if s.kill() {
+		r.Faults++
+	}
+	if _, err := s.start(); err != nil {
+		r.addCheck("restart", false, "%v", err)
+	}
+}
+
+// killDuringBuild kills a random worker every 0.3–0.9 s, up to rebuildBuildKills times, while
+// version 2 builds, then waits until neu's worker is inside its cut-over. It returns how many
+// kills landed while version 2 was building, behind, with committed progress.
+func (e *env) killDuringBuild(ctx context.Context, r *result, neu *workerSlot) (int, error) {
+	inBuild := 0
+	for kills := 0; kills < rebuildBuildKills; kills++ {
+		select {
+		case <-neu.current().flipping:
+			return inBuild, nil
+		case <-time.After(e.between(300*time.Millisecond, 900*time.Millisecond)):
+		case <-ctx.Done():
+			return inBuild, ctx.Err()
+		}
+		st, err := e.status.Status(ctx, chaosmodel.ExactUnit(2))
+		if err != nil {
+			return inBuild, err
+		}
+		if st.VersionState != projection.VersionBuilding {
+			return inBuild, fmt.Errorf("version 2 is %s before its cut-over was seen", st.VersionState)
+		}
+		if st.EventsProcessed > 0 && st.LagEvents > 0 {
+			inBuild++
+		}
+		e.killAndRestart(r, e.workers.slots[e.rng.IntN(len(e.workers.slots))])
+	}
+	return inBuild, nil
+}
+
+// killInsideFlips kills neu's worker inside its cut-over's ActivateFunc (the view replaced,
+// nothing committed) rebuildFlipKills times, the first time together with old's worker (version
+// 1's, its batches waiting for the flip's lock), checking that version 1 stays active; then it
+// lets the cut-over through and returns when version 2 became active.
+func (e *env) killInsideFlips(ctx context.Context, r *result, neu, old *workerSlot) (time.Time, error) {
+	var (
+		inside, aimed int
+		firstHold     time.Time
+	)
+	for active := 1; aimed < rebuildFlipKills && active == 1; aimed++ {
+		proc := neu.current()
+		select {
+		case <-proc.flipping:
+		case <-time.After(rebuildWait):
+			return time.Time{}, fmt.Errorf("version 2's worker did not reach its cut-over within %s (cut-over %d)", rebuildWait, aimed+1)
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		}
+		restart := []*workerSlot{neu}
+		if aimed == 0 {
+			firstHold = time.Now()
+			if old.kill() {
+				r.Faults++
+				restart = append(restart, old)
+			}
+		}
+		held := proc.inFlip.Load() // the kill lands before the hook ends, so before the commit
+		if neu.kill() {
+			r.Faults++
+		}
+		var err error
+		if active, err = e.activeVersion(ctx); err != nil {
+			return time.Time{}, err
+		}
+		if held {
+			inside++
+			r.addCheck(fmt.Sprintf("kill %d inside the flip leaves version 1 active", aimed+1), active == 1, "active version after the kill: %d", active)
+		}
+		for _, s := range restart {
+			if _, err := s.start(); err != nil {
+				r.addCheck("restart", false, "%v", err)
+			}
+		}
+	}
+	r.addCheck("kills inside the flip", inside > 0, "%d of %d kills aimed at the cut-over landed inside its ActivateFunc", inside, aimed)
+	e.s.progress(e.name, "%d kills inside the cut-over; letting the next one through", inside)
+	if err := e.awaitActive(ctx, 2); err != nil {
+		return time.Time{}, err
+	}
+	r.Notes = append(r.Notes, fmt.Sprintf("%d of %d kills aimed at the cut-over landed inside it (ActivateFunc held %s); "+
+		"version 2 became active %s after the first cut-over began", inside, aimed, rebuildFlipHold,
+		time.Since(firstHold).Round(100*time.Millisecond)))
+	return time.Now(), nil
+}
+
+// awaitActive waits up to rebuildWait until version is the exactly-once projection's active
+// version.
+func (e *env) awaitActive(ctx context.Context, version int) error {
+	deadline := time.Now().Add(rebuildWait)
+	for {
+		active, err := e.activeVersion(ctx)
+		if err != nil || active == version {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("version %d not active within %s (active: %d)", version, rebuildWait, active)
+		}
+		if err := backoff.Sleep(ctx, 50*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// activeVersion is the exactly-once projection's active version.
+func (e *env) activeVersion(ctx context.Context) (int, error) {
+	var v int
+	err := e.pool.QueryRow(ctx, `SELECT version FROM nudge_projection_versions WHERE projection = $1 AND state = 'active'`,
+		chaosmodel.ExactProjection).Scan(&v)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	return v, err
+}
+
+// checkRebuildKill: version 2 active and behind the view, version 1 retired with a complete
+// model up to its last position.
+func checkRebuildKill(ctx context.Context, e *env, r *result) error {
+	var v1, v2 string
+	if err := e.pool.QueryRow(ctx, `SELECT
+		(SELECT state FROM nudge_projection_versions WHERE projection = $1 AND version = 1),
+		(SELECT state FROM nudge_projection_versions WHERE projection = $1 AND version = 2)`, chaosmodel.ExactProjection).Scan(&v1, &v2); err != nil {
+		return err
+	}
+	r.addCheck("version 2 active, version 1 retired", v1 == string(projection.VersionRetired) && v2 == string(projection.VersionActive),
+		"version 1 %s, version 2 %s", v1, v2)
+	var viewOfV2 bool
+	if err := e.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.view_table_usage
+		WHERE view_name = $1 AND table_name = $2)`, chaosmodel.ExactProjection, chaosmodel.ExactTable(2)).Scan(&viewOfV2); err != nil {
+		return err
+	}
+	r.addCheck("the view is version 2's table", viewOfV2, "%s reads %s: %t", chaosmodel.ExactProjection, chaosmodel.ExactTable(2), viewOfV2)
+
+	st, err := e.status.Status(ctx, chaosmodel.ExactUnit(1))
+	if err != nil {
+		return err
+	}
+	upTo, contents, err := readAppendedUpTo(ctx, e, st.Position)
+	if err != nil {
+		return err
+	}
+	seen, err := readTable(ctx, e.pool, `SELECT event_id, times, projected_at, stream_id, version, writer, seq, applied FROM `+
+		pgx.Identifier{chaosmodel.ExactTable(1)}.Sanitize())
+	if err != nil {
+		return err
+	}
+	m := compare(chaosmodel.ExactTable(1), true, upTo, seen)
+	m.Mismatched, m.OutOfOrder = checkContent(contents, seen)
+	r.Models = append(r.Models, m)
+	r.Notes = append(r.Notes, fmt.Sprintf("version 1 stopped at %s with %d of the %d events in its table; version 2's cut-over and "+
+		"its live batches handled the rest", st.Position, m.Projected, r.Appended))
+	return nil
+}
+
+// readAppendedUpTo reads the suite's events up to position at from the store: id → recorded
+// time, and id → content.
+func readAppendedUpTo(ctx context.Context, e *env, at eventstore.Position) (map[uuid.UUID]time.Time, map[uuid.UUID]content, error) {
+	all, contents, err := readAppended(ctx, e.store)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := map[uuid.UUID]time.Time{}
+	var after eventstore.Position
+	for {
+		events, err := e.store.Read(ctx, after, eventstore.ReadOptions{Limit: eventstore.ReadLimitMax, Types: []string{chaosmodel.EventType}})
+		if err != nil {
+			return nil, nil, fmt.Errorf("read the event store: %w", err)
+		}
+		for _, ev := range events {
+			if at.Less(ev.Position) {
+				return out, contents, nil
+			}
+			out[ev.ID] = all[ev.ID]
+		}
+		if len(events) == 0 {
+			return out, contents, nil
+		}
+		after = events[len(events)-1].Position
+	}
+}
