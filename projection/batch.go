@@ -120,6 +120,9 @@ func (b *batch) run(ctx context.Context, res *Result) (bool, error) {
 		return false, nil
 	}
 	res.building = res.building || b.building
+	if b.version.State == VersionActive {
+		res.version = b.version
+	}
 	if err == nil || errors.Is(err, errPaused) {
 		res.Position = b.committed
 		b.r.remember(b.p.name, b.committed, b.rebuilding)

@@ -177,7 +177,7 @@ type Result struct {
 	CutOverHeld time.Duration
 
 	building bool        // a batch ran a building version's history
-	version  VersionInfo // the version record, when Retired
+	version  VersionInfo // the version record, when Retired or active
 }
 
 // CatchUp handles the projection's events from its committed position until a read comes back
@@ -215,6 +215,8 @@ func (r *Runner) CatchUp(ctx context.Context, name string) (Result, error) {
 		return res, r.activate(ctx, p, &res)
 	case res.Retired:
 		return res, r.dropAfterGrace(ctx, p, res.version)
+	case res.version.Undropped.Version > 0:
+		r.dropUnknownAfterGrace(ctx, p, res.version.Undropped)
 	}
 	return res, nil
 }

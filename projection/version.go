@@ -134,6 +134,15 @@ type VersionInfo struct {
 	// RetiredAt is when a retired version was retired; DroppedAt when its read model was
 	// dropped (zero while it is kept).
 	RetiredAt, DroppedAt time.Time
+	// Undropped is, for an active version, the retired version of the projection retired
+	// first whose read model is not dropped yet; zero when there is none.
+	Undropped RetiredVersion
+}
+
+// RetiredVersion names a retired version and when it was retired.
+type RetiredVersion struct {
+	Version   int
+	RetiredAt time.Time
 }
 
 // Activation is what Backend.Activate did.
