@@ -78,12 +78,12 @@ func (r *Runner) dropAfterGrace(ctx context.Context, p *Projection, v VersionInf
 	return r.DropRetired(ctx, p.name)
 }
 
-// dropUnknownAfterGrace drops the read model of old, a retired version of p's projection,
+// dropTablesAfterGrace drops the read model of old, a retired version of p's projection,
 // when this runner does not have old's definition (its code is gone: no runner would run its
 // DeleteFunc) and p's Config.RetireGrace has passed since old was retired: the backend drops
 // the versioned tables of the stable names recorded for old (Backend.DropRetiredTables). A
 // failure is logged, not returned: it is no failure of p's, and the next catch-up tries again.
-func (r *Runner) dropUnknownAfterGrace(ctx context.Context, p *Projection, old RetiredVersion) {
+func (r *Runner) dropTablesAfterGrace(ctx context.Context, p *Projection, old RetiredVersion) {
 	unit, err := UnitName(p.base, old.Version)
 	if _, known := r.projections[unit]; err != nil || known {
 		return // its own definition drops it, with its DeleteFunc
@@ -92,15 +92,16 @@ func (r *Runner) dropUnknownAfterGrace(ctx context.Context, p *Projection, old R
 	if grace < 0 || old.RetiredAt.IsZero() || r.now().Before(old.RetiredAt.Add(grace)) {
 		return
 	}
-	if err := r.dropUnknown(ctx, p, old.Version); err != nil {
+	if err := r.dropTables(ctx, p, old.Version); err != nil {
 		r.logger.WarnContext(ctx, "projection: dropping a retired version's tables failed; the next catch-up tries again",
 			slog.String("projection", p.name), slog.Int("retired_version", old.Version), slog.Any("error", err))
 	}
 }
 
-// dropUnknown drops the tables of version of p's projection, a version this runner has no
-// definition of.
-func (r *Runner) dropUnknown(ctx context.Context, p *Projection, version int) error {
+// dropTables drops the tables of version of p's projection, a version this runner has no
+// definition of, or one without a DeleteFunc: the versioned tables of the stable names
+// recorded for it (Backend.DropRetiredTables).
+func (r *Runner) dropTables(ctx context.Context, p *Projection, version int) error {
 	if err := r.backend.DropRetiredTables(ctx, p, version); err != nil {
 		return fmt.Errorf("projection %s: drop the tables of the retired version %d: %w", p.base, version, err)
 	}
@@ -115,6 +116,8 @@ func (r *Runner) dropUnknown(ctx context.Context, p *Projection, version int) er
 // error matching ErrNotRetired. Runners call it by themselves once Config.RetireGrace has
 // passed.
 //
+// A version without a DeleteFunc gets the versioned tables of the stable names recorded for
+// it dropped instead (Config.Tables, or the table a newer version adopted from a version 1).
 // name may also be a version this runner has no definition of (its code is gone), of a
 // projection it runs another version of: then the versioned tables of the stable names
 // recorded for that version (Config.Tables, or the tables a newer version adopted from a
@@ -124,9 +127,13 @@ func (r *Runner) DropRetired(ctx context.Context, name string) error {
 	p, err := r.Projection(name)
 	if err != nil {
 		if other, version, ok := r.versionOf(name); ok {
-			return r.dropUnknown(ctx, other, version)
+			return r.dropTables(ctx, other, version)
 		}
 		return err
+	}
+	if p.cfg.DeleteFunc == nil {
+		// E.g. a version 1 that predates versions, whose table a newer version adopted.
+		return r.dropTables(ctx, p, p.cfg.Version)
 	}
 	if err := r.backend.DropRetired(ctx, p, hook("delete", p, p.cfg.DeleteFunc)); err != nil {
 		return fmt.Errorf("projection %s: drop the retired version %d: %w", name, p.cfg.Version, err)

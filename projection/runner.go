@@ -216,7 +216,7 @@ func (r *Runner) CatchUp(ctx context.Context, name string) (Result, error) {
 	case res.Retired:
 		return res, r.dropAfterGrace(ctx, p, res.version)
 	case res.version.Undropped.Version > 0:
-		r.dropUnknownAfterGrace(ctx, p, res.version.Undropped)
+		r.dropTablesAfterGrace(ctx, p, res.version.Undropped)
 	}
 	return res, nil
 }

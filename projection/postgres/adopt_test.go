@@ -187,3 +187,40 @@ func TestAdoptRefusesOtherSchema(t *testing.T) {
 	require.ErrorContains(t, err, `is in schema "public", but the versions' tables and views are created in "rm"`)
 	require.Equal(t, "r", relkind(ctx, t, e, "public.stream_last"), "nothing changed")
 }
+
+// TestAdoptRetiredVersionOneDropsItsTable: a version 1 without a DeleteFunc whose table was
+// adopted, still run by an old worker after the cut-over, drops that table (stream_last_v1)
+// itself once its RetireGrace has passed.
+func TestAdoptRetiredVersionOneDropsItsTable(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := testwait.Context(t, 3*time.Minute)
+	var now atomic.Pointer[time.Time]
+	start := time.Now()
+	now.Store(&start)
+	v1 := plainV1(t)
+	old, err := projection.NewRunner(e.backend, projection.RunnerConfig{Logger: testlog.New(t), NowFunc: func() time.Time { return *now.Load() }}, v1)
+	require.NoError(t, err)
+	require.NoError(t, old.Init(ctx))
+	appendSettled(ctx, t, e, 1, 5, false)
+	_, err = old.CatchUp(ctx, v1.Name())
+	require.NoError(t, err)
+	v2 := lastV2(t, projection.Config{RetireGrace: -1}, nil)
+	neu := runner(t, e.backend, v2)
+	res, err := neu.CatchUp(ctx, v2.Name())
+	require.NoError(t, err)
+	require.True(t, res.Activated)
+
+	res, err = old.CatchUp(ctx, v1.Name())
+	require.NoError(t, err)
+	require.True(t, res.Retired)
+	require.Equal(t, "r", relkind(ctx, t, e, "stream_last_v1"), "kept within the grace")
+	later := start.Add(2 * time.Hour)
+	now.Store(&later)
+	_, err = old.CatchUp(ctx, v1.Name())
+	require.NoError(t, err)
+	require.Empty(t, relkind(ctx, t, e, "stream_last_v1"), "dropped after the grace, without a DeleteFunc")
+	got, err := readModel(ctx, e.db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, 5, got)
+}
