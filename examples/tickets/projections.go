@@ -37,8 +37,14 @@ func TicketStatuses() []TicketStatus { return []TicketStatus{StatusOpen, StatusC
 type readModels struct {
 	titleWidth int
 	log        *slog.Logger
-	// Sanitized, schema-qualified table names.
-	list, stats, statsTickets string
+	// listVersion is the version of ticket_list to define (Config.ListVersion); 0 is 1.
+	listVersion int
+	// listV2Hook is Config.listV2Hook.
+	listV2Hook func(ctx context.Context, replaying bool) error
+	// Sanitized, schema-qualified table names. list is the name readers query: version 1's
+	// table, or the view of the active version's once a version 2 was deployed; listV2 is
+	// version 2's table.
+	list, listV2, stats, statsTickets string
 }
 
 func newReadModels(schema string, titleWidth int, log *slog.Logger) readModels {
@@ -49,7 +55,8 @@ func newReadModels(schema string, titleWidth int, log *slog.Logger) readModels {
 		return pgx.Identifier{schema, name}.Sanitize()
 	}
 	return readModels{titleWidth: titleWidth, log: log,
-		list: table("ticket_list"), stats: table("ticket_stats"), statsTickets: table("ticket_stats_tickets")}
+		list: table("ticket_list"), listV2: table(projection.TableName("ticket_list", 2)),
+		stats: table("ticket_stats"), statsTickets: table("ticket_stats_tickets")}
 }
 
 // projections returns ticket_list and ticket_stats.
@@ -74,6 +81,9 @@ func (m readModels) projections() ([]*projection.Projection, error) {
 // is the poison of README.md; the fix is to start with a wider --title-width, which the init
 // hook applies.
 func (m readModels) ticketList() (*projection.Projection, error) {
+	if m.listVersion == 2 {
+		return m.ticketListV2()
+	}
 	return projection.New(ProjectionTicketList, projection.Config{
 		InitFunc: m.initTicketList,
 		ResetFunc: func(ctx context.Context, p projection.HookParams) error {
@@ -99,6 +109,12 @@ func (m readModels) ticketList() (*projection.Projection, error) {
 // at every start, in a transaction that holds the projection's lock, so two processes
 // starting at once do not race.
 func (m readModels) initTicketList(ctx context.Context, p projection.HookParams) error {
+	return m.createList(ctx, p, m.list, "ticket_list_status_opened", "")
+}
+
+// createList creates a version of ticket_list as table, with an index called index, the
+// columns of version 1 and extra, and widens its title column as initTicketList says.
+func (m readModels) createList(ctx context.Context, p projection.HookParams, table, index, extra string) error {
 	_, err := p.Tx.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 		id           text PRIMARY KEY,
 		title        varchar(%d) NOT NULL,
@@ -106,27 +122,78 @@ func (m readModels) initTicketList(ctx context.Context, p projection.HookParams)
 		status       text NOT NULL,
 		opened_at    timestamptz NOT NULL,
 		closed_at    timestamptz,
-		close_reason text
-	)`, m.list, m.titleWidth))
+		close_reason text%s
+	)`, table, m.titleWidth, extra))
 	if err != nil {
 		return err
 	}
-	if _, err := p.Tx.Exec(ctx, `CREATE INDEX IF NOT EXISTS ticket_list_status_opened ON `+m.list+` (status, opened_at)`); err != nil {
+	if _, err := p.Tx.Exec(ctx, `CREATE INDEX IF NOT EXISTS `+pgx.Identifier{index}.Sanitize()+` ON `+table+` (status, opened_at)`); err != nil {
 		return err
 	}
 	var width int // varchar(n) has atttypmod n + 4
 	if err := p.Tx.QueryRow(ctx, `SELECT atttypmod - 4 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'title'`,
-		m.list).Scan(&width); err != nil {
-		return fmt.Errorf("read the width of ticket_list.title: %w", err)
+		table).Scan(&width); err != nil {
+		return fmt.Errorf("read the width of %s.title: %w", table, err)
 	}
 	if width > 0 && width < m.titleWidth {
-		if _, err := p.Tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ALTER COLUMN title TYPE varchar(%d)`, m.list, m.titleWidth)); err != nil {
-			return fmt.Errorf("widen ticket_list.title: %w", err)
+		if _, err := p.Tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ALTER COLUMN title TYPE varchar(%d)`, table, m.titleWidth)); err != nil {
+			return fmt.Errorf("widen %s.title: %w", table, err)
 		}
 		m.log.InfoContext(ctx, "widened the title column", slog.String("projection", p.Projection),
 			slog.Int("from", width), slog.Int("to", m.titleWidth))
 	}
 	return nil
+}
+
+// ticketListV2 is version 2 of ticket_list: version 1's columns and resolution_seconds, how
+// long a closed ticket was open, which version 1 does not keep. Deployed beside version 1
+// (--ticket-list-version 2), it registers as the unit ticket_list.v2, adopts version 1's table
+// (renamed ticket_list_v1; ticket_list becomes a view of it, which version 1's code keeps
+// writing through), builds ticket_list_v2 from the start of the store while version 1 serves,
+// and cuts over by itself once level: ticket_list is then a view of ticket_list_v2, in one
+// transaction. Readers query ticket_list throughout. Its DeleteFunc drops ticket_list_v2
+// when a version 3 has replaced it.
+func (m readModels) ticketListV2() (*projection.Projection, error) {
+	hook := func(ctx context.Context) error {
+		if m.listV2Hook == nil {
+			return nil
+		}
+		return m.listV2Hook(ctx, projection.Replaying(ctx))
+	}
+	return projection.New(ProjectionTicketList, projection.Config{
+		Version: 2,
+		Tables:  []string{"ticket_list"},
+		InitFunc: func(ctx context.Context, p projection.HookParams) error {
+			return m.createList(ctx, p, m.listV2, "ticket_list_v2_status_opened", `,
+		resolution_seconds double precision`)
+		},
+		ResetFunc: func(ctx context.Context, p projection.HookParams) error {
+			_, err := p.Tx.Exec(ctx, `TRUNCATE `+m.listV2)
+			return err
+		},
+		DeleteFunc: func(ctx context.Context, p projection.HookParams) error {
+			_, err := p.Tx.Exec(ctx, `DROP TABLE IF EXISTS `+m.listV2)
+			return err
+		},
+	},
+		projection.On(TypeTicketRegistered, func(ctx context.Context, tx pgx.Tx, e projection.Event[TicketRegistered]) error {
+			if err := hook(ctx); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO `+m.listV2+` (id, title, customer, status, opened_at)
+				VALUES ($1, $2, $3, $4, $5)`, e.Data.ID, e.Data.Title, e.Data.Customer, StatusOpen, e.RecordedAt)
+			return err
+		}),
+		projection.On(TypeTicketClosed, func(ctx context.Context, tx pgx.Tx, e projection.Event[TicketClosed]) error {
+			if err := hook(ctx); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `UPDATE `+m.listV2+` SET status = $2, closed_at = $3, close_reason = $4,
+				resolution_seconds = extract(epoch FROM $3::timestamptz - opened_at) WHERE id = $1`,
+				e.Data.ID, StatusClosed, e.RecordedAt, e.Data.Reason)
+			return err
+		}),
+	)
 }
 
 // ticketStats counts open and closed tickets per customer. It is an aggregate, so it is written
