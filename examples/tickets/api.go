@@ -99,7 +99,9 @@ func (s *service) handleClose(w http.ResponseWriter, r *http.Request) {
 
 // ticketJSON is a row of ticket_list, of either version: GET /tickets selects every column of
 // the view and maps them by name, so resolution_seconds (version 2) is absent while the view
-// still shows version 1, in a process of either version (a rolling deploy runs both).
+// still shows version 1, in a process of either version (a rolling deploy runs both). A column
+// this struct does not name fails the read: give a new column its field here, and deploy that,
+// before the version that adds the column.
 type ticketJSON struct {
 	ID          string       `json:"id" db:"id"`
 	Title       string       `json:"title" db:"title"`

@@ -21,6 +21,12 @@ import (
 // hooks that change the table (DDL in init, TRUNCATE in reset).
 func plainV1(t *testing.T) *projection.Projection {
 	t.Helper()
+	return plainV1With(t, nil)
+}
+
+// plainV1With is plainV1 whose handler calls *after (when set) once it has written its row.
+func plainV1With(t *testing.T, after *atomic.Pointer[func()]) *projection.Projection {
+	t.Helper()
 	p, err := projection.New("stream_last", projection.Config{
 		InitFunc: func(ctx context.Context, hp projection.HookParams) error {
 			_, err := hp.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS stream_last (stream_id text PRIMARY KEY, version bigint NOT NULL);
@@ -34,6 +40,11 @@ func plainV1(t *testing.T) *projection.Projection {
 	}, projection.On("Appended", func(ctx context.Context, tx pgx.Tx, e projection.Event[appended]) error {
 		_, err := tx.Exec(ctx, `INSERT INTO stream_last (stream_id, version) VALUES ($1, $2)
 			ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version`, e.StreamID, e.StreamVersion)
+		if after != nil {
+			if fn := after.Load(); fn != nil {
+				(*fn)()
+			}
+		}
 		return err
 	}))
 	require.NoError(t, err)
@@ -223,4 +234,59 @@ func TestAdoptRetiredVersionOneDropsItsTable(t *testing.T) {
 	got, err := readModel(ctx, e.db.Pool)
 	require.NoError(t, err)
 	require.Equal(t, 5, got)
+}
+
+// TestAdoptWaitsForVersionOneBatch: the adoption takes version 1's lock, so it waits for a
+// version 1 batch in flight (which writes the plain table) and renames the table only after
+// that batch committed: the batch's row is in stream_last_v1, seen through the view.
+func TestAdoptWaitsForVersionOneBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := testwait.Context(t, 3*time.Minute)
+	var after atomic.Pointer[func()]
+	v1 := plainV1With(t, &after)
+	old := runner(t, e.backend, v1)
+	appendSettled(ctx, t, e, 1, 5, false)
+	_, err := old.CatchUp(ctx, v1.Name())
+	require.NoError(t, err)
+
+	inBatch, release := make(chan struct{}), make(chan struct{})
+	block := func() {
+		close(inBatch)
+		<-release
+	}
+	after.Store(&block)
+	appendSettled(ctx, t, e, 6, 6, false)
+	caughtUp := make(chan error, 1)
+	go func() {
+		_, err := old.CatchUp(ctx, v1.Name())
+		caughtUp <- err
+	}()
+	<-inBatch
+	after.Store(nil)
+
+	v2 := lastV2(t, projection.Config{}, nil)
+	neu, err := projection.NewRunner(e.backend, projection.RunnerConfig{Logger: testlog.New(t)}, v2)
+	require.NoError(t, err)
+	registered := make(chan error, 1)
+	go func() { registered <- neu.Init(ctx) }()
+	require.Eventually(t, func() bool {
+		var waiting int
+		require.NoError(t, e.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&waiting))
+		return waiting > 0
+	}, testwait.For(time.Minute), 10*time.Millisecond, "version 2's registration waits for version 1's lock")
+	select {
+	case err := <-registered:
+		t.Fatalf("version 2 registered while a version 1 batch was in flight: %v", err)
+	default:
+	}
+	require.Equal(t, "r", relkind(ctx, t, e, "stream_last"), "not adopted while version 1's batch writes it")
+
+	close(release)
+	require.NoError(t, <-caughtUp)
+	require.NoError(t, <-registered)
+	require.Equal(t, "v", relkind(ctx, t, e, "stream_last"))
+	got, err := readModel(ctx, e.db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, 6, got, "the batch's row is in the adopted table")
 }
