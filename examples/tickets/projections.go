@@ -109,12 +109,6 @@ func (m readModels) ticketList() (*projection.Projection, error) {
 // at every start, in a transaction that holds the projection's lock, so two processes
 // starting at once do not race.
 func (m readModels) initTicketList(ctx context.Context, p projection.HookParams) error {
-	return m.createList(ctx, p, m.list, "ticket_list_status_opened", "")
-}
-
-// createList creates a version of ticket_list as table, with an index called index, the
-// columns of version 1 and extra, and widens its title column as initTicketList says.
-func (m readModels) createList(ctx context.Context, p projection.HookParams, table, index, extra string) error {
 	_, err := p.Tx.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 		id           text PRIMARY KEY,
 		title        varchar(%d) NOT NULL,
@@ -122,22 +116,22 @@ func (m readModels) createList(ctx context.Context, p projection.HookParams, tab
 		status       text NOT NULL,
 		opened_at    timestamptz NOT NULL,
 		closed_at    timestamptz,
-		close_reason text%s
-	)`, table, m.titleWidth, extra))
+		close_reason text
+	)`, m.list, m.titleWidth))
 	if err != nil {
 		return err
 	}
-	if _, err := p.Tx.Exec(ctx, `CREATE INDEX IF NOT EXISTS `+pgx.Identifier{index}.Sanitize()+` ON `+table+` (status, opened_at)`); err != nil {
+	if _, err := p.Tx.Exec(ctx, `CREATE INDEX IF NOT EXISTS ticket_list_status_opened ON `+m.list+` (status, opened_at)`); err != nil {
 		return err
 	}
 	var width int // varchar(n) has atttypmod n + 4
 	if err := p.Tx.QueryRow(ctx, `SELECT atttypmod - 4 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'title'`,
-		table).Scan(&width); err != nil {
-		return fmt.Errorf("read the width of %s.title: %w", table, err)
+		m.list).Scan(&width); err != nil {
+		return fmt.Errorf("read the width of ticket_list.title: %w", err)
 	}
 	if width > 0 && width < m.titleWidth {
-		if _, err := p.Tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ALTER COLUMN title TYPE varchar(%d)`, table, m.titleWidth)); err != nil {
-			return fmt.Errorf("widen %s.title: %w", table, err)
+		if _, err := p.Tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ALTER COLUMN title TYPE varchar(%d)`, m.list, m.titleWidth)); err != nil {
+			return fmt.Errorf("widen ticket_list.title: %w", err)
 		}
 		m.log.InfoContext(ctx, "widened the title column", slog.String("projection", p.Projection),
 			slog.Int("from", width), slog.Int("to", m.titleWidth))
@@ -146,7 +140,9 @@ func (m readModels) createList(ctx context.Context, p projection.HookParams, tab
 }
 
 // ticketListV2 is version 2 of ticket_list: version 1's columns and resolution_seconds, how
-// long a closed ticket was open, which version 1 does not keep. Deployed beside version 1
+// long a closed ticket was open, which version 1 does not keep. Its title is text, as long as
+// the API accepts (--title-width is version 1's: a table under a view cannot change a column's
+// type, a new version can). Deployed beside version 1
 // (--ticket-list-version 2), it registers as the unit ticket_list.v2, adopts version 1's table
 // (renamed ticket_list_v1; ticket_list becomes a view of it, which version 1's code keeps
 // writing through), builds ticket_list_v2 from the start of the store while version 1 serves,
@@ -164,8 +160,18 @@ func (m readModels) ticketListV2() (*projection.Projection, error) {
 		Version: 2,
 		Tables:  []string{"ticket_list"},
 		InitFunc: func(ctx context.Context, p projection.HookParams) error {
-			return m.createList(ctx, p, m.listV2, "ticket_list_v2_status_opened", `,
-		resolution_seconds double precision`)
+			_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+m.listV2+` (
+				id                 text PRIMARY KEY,
+				title              text NOT NULL,
+				customer           text NOT NULL,
+				status             text NOT NULL,
+				opened_at          timestamptz NOT NULL,
+				closed_at          timestamptz,
+				close_reason       text,
+				resolution_seconds double precision
+			);
+			CREATE INDEX IF NOT EXISTS ticket_list_v2_status_opened ON `+m.listV2+` (status, opened_at)`)
+			return err
 		},
 		ResetFunc: func(ctx context.Context, p projection.HookParams) error {
 			_, err := p.Tx.Exec(ctx, `TRUNCATE `+m.listV2)
