@@ -71,6 +71,12 @@ type Backend interface {
 	// records that its read model is dropped. It returns an error matching ErrNotRetired when
 	// p's version is not retired; a version already dropped is left alone.
 	DropRetired(ctx context.Context, p *Projection, hook HookFunc) error
+	// DropRetiredTables drops the read model of version version of p's projection, a retired
+	// version whose definition (and DeleteFunc) the caller does not have: the versioned tables
+	// of the stable names recorded for it. It holds that version's lock, records the drop, and
+	// returns an error matching ErrNotRetired when the version is not retired; a version
+	// already dropped is left alone.
+	DropRetiredTables(ctx context.Context, p *Projection, version int) error
 
 	// Seal marks the backends of this module; it does nothing.
 	Seal(seal.Token)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 )
 
 // activate tries the cut-over of p, a building version whose catch-up has handled all the
@@ -78,15 +80,62 @@ func (r *Runner) dropAfterGrace(ctx context.Context, p *Projection, v VersionInf
 	return r.DropRetired(ctx, p.name)
 }
 
+// dropTablesAfterGrace drops the read model of old, a retired version of p's projection,
+// when this runner does not have old's definition (its code is gone: no runner would run its
+// DeleteFunc) and p's Config.RetireGrace has passed since old was retired: the backend drops
+// the versioned tables of the stable names recorded for old (Backend.DropRetiredTables). A
+// failure is logged, not returned: it is no failure of p's, and the next catch-up tries again.
+func (r *Runner) dropTablesAfterGrace(ctx context.Context, p *Projection, old RetiredVersion) {
+	unit, err := UnitName(p.base, old.Version)
+	if _, known := r.projections[unit]; err != nil || known {
+		return // its own definition drops it, with its DeleteFunc
+	}
+	grace := p.cfg.RetireGrace
+	if grace < 0 || old.RetiredAt.IsZero() || r.now().Before(old.RetiredAt.Add(grace)) {
+		return
+	}
+	if err := r.dropTables(ctx, p, old.Version); err != nil {
+		r.logger.WarnContext(ctx, "projection: dropping a retired version's tables failed; the next catch-up tries again",
+			slog.String("projection", p.name), slog.Int("retired_version", old.Version), slog.Any("error", err))
+	}
+}
+
+// dropTables drops the tables of version of p's projection, a version this runner has no
+// definition of, or one without a DeleteFunc: the versioned tables of the stable names
+// recorded for it (Backend.DropRetiredTables).
+func (r *Runner) dropTables(ctx context.Context, p *Projection, version int) error {
+	if err := r.backend.DropRetiredTables(ctx, p, version); err != nil {
+		return fmt.Errorf("projection %s: drop the tables of the retired version %d: %w", p.base, version, err)
+	}
+	r.logger.InfoContext(ctx, "projection: retired version's tables dropped", slog.String("projection", p.name),
+		slog.Int("retired_version", version))
+	return nil
+}
+
 // DropRetired runs the DeleteFunc of the projection called name (a unit name, see UnitName)
 // now, if its version is retired, and records that its read model is gone: its status row
 // stays, so its batches keep doing nothing. A version that is not retired is refused with an
 // error matching ErrNotRetired. Runners call it by themselves once Config.RetireGrace has
 // passed.
+//
+// A version without a DeleteFunc gets the versioned tables of the stable names recorded for
+// it dropped instead (Config.Tables, or the table a newer version adopted from a version 1).
+// name may also be a version this runner has no definition of (its code is gone), of a
+// projection it runs another version of: then the versioned tables of the stable names
+// recorded for that version (Config.Tables, or the tables a newer version adopted from a
+// version 1) are dropped. The active version's runner does that by itself once its own
+// RetireGrace has passed since that version was retired.
 func (r *Runner) DropRetired(ctx context.Context, name string) error {
 	p, err := r.Projection(name)
 	if err != nil {
+		if other, version, ok := r.versionOf(name); ok {
+			return r.dropTables(ctx, other, version)
+		}
 		return err
+	}
+	if p.cfg.DeleteFunc == nil {
+		// E.g. a version 1 that predates versions, whose table a newer version adopted.
+		return r.dropTables(ctx, p, p.cfg.Version)
 	}
 	if err := r.backend.DropRetired(ctx, p, hook("delete", p, p.cfg.DeleteFunc)); err != nil {
 		return fmt.Errorf("projection %s: drop the retired version %d: %w", name, p.cfg.Version, err)
@@ -94,4 +143,27 @@ func (r *Runner) DropRetired(ctx context.Context, name string) error {
 	r.logger.InfoContext(ctx, "projection: retired version's read model dropped", slog.String("projection", name),
 		slog.Int("version", p.cfg.Version))
 	return nil
+}
+
+// versionOf finds, for a unit name this runner has no definition of, a projection of this
+// runner with the same base name, and the unit's version.
+func (r *Runner) versionOf(unit string) (*Projection, int, bool) {
+	for _, name := range r.names {
+		p := r.projections[name]
+		version := 0
+		switch {
+		case unit == p.base:
+			version = 1
+		case strings.HasPrefix(unit, p.base+".v"):
+			n, err := strconv.Atoi(strings.TrimPrefix(unit, p.base+".v"))
+			if err != nil || n < 2 || p.base+".v"+strconv.Itoa(n) != unit {
+				continue
+			}
+			version = n
+		default:
+			continue
+		}
+		return p, version, true
+	}
+	return nil, 0, false
 }

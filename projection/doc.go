@@ -42,5 +42,7 @@
 // (Replaying, Event.Replay). Once level with the active version, one transaction holding both
 // versions' locks brings it to the head, points the stable names of Config.Tables (views) at its
 // tables (Projection.Table) and makes it active; the old version's batches then do nothing, and
-// its DeleteFunc drops its read model after Config.RetireGrace (or Runner.DropRetired).
+// its DeleteFunc drops its read model after Config.RetireGrace (or Runner.DropRetired). A
+// version 1 that wrote a plain table under a stable name is adopted by the first newer version
+// that registers (the table renamed name_v1, the name a view of it).
 package projection

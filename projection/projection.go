@@ -103,7 +103,9 @@ type Config struct {
 	// Tables are the stable names of the read model's tables. Hooks and handlers write to
 	// Projection.Table(name), the version's own table (name_vN); readers query name, a view
 	// of the active version's table, which the cut-over replaces in its transaction. Leave it
-	// empty for a projection that names its tables itself (and is never versioned).
+	// empty for a projection that names its tables itself. A version above 1 that lists a
+	// name still held by version 1's plain table adopts it when it registers: the table is
+	// renamed name_v1 and name becomes a view of it (see the README).
 	Tables []string
 	// ActivateFunc runs in the cut-over's transaction, after the views point at this version
 	// and before the commit: an error cancels the cut-over (nothing changes). Grant privileges
@@ -111,8 +113,11 @@ type Config struct {
 	ActivateFunc func(ctx context.Context, p HookParams) error
 	// RetireGrace is how long this version's read model is kept once a newer version has
 	// replaced it, before DeleteFunc drops it (run by a runner holding this version's
-	// definition, at its next catch-up). A negative value keeps it until Runner.DropRetired.
-	// Defaults to RetireGraceDefault.
+	// definition, at its next catch-up; without a DeleteFunc, the versioned tables of its
+	// Tables, or of the tables a newer version adopted from it, are dropped). A retired version
+	// whose definition no runner has any more is dropped that way by the active version's
+	// runner, after the active version's RetireGrace. A negative value keeps it until
+	// Runner.DropRetired. Defaults to RetireGraceDefault.
 	RetireGrace time.Duration
 	// BuildLagTarget paces this version while it is built beside the active one: while the
 	// active version runs with a lag (the age of the oldest event it has not handled yet) over

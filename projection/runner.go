@@ -243,6 +243,8 @@ func (r *Runner) catchUp(ctx context.Context, name string) (Result, error) {
 		return res, r.activate(ctx, p, &res)
 	case res.Retired:
 		return res, r.dropAfterGrace(ctx, p, res.version)
+	case res.version.Undropped.Version > 0:
+		r.dropTablesAfterGrace(ctx, p, res.version.Undropped)
 	}
 	return res, nil
 }

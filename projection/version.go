@@ -140,6 +140,15 @@ type VersionInfo struct {
 	// (Config.BuildLagTarget).
 	ActiveState State
 	ActiveLag   time.Duration
+	// Undropped is, for an active version, the retired version of the projection retired
+	// first whose read model is not dropped yet; zero when there is none.
+	Undropped RetiredVersion
+}
+
+// RetiredVersion names a retired version and when it was retired.
+type RetiredVersion struct {
+	Version   int
+	RetiredAt time.Time
 }
 
 // Activation is what Backend.Activate did.

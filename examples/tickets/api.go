@@ -97,15 +97,21 @@ func (s *service) handleClose(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"id": id, "status": string(StatusClosed)})
 }
 
-// ticketJSON is a row of ticket_list.
+// ticketJSON is a row of ticket_list, of either version: GET /tickets selects every column of
+// the view and maps them by name, so resolution_seconds (version 2) is absent while the view
+// still shows version 1, in a process of either version (a rolling deploy runs both). A column
+// this struct does not name fails the read: give a new column its field here, and deploy that,
+// before the version that adds the column.
 type ticketJSON struct {
-	ID          string       `json:"id"`
-	Title       string       `json:"title"`
-	Customer    string       `json:"customer"`
-	Status      TicketStatus `json:"status"`
-	OpenedAt    time.Time    `json:"opened_at"`
-	ClosedAt    *time.Time   `json:"closed_at,omitempty"`
-	CloseReason *string      `json:"close_reason,omitempty"`
+	ID          string       `json:"id" db:"id"`
+	Title       string       `json:"title" db:"title"`
+	Customer    string       `json:"customer" db:"customer"`
+	Status      TicketStatus `json:"status" db:"status"`
+	OpenedAt    time.Time    `json:"opened_at" db:"opened_at"`
+	ClosedAt    *time.Time   `json:"closed_at,omitempty" db:"closed_at"`
+	CloseReason *string      `json:"close_reason,omitempty" db:"close_reason"`
+	// ResolutionSeconds is how long a closed ticket was open (version 2 of ticket_list).
+	ResolutionSeconds *float64 `json:"resolution_seconds,omitempty" db:"resolution_seconds"`
 }
 
 func (s *service) handleList(w http.ResponseWriter, r *http.Request) {
@@ -127,14 +133,13 @@ func (s *service) handleList(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	rows, err := s.pool.Query(r.Context(), `SELECT id, title, customer, status, opened_at, closed_at, close_reason
-		FROM `+s.models.list+` WHERE $1::text IS NULL OR status = $1 ORDER BY opened_at, id LIMIT $2`,
+	rows, err := s.pool.Query(r.Context(), `SELECT * FROM `+s.models.list+` WHERE $1::text IS NULL OR status = $1 ORDER BY opened_at, id LIMIT $2`,
 		readModelQuery, status, limit)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[ticketJSON])
+	list, err := pgx.CollectRows(rows, pgx.RowToStructByNameLax[ticketJSON])
 	if err != nil {
 		s.fail(w, r, err)
 		return

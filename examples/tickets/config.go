@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -60,6 +61,8 @@ const (
 	// TitleWidthDefault is the width of ticket_list's title column: narrower than the
 	// MaxTitleLength the API accepts, on purpose (see README.md, "A poison event").
 	TitleWidthDefault = 100
+	// ListVersionDefault is the version of ticket_list a process runs: 1, the first shape.
+	ListVersionDefault = 1
 	// SafetyNetDefault is how often the worker catches every projection up without a trigger.
 	SafetyNetDefault = 30 * time.Second
 	// ShutdownTimeoutDefault bounds the wait for HTTP requests in flight at shutdown.
@@ -68,6 +71,10 @@ const (
 
 // maxTitleWidth is the widest varchar PostgreSQL allows.
 const maxTitleWidth = 10_485_760
+
+// listVersions are the versions of ticket_list this code has (see README.md, "Change the read
+// model's shape").
+var listVersions = []int{1, 2}
 
 // Config is the service's configuration. Flags (with environment fallbacks) fill it in main;
 // the tests fill it directly.
@@ -92,6 +99,11 @@ type Config struct {
 	// $TICKETS_TITLE_WIDTH). ticket_list's init hook widens the column to it at start (it never
 	// narrows it). Defaults to TitleWidthDefault.
 	TitleWidth int
+	// ListVersion is the version of ticket_list this process runs (--ticket-list-version,
+	// $TICKETS_LIST_VERSION): 1, or 2, which adds the column resolution_seconds. Deploying 2
+	// beside 1 builds it beside the live version and cuts over by itself. Defaults to
+	// ListVersionDefault.
+	ListVersion int
 	// DisableReplayOnStart stops the worker from replaying its projections' dead letters when it
 	// starts (--replay-on-start=false, $TICKETS_REPLAY_ON_START=false). By default it replays
 	// them: deploying a fix is enough.
@@ -113,6 +125,10 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Logger receives the service's JSON logs. Defaults to slog.Default(). Not a flag.
 	Logger *slog.Logger
+
+	// listV2Hook, when set, runs first in every handler of ticket_list version 2, with
+	// whether the event is history (projection.Replaying): the tests hold the build with it.
+	listV2Hook func(ctx context.Context, replaying bool) error
 }
 
 // ErrInvalidConfig matches every configuration the service refuses.
@@ -128,6 +144,7 @@ var flagEnv = []struct{ flag, env string }{
 	{"addr", "TICKETS_ADDR"},
 	{"schema", "NUDGE_SCHEMA"},
 	{"title-width", "TICKETS_TITLE_WIDTH"},
+	{"ticket-list-version", "TICKETS_LIST_VERSION"},
 	{"replay-on-start", "TICKETS_REPLAY_ON_START"},
 	{"safety-net", "TICKETS_SAFETY_NET"},
 	{"poll-interval", "TICKETS_POLL_INTERVAL"},
@@ -153,6 +170,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (C
 	fs.StringVar(&cfg.Addr, "addr", AddrDefault, "HTTP listen `address` ($TICKETS_ADDR)")
 	fs.StringVar(&cfg.Schema, "schema", "", "`schema` of nudge's tables and the read models; default: the search_path ($NUDGE_SCHEMA)")
 	fs.IntVar(&cfg.TitleWidth, "title-width", TitleWidthDefault, "width of ticket_list's title column; start with a wider one to widen it ($TICKETS_TITLE_WIDTH)")
+	fs.IntVar(&cfg.ListVersion, "ticket-list-version", ListVersionDefault, "version of ticket_list to run: 1, or 2 (adds resolution_seconds; built beside 1, then cut over) ($TICKETS_LIST_VERSION)")
 	fs.BoolVar(&replayOnStart, "replay-on-start", true, "replay the projections' dead letters when the worker starts ($TICKETS_REPLAY_ON_START)")
 	fs.DurationVar(&cfg.SafetyNet, "safety-net", SafetyNetDefault, "catch every projection up this often without a trigger; negative: never ($TICKETS_SAFETY_NET)")
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", 0, "PostgreSQL channel: idle poll interval; 0: the channel's 100ms ($TICKETS_POLL_INTERVAL)")
@@ -192,6 +210,9 @@ func (cfg Config) withDefaults() Config {
 	if cfg.TitleWidth == 0 {
 		cfg.TitleWidth = TitleWidthDefault
 	}
+	if cfg.ListVersion == 0 {
+		cfg.ListVersion = ListVersionDefault
+	}
 	if cfg.SafetyNet == 0 {
 		cfg.SafetyNet = SafetyNetDefault
 	}
@@ -223,6 +244,9 @@ func (cfg Config) validate() error {
 	}
 	if cfg.TitleWidth < 1 || cfg.TitleWidth > maxTitleWidth {
 		problems = append(problems, fmt.Sprintf("title width %d: use 1 to %d", cfg.TitleWidth, maxTitleWidth))
+	}
+	if !slices.Contains(listVersions, cfg.ListVersion) {
+		problems = append(problems, fmt.Sprintf("ticket_list version %d: use one of %v", cfg.ListVersion, listVersions))
 	}
 	if cfg.PollInterval < 0 {
 		problems = append(problems, fmt.Sprintf("poll interval %s is negative", cfg.PollInterval))

@@ -101,12 +101,13 @@ func TestParseConfig(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Config{
 		DatabaseURL: DatabaseURLDefault, AMQPURL: AMQPURLDefault, Channel: ChannelAMQP, Mode: ModeAll, Addr: AddrDefault,
-		TitleWidth: TitleWidthDefault, SafetyNet: SafetyNetDefault, LogLevel: slog.LevelInfo,
+		TitleWidth: TitleWidthDefault, ListVersion: ListVersionDefault, SafetyNet: SafetyNetDefault, LogLevel: slog.LevelInfo,
 	}, cfg, "the defaults")
 
 	cfg, err = parseConfig([]string{"--channel", "postgres", "--title-width", "200"}, env(map[string]string{
 		"NUDGE_DATABASE_URL": "postgres://db.internal/tickets", "NUDGE_CHANNEL": "amqp", "TICKETS_MODE": "worker",
 		"TICKETS_REPLAY_ON_START": "false", "TICKETS_SAFETY_NET": "1m", "TICKETS_LOG_LEVEL": "debug", "NUDGE_SCHEMA": "tickets",
+		"TICKETS_LIST_VERSION": "2",
 	}), &out)
 	require.NoError(t, err)
 	require.Equal(t, "postgres://db.internal/tickets", cfg.DatabaseURL, "the environment fills what no flag gives")
@@ -117,6 +118,7 @@ func TestParseConfig(t *testing.T) {
 	require.Equal(t, time.Minute, cfg.SafetyNet)
 	require.Equal(t, slog.LevelDebug, cfg.LogLevel)
 	require.Equal(t, "tickets", cfg.Schema)
+	require.Equal(t, 2, cfg.ListVersion)
 
 	for _, tc := range []struct {
 		args []string
@@ -126,6 +128,7 @@ func TestParseConfig(t *testing.T) {
 		{[]string{"--mode", "both"}, nil, `mode "both": use one of [all api worker]`},
 		{[]string{"--channel", "kafka"}, nil, `channel "kafka": use one of [amqp postgres]`},
 		{[]string{"--title-width", "-1"}, nil, "title width -1: use 1 to 10485760"},
+		{[]string{"--ticket-list-version", "3"}, nil, "ticket_list version 3: use one of [1 2]"},
 		{nil, map[string]string{"TICKETS_SAFETY_NET": "often"}, "$TICKETS_SAFETY_NET"},
 		{[]string{"--db", ""}, nil, "no database URL"},
 		{[]string{"--mode", "api", "--addr", ""}, nil, "no HTTP address"},

@@ -37,8 +37,14 @@ func TicketStatuses() []TicketStatus { return []TicketStatus{StatusOpen, StatusC
 type readModels struct {
 	titleWidth int
 	log        *slog.Logger
-	// Sanitized, schema-qualified table names.
-	list, stats, statsTickets string
+	// listVersion is the version of ticket_list to define (Config.ListVersion); 0 is 1.
+	listVersion int
+	// listV2Hook is Config.listV2Hook.
+	listV2Hook func(ctx context.Context, replaying bool) error
+	// Sanitized, schema-qualified table names. list is the name readers query: version 1's
+	// table, or the view of the active version's once a version 2 was deployed; listV2 is
+	// version 2's table.
+	list, listV2, stats, statsTickets string
 }
 
 func newReadModels(schema string, titleWidth int, log *slog.Logger) readModels {
@@ -49,7 +55,8 @@ func newReadModels(schema string, titleWidth int, log *slog.Logger) readModels {
 		return pgx.Identifier{schema, name}.Sanitize()
 	}
 	return readModels{titleWidth: titleWidth, log: log,
-		list: table("ticket_list"), stats: table("ticket_stats"), statsTickets: table("ticket_stats_tickets")}
+		list: table("ticket_list"), listV2: table(projection.TableName("ticket_list", 2)),
+		stats: table("ticket_stats"), statsTickets: table("ticket_stats_tickets")}
 }
 
 // projections returns ticket_list and ticket_stats.
@@ -74,6 +81,9 @@ func (m readModels) projections() ([]*projection.Projection, error) {
 // is the poison of README.md; the fix is to start with a wider --title-width, which the init
 // hook applies.
 func (m readModels) ticketList() (*projection.Projection, error) {
+	if m.listVersion == 2 {
+		return m.ticketListV2()
+	}
 	return projection.New(ProjectionTicketList, projection.Config{
 		InitFunc: m.initTicketList,
 		ResetFunc: func(ctx context.Context, p projection.HookParams) error {
@@ -127,6 +137,69 @@ func (m readModels) initTicketList(ctx context.Context, p projection.HookParams)
 			slog.Int("from", width), slog.Int("to", m.titleWidth))
 	}
 	return nil
+}
+
+// ticketListV2 is version 2 of ticket_list: version 1's columns and resolution_seconds, how
+// long a closed ticket was open, which version 1 does not keep. Its title is text, as long as
+// the API accepts (--title-width is version 1's: a table under a view cannot change a column's
+// type, a new version can). Deployed beside version 1
+// (--ticket-list-version 2), it registers as the unit ticket_list.v2, adopts version 1's table
+// (renamed ticket_list_v1; ticket_list becomes a view of it, which version 1's code keeps
+// writing through), builds ticket_list_v2 from the start of the store while version 1 serves,
+// and cuts over by itself once level: ticket_list is then a view of ticket_list_v2, in one
+// transaction. Readers query ticket_list throughout. Its DeleteFunc drops ticket_list_v2
+// when a version 3 has replaced it.
+func (m readModels) ticketListV2() (*projection.Projection, error) {
+	hook := func(ctx context.Context) error {
+		if m.listV2Hook == nil {
+			return nil
+		}
+		return m.listV2Hook(ctx, projection.Replaying(ctx))
+	}
+	return projection.New(ProjectionTicketList, projection.Config{
+		Version: 2,
+		Tables:  []string{"ticket_list"},
+		InitFunc: func(ctx context.Context, p projection.HookParams) error {
+			_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+m.listV2+` (
+				id                 text PRIMARY KEY,
+				title              text NOT NULL,
+				customer           text NOT NULL,
+				status             text NOT NULL,
+				opened_at          timestamptz NOT NULL,
+				closed_at          timestamptz,
+				close_reason       text,
+				resolution_seconds double precision
+			);
+			CREATE INDEX IF NOT EXISTS ticket_list_v2_status_opened ON `+m.listV2+` (status, opened_at)`)
+			return err
+		},
+		ResetFunc: func(ctx context.Context, p projection.HookParams) error {
+			_, err := p.Tx.Exec(ctx, `TRUNCATE `+m.listV2)
+			return err
+		},
+		DeleteFunc: func(ctx context.Context, p projection.HookParams) error {
+			_, err := p.Tx.Exec(ctx, `DROP TABLE IF EXISTS `+m.listV2)
+			return err
+		},
+	},
+		projection.On(TypeTicketRegistered, func(ctx context.Context, tx pgx.Tx, e projection.Event[TicketRegistered]) error {
+			if err := hook(ctx); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO `+m.listV2+` (id, title, customer, status, opened_at)
+				VALUES ($1, $2, $3, $4, $5)`, e.Data.ID, e.Data.Title, e.Data.Customer, StatusOpen, e.RecordedAt)
+			return err
+		}),
+		projection.On(TypeTicketClosed, func(ctx context.Context, tx pgx.Tx, e projection.Event[TicketClosed]) error {
+			if err := hook(ctx); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `UPDATE `+m.listV2+` SET status = $2, closed_at = $3, close_reason = $4,
+				resolution_seconds = extract(epoch FROM $3::timestamptz - opened_at) WHERE id = $1`,
+				e.Data.ID, StatusClosed, e.RecordedAt, e.Data.Reason)
+			return err
+		}),
+	)
 }
 
 // ticketStats counts open and closed tickets per customer. It is an aggregate, so it is written

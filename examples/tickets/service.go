@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -60,12 +61,13 @@ func open(ctx context.Context, cfg Config) (_ *service, err error) {
 	cfg = cfg.withDefaults()
 	log := cfg.Logger.With(slog.String("mode", string(cfg.Mode)))
 	s := &service{cfg: cfg, log: log, models: newReadModels(cfg.Schema, cfg.TitleWidth, log), registry: prometheus.NewRegistry()}
+	s.models.listVersion, s.models.listV2Hook = cfg.ListVersion, cfg.listV2Hook
 	defer func() {
 		if err != nil {
 			s.close()
 		}
 	}()
-	if s.pool, err = connect(ctx, cfg.DatabaseURL, poolMaxConns); err != nil {
+	if s.pool, err = connect(ctx, cfg.DatabaseURL, poolMaxConns, cfg.Schema); err != nil {
 		return nil, err
 	}
 	if err := s.openChannel(ctx); err != nil {
@@ -116,7 +118,7 @@ func (s *service) openChannel(ctx context.Context) error {
 		s.ch = ch
 	case ChannelPostgres:
 		var err error
-		if s.chPool, err = connect(ctx, s.cfg.DatabaseURL, channelPoolMaxConns); err != nil {
+		if s.chPool, err = connect(ctx, s.cfg.DatabaseURL, channelPoolMaxConns, s.cfg.Schema); err != nil {
 			return err
 		}
 		ch, err := pgchannel.New(s.chPool, pgchannel.Config{Schema: s.cfg.Schema, PollInterval: s.cfg.PollInterval, Logger: s.log})
@@ -155,8 +157,10 @@ func (s *service) close() {
 }
 
 // connect opens a pool on rawURL and checks that the server answers. Errors name the host,
-// database and user, never the password.
-func connect(ctx context.Context, rawURL string, maxConns int32) (*pgxpool.Pool, error) {
+// database and user, never the password. A schema (--schema) becomes the connections'
+// search_path, unless the URL sets one: the versions of ticket_list create their tables and
+// views, and find version 1's table, on the search path (see README.md).
+func connect(ctx context.Context, rawURL string, maxConns int32, schema string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(rawURL)
 	if err != nil {
 		var urlErr *url.Error
@@ -168,6 +172,9 @@ func connect(ctx context.Context, rawURL string, maxConns int32) (*pgxpool.Pool,
 	}
 	if !strings.Contains(rawURL, "pool_max_conns") {
 		cfg.MaxConns = maxConns
+	}
+	if _, set := cfg.ConnConfig.RuntimeParams["search_path"]; schema != "" && !set {
+		cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize()
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = connectTimeout

@@ -17,8 +17,9 @@ type statusJSON struct {
 	// Mode and Channel are this process's.
 	Mode    Mode        `json:"mode"`
 	Channel ChannelKind `json:"channel"`
-	// CaughtUp is true when every projection runs and has handled every committed event, and
-	// the relay (if any) has published every trigger.
+	// CaughtUp is true when every projection runs and has handled every committed event
+	// (a retired version, which a newer one replaced, is done), and the relay (if any) has
+	// published every trigger.
 	CaughtUp    bool             `json:"caught_up"`
 	Projections []projectionJSON `json:"projections"`
 	// Relay is the progress of the trigger relay, which the workers run (read from the
@@ -30,6 +31,13 @@ type statusJSON struct {
 type projectionJSON struct {
 	Name  string           `json:"name"`
 	State projection.State `json:"state"`
+	// Version is the version this process runs (ticket_list.v2 is version 2 of
+	// ticket_list); VersionState is where it stands: active (readers see it), building
+	// (beside the active version, until it cuts over) or retired; ActiveVersion is the
+	// version readers see.
+	Version       int                     `json:"version"`
+	VersionState  projection.VersionState `json:"version_state,omitempty"`
+	ActiveVersion int                     `json:"active_version,omitempty"`
 	// CaughtUp: running, and every committed event handled (none readable left, none held
 	// back by an open transaction).
 	CaughtUp bool `json:"caught_up"`
@@ -93,7 +101,8 @@ func (s *service) status(ctx context.Context) (statusJSON, error) {
 	}
 	for _, st := range statuses {
 		p := projectionJSON{
-			Name: st.Name, State: st.State, Position: st.Position.String(), Head: st.Head.String(),
+			Name: st.Name, State: st.State, Version: st.Version, VersionState: st.VersionState, ActiveVersion: st.ActiveVersion,
+			Position: st.Position.String(), Head: st.Head.String(),
 			EventsProcessed: st.EventsProcessed, LagEvents: st.LagEvents, LagSeconds: st.LagTime.Seconds(),
 			HeldByHorizon: st.HeldByHorizon, LastError: st.LastError, Attempts: st.Attempts, UpdatedAt: st.UpdatedAt,
 			DeadLetters: []deadLetterJSON{},
@@ -123,7 +132,7 @@ func (s *service) status(ctx context.Context) (statusJSON, error) {
 		}
 		// Events an open transaction elsewhere still hides are not done either.
 		p.CaughtUp = st.Condition() == projection.ConditionCaughtUp
-		out.CaughtUp = out.CaughtUp && p.CaughtUp
+		out.CaughtUp = out.CaughtUp && (p.CaughtUp || st.Condition() == projection.ConditionRetired)
 		out.Projections = append(out.Projections, p)
 	}
 	if rel := s.client.Relay(); rel != nil {

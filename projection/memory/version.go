@@ -78,6 +78,9 @@ func (b *Backend) versionInfo(ctx context.Context, p *projection.Projection) (pr
 	}
 	info := projection.VersionInfo{State: v.state, RetiredAt: v.retiredAt, DroppedAt: v.droppedAt}
 	var active *row
+	if v.state == projection.VersionActive {
+		info.Undropped = undropped(vs)
+	}
 	if a := vs[activeOf(vs)]; a != nil && v.state == projection.VersionBuilding {
 		active = b.rows[a.unit]
 	}
@@ -95,6 +98,21 @@ func (b *Backend) versionInfo(ctx context.Context, p *projection.Projection) (pr
 		info.ActiveLag = max(b.now().Sub(next[0].RecordedAt), 0)
 	}
 	return info, nil
+}
+
+// undropped returns the retired version among vs retired first whose read model is not
+// dropped; zero when none is.
+func undropped(vs map[int]*version) projection.RetiredVersion {
+	var old projection.RetiredVersion
+	for n, v := range vs {
+		if v.state != projection.VersionRetired || !v.droppedAt.IsZero() {
+			continue
+		}
+		if old.Version == 0 || v.retiredAt.Before(old.RetiredAt) || (v.retiredAt.Equal(old.RetiredAt) && n < old.Version) {
+			old = projection.RetiredVersion{Version: n, RetiredAt: v.retiredAt}
+		}
+	}
+	return old
 }
 
 // versionStatus fills st's version fields for p.
@@ -205,6 +223,28 @@ func (b *Backend) DropRetired(ctx context.Context, p *projection.Projection, hoo
 		b.mu.Lock()
 		v.droppedAt = b.now()
 		b.mu.Unlock()
+		return nil
+	})
+}
+
+// DropRetiredTables implements projection.Backend. The memory backend keeps no read model: it
+// records the drop.
+func (b *Backend) DropRetiredTables(ctx context.Context, p *projection.Projection, version int) error {
+	b.mu.Lock()
+	v := b.versions[p.Base()][version]
+	b.mu.Unlock()
+	if v == nil {
+		return fmt.Errorf("projection %s version %d is not retired: %w", p.Base(), version, projection.ErrNotRetired)
+	}
+	return b.locked(ctx, v.unit, func(*row) error {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		switch {
+		case v.state != projection.VersionRetired:
+			return fmt.Errorf("projection %s version %d is not retired: %w", p.Base(), version, projection.ErrNotRetired)
+		case v.droppedAt.IsZero():
+			v.droppedAt = b.now()
+		}
 		return nil
 	})
 }

@@ -188,11 +188,16 @@ func (b *Backend) Register(ctx context.Context, p *projection.Projection, init p
 		if _, err := tx.Exec(ctx, b.sql.register, p.Name(), p.Types()); err != nil {
 			return err
 		}
-		if state == projection.VersionRetired {
+		switch state {
+		case projection.VersionRetired:
 			return nil // a newer version replaced this one: its read model is not created again
+		case projection.VersionBuilding:
+			if err := b.adoptTables(ctx, tx, p); err != nil {
+				return err
+			}
 		}
 		if err := runHook(ctx, tx, init); err != nil {
-			return err
+			return viewRefused(p, "init", err)
 		}
 		if state == projection.VersionActive {
 			return b.createViews(ctx, tx, p)
@@ -295,7 +300,7 @@ func (b *Backend) Reset(ctx context.Context, p *projection.Projection, hook proj
 			return err
 		}
 		if err := runHook(ctx, tx, hook); err != nil {
-			return err
+			return viewRefused(p, "reset", err)
 		}
 		if _, err := tx.Exec(ctx, b.sql.clearParked, p.Name()); err != nil {
 			return err // a rebuild handles every stream again
@@ -330,7 +335,7 @@ func (b *Backend) Delete(ctx context.Context, p *projection.Projection, hook pro
 			return err
 		}
 		if err := runHook(ctx, tx, hook); err != nil {
-			return err
+			return viewRefused(p, "reset", err)
 		}
 		if _, err := tx.Exec(ctx, b.sql.clearParked, p.Name()); err != nil {
 			return err

@@ -25,6 +25,7 @@ type statements struct {
 	// Versions: see version.go.
 	legacyVersion, registerVersion, selectVersionState, selectActiveVersion, selectVersionInfo      string
 	retireActive, activateVersion, markDropped, deleteVersion, deadLettersExist, pendingDeadLetters string
+	recordAdopted, selectVersionTables                                                              string
 }
 
 // lagWindow bounds the events a status reads to count a projection's lag: up to that many,

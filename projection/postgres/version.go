@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/nudgeworks/nudge/projection"
 )
@@ -27,12 +28,17 @@ func (s *statements) addVersionSQL(r *strings.Replacer) {
 		FROM (SELECT CASE WHEN a.version IS NULL THEN 'active' WHEN $2 > a.version THEN 'building' ELSE 'retired' END AS state
 			FROM (SELECT 1) one LEFT JOIN {versions} a ON a.projection = $1 AND a.state = 'active') st
 		ON CONFLICT (projection, version) DO UPDATE SET tables = EXCLUDED.tables
-		WHERE v.tables IS DISTINCT FROM EXCLUDED.tables`)
+		WHERE v.tables IS DISTINCT FROM EXCLUDED.tables AND cardinality(EXCLUDED.tables) > 0`)
+	// A version 1 whose plain tables a newer version adopted (see adoptTables) keeps them
+	// recorded, so their versioned names are dropped once it is retired.
+	s.recordAdopted = r.Replace(`UPDATE {versions} SET tables = array(SELECT DISTINCT unnest(tables || $2::text[]) ORDER BY 1)
+		WHERE projection = $1 AND version = 1`)
 	s.selectVersionState = r.Replace(`SELECT state FROM {versions} WHERE projection = $1 AND version = $2`)
 	s.selectActiveVersion = r.Replace(`SELECT unit, version FROM {versions} WHERE projection = $1 AND state = 'active'`)
-	// The version record of a unit and, for a building version, the active version's position,
+	// The version record of a unit; for a building version, the active version's position,
 	// state and lag: the age of the first readable event after its position, of its types
-	// (one index probe per type), or of any type for a projection of every type.
+	// (one index probe per type), or of any type for a projection of every type; for an
+	// active version, the oldest retired version whose read model is not dropped.
 	s.selectVersionInfo = r.Replace(`SELECT v.state, v.retired_at, v.dropped_at, ap.transaction_id, ap.global_position, ap.state,
 		CASE WHEN v.state <> 'building' OR ap.name IS NULL THEN NULL
 		WHEN ap.event_types IS NULL THEN (
@@ -45,11 +51,14 @@ func (s *statements) addVersionSQL(r *strings.Replacer) {
 				WHERE (e.event_type, e.transaction_id, e.global_position) > (t.type, ap.transaction_id, ap.global_position)
 					AND (e.event_type, e.transaction_id) < (t.type, {horizon})
 				ORDER BY e.event_type, e.transaction_id, e.global_position LIMIT 1) f)
-		END
+		END, o.version, o.retired_at
 		FROM {versions} v
 		LEFT JOIN {versions} a ON a.projection = v.projection AND a.state = 'active'
 		LEFT JOIN {projections} ap ON ap.name = a.unit
+		LEFT JOIN LATERAL (SELECT r.version, r.retired_at FROM {versions} r WHERE v.state = 'active' AND r.projection = v.projection
+			AND r.state = 'retired' AND r.dropped_at IS NULL ORDER BY r.retired_at, r.version LIMIT 1) o ON true
 		WHERE v.unit = $1`)
+	s.selectVersionTables = r.Replace(`SELECT tables FROM {versions} WHERE unit = $1`)
 	s.retireActive = r.Replace(`UPDATE {versions} SET state = 'retired', retired_at = now() WHERE projection = $1 AND state = 'active'`)
 	s.activateVersion = r.Replace(`UPDATE {versions} SET state = 'active', activated_at = now() WHERE projection = $1 AND version = $2`)
 	s.markDropped = r.Replace(`UPDATE {versions} SET dropped_at = now() WHERE unit = $1`)
@@ -67,12 +76,15 @@ func scanVersionInfo(row pgx.Row, v *projection.VersionInfo) error {
 		activePos        *int64
 		activeState      *string
 		activeLag        *float64
+		oldVersion       *int
+		oldRetired       *time.Time
 	)
-	if err := row.Scan(&state, &retired, &dropped, &activeTx, &activePos, &activeState, &activeLag); err != nil {
+	if err := row.Scan(&state, &retired, &dropped, &activeTx, &activePos, &activeState, &activeLag, &oldVersion, &oldRetired); err != nil {
 		return err
 	}
 	v.State, v.RetiredAt, v.DroppedAt = projection.VersionState(state), deref(retired), deref(dropped)
 	v.ActiveState, v.ActiveLag = projection.State(deref(activeState)), time.Duration(max(deref(activeLag), 0)*float64(time.Second))
+	v.Undropped = projection.RetiredVersion{Version: deref(oldVersion), RetiredAt: deref(oldRetired)}
 	v.ActivePosition.TransactionID, v.ActivePosition.GlobalPosition = deref(activeTx), deref(activePos)
 	return nil
 }
@@ -116,25 +128,92 @@ func (b *Backend) lockUnits(ctx context.Context, tx pgx.Tx, units ...string) err
 	return nil
 }
 
+// stableName is where a stable name resolves on the search path: its schema and relkind
+// ('r' a table, 'p' a partitioned table, 'v' a view, …); kind is empty when nothing has the name.
+type stableName struct {
+	schema, kind string
+	// current is the schema where new tables and views go: current_schema(), the first
+	// existing schema of the search path.
+	current string
+}
+
+// lookupStable resolves the stable name t on tx's search path.
+func lookupStable(ctx context.Context, tx pgx.Tx, t string) (stableName, error) {
+	var schema, kind, current *string
+	err := tx.QueryRow(ctx, `SELECT n.nspname::text, c.relkind::text, current_schema()::text FROM (SELECT to_regclass($1) AS oid) r
+		LEFT JOIN pg_class c ON c.oid = r.oid LEFT JOIN pg_namespace n ON n.oid = c.relnamespace`, pgx.Identifier{t}.Sanitize()).Scan(&schema, &kind, &current)
+	if err != nil {
+		return stableName{}, fmt.Errorf("look up the stable name %s: %w", t, err)
+	}
+	return stableName{schema: deref(schema), kind: deref(kind), current: deref(current)}, nil
+}
+
+// isTable reports whether the name is a plain or partitioned table.
+func (n stableName) isTable() bool { return n.kind == "r" || n.kind == "p" }
+
 // createViews creates the stable name of each of p's tables that does not exist yet, as a view
 // of p's version of it. It leaves an existing view alone (only a cut-over replaces one).
 func (b *Backend) createViews(ctx context.Context, tx pgx.Tx, p *projection.Projection) error {
 	for _, t := range p.Tables() {
-		var kind *string
-		if err := tx.QueryRow(ctx, `SELECT (SELECT c.relkind::text FROM pg_class c WHERE c.oid = to_regclass($1))`, pgx.Identifier{t}.Sanitize()).Scan(&kind); err != nil {
-			return fmt.Errorf("look up the stable name %s: %w", t, err)
+		n, err := lookupStable(ctx, tx, t)
+		if err != nil {
+			return err
 		}
 		switch {
-		case kind == nil:
+		case n.kind == "":
 			if _, err := tx.Exec(ctx, viewSQL("CREATE VIEW", t, p.Version())); err != nil {
 				return fmt.Errorf("create the view %s of version %d: %w", t, p.Version(), err)
 			}
-		case *kind != "v":
+		case n.kind != "v":
 			return fmt.Errorf("projection %s: %w: %s exists and is not a view (relkind %s); rename it to %s (version %d's table) so that %s can be a view of the active version",
-				p.Base(), projection.ErrInvalidConfig, t, *kind, projection.TableName(t, p.Version()), p.Version(), t)
+				p.Base(), projection.ErrInvalidConfig, t, n.kind, projection.TableName(t, p.Version()), p.Version(), t)
 		}
 	}
 	return nil
+}
+
+// adoptTables makes the stable names of a building version p views, where they are still
+// the plain tables of a version 1 that predates versions (or never declared Config.Tables):
+// each such table is renamed to its version 1 name ("ticket_list" to "ticket_list_v1", its
+// indexes, constraints and grants with it) and its name becomes a view of it, in the same
+// schema, and version 1's record lists it (so it is dropped once retired). The caller holds
+// the locks of registerVersion, version 1's among them: no batch of version 1 runs meanwhile.
+// Version 1 code keeps writing through the view (a simple view is updatable: INSERT, UPDATE,
+// DELETE, ON CONFLICT), until the cut-over replaces the view. A plain table under the stable
+// name of a projection whose active version is not 1 is refused.
+func (b *Backend) adoptTables(ctx context.Context, tx pgx.Tx, p *projection.Projection) error {
+	var adopted []string
+	for _, t := range p.Tables() {
+		n, err := lookupStable(ctx, tx, t)
+		if err != nil || !n.isTable() {
+			return err
+		}
+		var active int
+		if err := tx.QueryRow(ctx, b.sql.selectActiveVersion, p.Base()).Scan(new(string), &active); err != nil {
+			return fmt.Errorf("adopt %s: read the active version: %w", t, err)
+		}
+		v1 := projection.TableName(t, 1)
+		switch {
+		case n.schema != n.current:
+			return fmt.Errorf("projection %s: %w: version 1's table %s is in schema %q, but the versions' tables and views are created in %q, the first schema of the search path; "+
+				"put %q first on the search path of the workers' connections (or move the table)", p.Base(), projection.ErrInvalidConfig, t, n.schema, n.current, n.schema)
+		case active != 1:
+			return fmt.Errorf("projection %s: %w: %s is a table, not a view, while version %d is active; rename it to %s (version %d's table) so that %s can be a view of the active version",
+				p.Base(), projection.ErrInvalidConfig, t, active, projection.TableName(t, active), active, t)
+		}
+		if _, err := tx.Exec(ctx, `ALTER TABLE `+pgx.Identifier{n.schema, t}.Sanitize()+` RENAME TO `+pgx.Identifier{v1}.Sanitize()); err != nil {
+			return fmt.Errorf("projection %s: adopt version 1's table %s.%s as %s: %w", p.Base(), n.schema, t, v1, err)
+		}
+		if _, err := tx.Exec(ctx, `CREATE VIEW `+pgx.Identifier{n.schema, t}.Sanitize()+` AS SELECT * FROM `+pgx.Identifier{n.schema, v1}.Sanitize()); err != nil {
+			return fmt.Errorf("projection %s: create the view %s.%s of version 1's table: %w", p.Base(), n.schema, t, err)
+		}
+		adopted = append(adopted, t)
+	}
+	if len(adopted) == 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, b.sql.recordAdopted, p.Base(), adopted)
+	return err
 }
 
 // viewSQL is the statement verb (CREATE VIEW, CREATE OR REPLACE VIEW) of the view stable over
@@ -299,6 +378,64 @@ func (b *Backend) DropRetired(ctx context.Context, p *projection.Projection, hoo
 			return err
 		}
 		_, err := tx.Exec(ctx, b.sql.markDropped, p.Name())
+		return err
+	})
+}
+
+// wrongObjectType is PostgreSQL's SQLSTATE for a statement a relation of that kind refuses,
+// e.g. CREATE INDEX, ALTER TABLE or TRUNCATE on a view.
+const wrongObjectType = "42809"
+
+// viewRefused explains a hook's error when its statement was refused because it named a view
+// and p is a version 1 without Config.Tables: its tables may have been adopted by a newer
+// version (adoptTables), which made their names views. Other errors are returned as they are.
+func viewRefused(p *projection.Projection, which string, err error) error {
+	var pgErr *pgconn.PgError
+	if p.Version() != 1 || len(p.Tables()) > 0 || !errors.As(err, &pgErr) || pgErr.Code != wrongObjectType {
+		return err
+	}
+	return fmt.Errorf("projection %s: a statement of its %s hook was refused on a view: while a newer version is built beside version 1, "+
+		"version 1's tables are renamed <table>_v1 and their names are views of them; version 1 must not change or truncate its tables "+
+		"until the newer version has taken over (version 1 is then retired and runs no hooks): %w", p.Name(), which, err)
+}
+
+// DropRetiredTables implements projection.Backend: holding the lock of version's unit, it
+// drops the versioned table (projection.TableName) of every stable name recorded for that
+// version, in the schema where the stable name resolves, and records the drop.
+func (b *Backend) DropRetiredTables(ctx context.Context, p *projection.Projection, version int) error {
+	unit, err := projection.UnitName(p.Base(), version)
+	if err != nil {
+		return err
+	}
+	return b.inTx(ctx, func(tx pgx.Tx) error {
+		var ver projection.VersionInfo
+		if _, err := b.lockWith(ctx, tx, unit, nil, &ver); err != nil {
+			return err
+		}
+		switch {
+		case ver.State != projection.VersionRetired:
+			return fmt.Errorf("projection %s version %d is %q: %w", unit, version, ver.State, projection.ErrNotRetired)
+		case !ver.DroppedAt.IsZero():
+			return nil
+		}
+		var tables []string
+		if err := tx.QueryRow(ctx, b.sql.selectVersionTables, unit).Scan(&tables); err != nil {
+			return err
+		}
+		for _, t := range tables {
+			n, err := lookupStable(ctx, tx, t)
+			if err != nil {
+				return err
+			}
+			name := pgx.Identifier{projection.TableName(t, version)}
+			if n.schema != "" {
+				name = pgx.Identifier{n.schema, projection.TableName(t, version)}
+			}
+			if _, err := tx.Exec(ctx, `DROP TABLE IF EXISTS `+name.Sanitize()); err != nil {
+				return fmt.Errorf("drop %s of the retired version %d: %w", name.Sanitize(), version, err)
+			}
+		}
+		_, err := tx.Exec(ctx, b.sql.markDropped, unit)
 		return err
 	})
 }
