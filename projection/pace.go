@@ -14,7 +14,7 @@ const (
 	buildPauseMax = time.Second
 	// buildPauseRatioMax bounds the wait of a paced build to this many times its last
 	// batch's duration (the build then runs at least 1/(1+buildPauseRatioMax) of the time).
-	buildPauseRatioMax = 32
+	buildPauseRatioMax = 8
 	// buildPauseRatioMin: a ratio below it is none (full speed).
 	buildPauseRatioMin = 1.0 / 16
 )

@@ -19,13 +19,13 @@ func TestPacerBacksOffAndRecovers(t *testing.T) {
 	for range 7 {
 		waits = append(waits, pc.next(behind, took))
 	}
-	require.Equal(t, []time.Duration{10, 30, 70, 150, 310, 320, 320}, ms(waits), "up by 2×+1, then the ratio's bound")
+	require.Equal(t, []time.Duration{10, 30, 70, 80, 80, 80, 80}, ms(waits), "up by 2×+1, then the ratio's bound")
 	require.Equal(t, buildPauseMax, pc.next(behind, time.Second), "one wait is at most buildPauseMax")
 	waits = waits[:0]
 	for range 10 {
 		waits = append(waits, pc.next(level, took))
 	}
-	require.Equal(t, []time.Duration{160, 80, 40, 20, 10, 5, 2, 1, 0, 0}, ms(waits), "down by half, then none")
+	require.Equal(t, []time.Duration{40, 20, 10, 5, 2, 1, 0, 0, 0, 0}, ms(waits), "down by half, then none")
 	require.Zero(t, pc.next(VersionInfo{State: VersionBuilding, ActiveState: StateFailing, ActiveLag: time.Hour}, took),
 		"a failing active version does not hold the build back")
 	off := pacer{target: -1}

@@ -263,8 +263,9 @@ func TestBlueGreenReaderSeesWholeModels(t *testing.T) {
 		}
 	}()
 
-	// The new worker, with version 2 only, small batches so that the build takes many.
-	v2 := lastV2(t, projection.Config{BatchSize: 25}, nil)
+	// The new worker, with version 2 only, small batches so that the build takes many; not
+	// paced (the appends keep version 1 behind: pacing is the suite's VersionBuildPaced).
+	v2 := lastV2(t, projection.Config{BatchSize: 25, BuildLagTarget: -1}, nil)
 	require.Equal(t, "stream_last.v2", v2.Name())
 	neu := runner(t, e.backend, v2)
 	st, err := neu.Status(ctx, v2.Name())
