@@ -3,18 +3,20 @@ package projection
 import (
 	"context"
 	"time"
+
+	"github.com/nudgeworks/nudge/eventstore"
 )
 
 const (
 	// BuildLagTargetDefault is Config.BuildLagTarget's default: the active version's lag above
 	// which a version built beside it slows down.
-	BuildLagTargetDefault = 20 * time.Millisecond
+	BuildLagTargetDefault = 50 * time.Millisecond
 	// buildPauseMax bounds one wait of a paced build between two of its batches: however
 	// loaded the active version, the build goes on, a batch at least this often.
 	buildPauseMax = time.Second
 	// buildPauseRatioMax bounds the wait of a paced build to this many times its last
 	// batch's duration (the build then runs at least 1/(1+buildPauseRatioMax) of the time).
-	buildPauseRatioMax = 8
+	buildPauseRatioMax = 4
 	// buildPauseRatioMin: a ratio below it is none (full speed).
 	buildPauseRatioMin = 1.0 / 16
 )
@@ -25,9 +27,16 @@ const (
 // over the target, and halves while it is not — additive-increase, multiplicative-decrease
 // turned round, since the build yields: it backs off fast when the live projection falls
 // behind and takes its speed back step by step once it keeps up.
+//
+// Only a live projection that is working is waited for: when the active version's position
+// has not moved since the batch before (no worker runs it, or its batch is stuck) a wait
+// would not bring its lag down, and the build goes on as if it were level.
 type pacer struct {
 	target time.Duration
 	ratio  float64
+	// active is the active version's position the batch before saw; seen once one did.
+	active eventstore.Position
+	seen   bool
 	// waited sums the waits, for the log.
 	waited time.Duration
 }
@@ -38,7 +47,9 @@ func (pc *pacer) next(ver VersionInfo, took time.Duration) time.Duration {
 		pc.ratio = 0 // nothing to protect: an active version that does not run has no live lag to keep low
 		return 0
 	}
-	if ver.ActiveLag > pc.target {
+	working := !pc.seen || pc.active.Less(ver.ActivePosition)
+	pc.active, pc.seen = ver.ActivePosition, true
+	if ver.ActiveLag > pc.target && working {
 		pc.ratio = min(2*pc.ratio+1, buildPauseRatioMax)
 	} else if pc.ratio /= 2; pc.ratio < buildPauseRatioMin {
 		pc.ratio = 0

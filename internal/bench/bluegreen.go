@@ -132,6 +132,11 @@ func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 	table.Add(plainCase, FormatValue(plainRate, "events/s"), fmt.Sprintf("%.1f", plain.took.Seconds()), "", "", "", "", "")
 
 	live := liveConfig{rate: sz.liveRate, writers: sz.liveWriters, streams: sz.liveStreams, duration: sz.liveDuration}
+	warm := live
+	warm.duration = max(2*time.Second, sz.liveDuration/4)
+	if _, err := run.window(ctx, warm, nil); err != nil { // not measured: the first batches, connections and queues warm up
+		return fmt.Errorf("live, warming up: %w", err)
+	}
 	var (
 		none    [][]time.Duration
 		builds  = make([][][]time.Duration, len(bgBuilds))
