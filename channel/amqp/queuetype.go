@@ -18,7 +18,9 @@ type QueueType string
 
 const (
 	// QueueClassic declares classic queues, RabbitMQ's default kind: durable, on one node. The
-	// queue is declared without an x-queue-type argument, as before QueueType existed.
+	// queue is declared without an x-queue-type argument, as before QueueType existed, so on a
+	// vhost (or node) whose default queue type is quorum it becomes a quorum queue, with the
+	// broker's default delivery limit: set QueueQuorum there.
 	QueueClassic QueueType = "classic"
 	// QueueQuorum declares quorum queues, replicated across a cluster's nodes by Raft: the
 	// production choice for a clustered broker. The channel declares them with no delivery
