@@ -10,6 +10,14 @@
 // Nothing else: dead letters go to a worker's dead-letter store (worker.Config.DeadLetters),
 // never to the broker.
 //
+// The queues are classic queues, or quorum queues with Config.QueueType QueueQuorum: declared
+// with x-queue-type "quorum" and, on RabbitMQ 4 and later, x-delivery-limit -1, so the broker
+// never drops a trigger nacked through a long outage (RabbitMQ 4 drops one nacked 20 times by
+// default). A projection's queue that exists with another type, or another delivery limit,
+// fails Declare with a *QueueMismatchError — except a quorum queue declared on RabbitMQ 3
+// without a limit, which is declared as it is, with a warning that the broker's default limit
+// applies to it.
+//
 // Declare creates the queues and bindings of the projections it is given: the broker drops a
 // trigger published to the fanout exchange when no queue is bound to it, so declare every
 // projection before publishing to it. A trigger addressed to one projection (Trigger.Projection
@@ -223,9 +231,9 @@ type Config struct {
 	// Defaults to ReconnectMaxIntervalDefault.
 	ReconnectMaxInterval time.Duration
 	// QueueType is the kind of queue declared for each projection: QueueClassic or QueueQuorum
-	// (the production choice for a clustered broker). An existing queue keeps its kind; New
-	// does not change it, and Declare fails with ErrQueueTypeMismatch on one of another kind.
-	// Defaults to QueueTypeDefault.
+	// (the production choice for a clustered broker); New refuses any other ("stream"
+	// included). An existing queue keeps its kind: Declare fails with a *QueueMismatchError
+	// matching ErrQueueTypeMismatch on one of another kind. Defaults to QueueTypeDefault.
 	QueueType QueueType
 }
 
@@ -241,7 +249,7 @@ type Channel struct {
 	triggerTopic string
 	serverMajor  int // the broker's major version, 0 if unknown
 
-	declared sync.Map // projection name → struct{}: its queue is declared
+	declared sync.Map // projection name → amqp091.Table: its queue is declared, with these arguments
 
 	mu     sync.Mutex
 	closed bool
@@ -338,8 +346,8 @@ func (cfg Config) validate() (amqp091.URI, error) {
 	if cfg.Logger == nil {
 		return amqp091.URI{}, &ConfigError{Field: "Logger", Problem: "is nil; call WithDefaults first"}
 	}
-	if !cfg.QueueType.valid() {
-		return amqp091.URI{}, &ConfigError{Field: "QueueType", Problem: fmt.Sprintf("is %q; it must be one of %q", cfg.QueueType, QueueTypes())}
+	if problem := queueTypeProblem(cfg.QueueType); problem != "" {
+		return amqp091.URI{}, &ConfigError{Field: "QueueType", Problem: problem}
 	}
 	return uri, nil
 }
@@ -534,12 +542,14 @@ func closePublisher(pub *amqp.Publisher) {
 	_ = pub.Close()
 }
 
-// projectionConfig is the subscriber config of one projection's queue.
+// projectionConfig is the subscriber config of one projection's queue: with the arguments
+// Declare declared it with, else those of Config.QueueType.
 func (c *Channel) projectionConfig(name string) amqp.Config {
-	cfg := amqp.NewDurablePubSubConfig("", amqp.GenerateQueueNameTopicNameWithSuffix(name))
-	cfg.Queue.Arguments = queueArguments(c.cfg.QueueType, c.serverMajor)
-	cfg.Marshaler = marshaler{}
-	return cfg
+	args := queueArguments(c.cfg.QueueType, c.serverMajor)
+	if declared, ok := c.declared.Load(name); ok {
+		args = declared.(amqp091.Table)
+	}
+	return c.projectionConfigWith(name, args)
 }
 
 // QueueName returns the name of the projection's queue: Config.Prefix + "nudge.triggers_" +
@@ -584,12 +594,17 @@ func (c *Channel) Declare(ctx context.Context, projections ...string) error {
 }
 
 func (c *Channel) declareProjection(name string) error {
-	log := c.wlog.With(watermill.LogFields{"projection": name})
-	if err := c.initialize(c.projectionConfig(name), c.triggerTopic, c.QueueName(name), log); err != nil {
+	args, err := c.declareQueue(name)
+	if err != nil {
 		return err
 	}
-	c.declared.Store(name, struct{}{})
+	c.declared.Store(name, args)
 	return nil
+}
+
+// declareLog is the logger of the declarations of a projection's queue.
+func (c *Channel) declareLog(name string) watermill.LoggerAdapter {
+	return c.wlog.With(watermill.LogFields{"projection": name})
 }
 
 // initialize declares what a subscriber of topic with cfg consumes, logging through log.
@@ -603,8 +618,8 @@ func (c *Channel) initialize(cfg amqp.Config, topic, queue string, log watermill
 	}
 	defer func() { _ = sub.Close() }()
 	if err := sub.SubscribeInitialize(topic); err != nil {
-		if terr := c.queueTypeError(queue, err); terr != nil {
-			return terr
+		if mismatch := queueMismatch(queue, cfg.Queue.Arguments, err); mismatch != nil {
+			return mismatch
 		}
 		return c.brokerError("declare queue "+queue, err)
 	}

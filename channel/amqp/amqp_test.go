@@ -209,7 +209,8 @@ func TestConfig(t *testing.T) {
 		{"negative attempts", amqp.Config{URL: amqptest.URLDefault, StartupAttempts: -1}, "StartupAttempts", "must not be negative"},
 		{"negative timeout", amqp.Config{URL: amqptest.URLDefault, StartupTimeout: -time.Second}, "StartupTimeout", "must not be negative"},
 		{"negative reconnect", amqp.Config{URL: amqptest.URLDefault, ReconnectMaxInterval: -1}, "ReconnectMaxInterval", "must not be negative"},
-		{"unknown queue type", amqp.Config{URL: amqptest.URLDefault, QueueType: "stream"}, "QueueType", `"stream"; it must be one of ["classic" "quorum"]`},
+		{"unknown queue type", amqp.Config{URL: amqptest.URLDefault, QueueType: "Quorum"}, "QueueType", `"Quorum"; it must be one of ["classic" "quorum"]`},
+		{"stream", amqp.Config{URL: amqptest.URLDefault, QueueType: "stream"}, "QueueType", `"stream", which the channel does not support: a stream is a log`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := amqp.New(context.Background(), tc.cfg)

@@ -58,20 +58,37 @@ func TestQuorumQueueDeclared(t *testing.T) {
 }
 
 // TestQueueTypeMismatch: a worker configured for quorum queues meeting a projection's classic
-// queue (declared by an earlier deployment) fails with ErrQueueTypeMismatch and says what to do;
-// the queue is left as it was.
+// queue (declared by an earlier deployment) fails with a *QueueMismatchError, matching
+// ErrQueueTypeMismatch, that names the queue and both types and says what to do; the queue is
+// left as it was. The other way round likewise.
 func TestQueueTypeMismatch(t *testing.T) {
 	t.Parallel()
 	env := amqptest.New(t)
 	classic := newChannel(t, config(t, env))
 	require.NoError(t, classic.Declare(context.Background(), "alpha"))
+	queue := classic.QueueName("alpha")
 
 	quorum := newChannel(t, quorumConfig(t, env))
 	err := quorum.Declare(context.Background(), "alpha")
 	require.ErrorIs(t, err, amqp.ErrQueueTypeMismatch)
-	require.ErrorContains(t, err, "delete the queue")
-	require.ErrorContains(t, err, `is not a quorum queue`)
-	require.NoError(t, redeclare(t, env, classic.QueueName("alpha"), nil), "the classic queue is still there, unchanged")
+	var mismatch *amqp.QueueMismatchError
+	require.ErrorAs(t, err, &mismatch)
+	require.Equal(t, queue, mismatch.Queue)
+	require.Equal(t, "x-queue-type", mismatch.Argument)
+	require.Equal(t, "quorum", mismatch.Want)
+	require.Empty(t, mismatch.Have, "declared without a type")
+	require.ErrorContains(t, err, "queue "+queue+" is a classic queue, not a quorum queue")
+	require.ErrorContains(t, err, `set Config.QueueType to "classic", or delete the queue`)
+	require.NoError(t, redeclare(t, env, queue, nil), "the classic queue is still there, unchanged")
+
+	require.NoError(t, quorum.Declare(context.Background(), "beta"))
+	err = classic.Declare(context.Background(), "beta")
+	require.ErrorIs(t, err, amqp.ErrQueueTypeMismatch)
+	require.ErrorContains(t, err, "queue "+quorum.QueueName("beta")+" is a quorum queue, not a classic queue")
+	require.ErrorContains(t, err, `set Config.QueueType to "quorum"`)
+	require.ErrorAs(t, err, &mismatch)
+	require.Equal(t, "quorum", mismatch.Have)
+	require.Empty(t, mismatch.Want)
 }
 
 // TestQuorumQueueKeepsNackedTriggers: a trigger nacked many times (a projection's outage) is
