@@ -94,19 +94,7 @@ func TestWorkerProcess(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(workerTimeout))
 	defer cancel()
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		workerFail(t, err)
-	}
-	defer pool.Close()
-	store, err := espg.New(pool, espg.Config{})
-	if err != nil {
-		workerFail(t, err)
-	}
-	backend, err := postgres.New(store)
-	if err != nil {
-		workerFail(t, err)
-	}
+	backend := childBackend(t, ctx, dbURL)
 	barrier := os.Getenv(workerBarrierEnv) == "1"
 	start := func(context.Context) error {
 		fmt.Println("ready")
@@ -121,6 +109,25 @@ func TestWorkerProcess(t *testing.T) {
 		workerFail(t, fmt.Errorf("after %d invocations: %w", invocations.Load(), err))
 	}
 	fmt.Printf("invocations=%d\n", invocations.Load())
+}
+
+// childBackend opens a child process's backend on the database at dbURL; its pool closes when
+// the test ends.
+func childBackend(t *testing.T, ctx context.Context, dbURL string) *postgres.Backend {
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		workerFail(t, err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := espg.New(pool, espg.Config{})
+	if err != nil {
+		workerFail(t, err)
+	}
+	backend, err := postgres.New(store)
+	if err != nil {
+		workerFail(t, err)
+	}
+	return backend
 }
 
 // printCommitted is the workers' RunnerConfig.OnBatch: it prints "committed=<events>" for every

@@ -16,10 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/eventstore"
-	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection"
-	"github.com/nudgeworks/nudge/projection/postgres"
 )
 
 // The versioned read model of the kill tests: a row per event k with the times it was applied.
@@ -144,19 +142,7 @@ func TestVersionKillProcess(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(workerTimeout))
 	defer cancel()
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		workerFail(t, err)
-	}
-	defer pool.Close()
-	store, err := espg.New(pool, espg.Config{})
-	if err != nil {
-		workerFail(t, err)
-	}
-	backend, err := postgres.New(store)
-	if err != nil {
-		workerFail(t, err)
-	}
+	backend := childBackend(t, ctx, dbURL)
 	var invocations atomic.Int64
 	v2 := killModelVersion(t, 2, hold, &invocations)
 	r, err := projection.NewRunner(backend, projection.RunnerConfig{OnBatch: printCommitted}, v2)
