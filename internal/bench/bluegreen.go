@@ -103,7 +103,7 @@ func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 		return err
 	}
 	defer f.close()
-	last, err := loadEvents(f.db.pool, sz.rebuildEvents, sz.rebuildStreams, rebuildEventType, ticketPayload)
+	last, err := loadEvents(f.db.pool, sz.blueGreenEvents, sz.rebuildStreams, rebuildEventType, ticketPayload)
 	if err != nil {
 		return err
 	}
@@ -115,10 +115,10 @@ func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 		return err
 	}
 	defer w.close()
-	run := &bgRun{h: h, f: f, w: w, stops: map[int]func() error{}, history: sz.rebuildEvents}
+	run := &bgRun{h: h, f: f, w: w, stops: map[int]func() error{}, history: sz.blueGreenEvents}
 	defer run.stopAll()
 
-	sec.Params["history_events"], sec.Params["rate_per_s"], sec.Params["rounds"] = sz.rebuildEvents, sz.liveRate, h.bgRoundCount()
+	sec.Params["history_events"], sec.Params["rate_per_s"], sec.Params["rounds"] = sz.blueGreenEvents, sz.liveRate, h.bgRoundCount()
 	table := &Table{Header: []string{"case", "events/s", "took s", "paced s", "live p50 ms", "live p99 ms", "live max ms", "p99 ratio"}}
 	sec.table = table
 
@@ -196,7 +196,7 @@ func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 		"(from position zero over the %s events loaded, until its cut-over), paced by the active version's lag (BuildLagTarget %s), then one "+
 		"at full speed; %d rounds, samples pooled per case; the plain rebuild is the first version's catch-up from zero with no live load; "+
 		"the build's events/s counts its history and its cut-over",
-		sz.liveDuration, Thousands(int64(sz.rebuildEvents)), projection.BuildLagTargetDefault, h.bgRoundCount())
+		sz.liveDuration, Thousands(int64(sz.blueGreenEvents)), projection.BuildLagTargetDefault, h.bgRoundCount())
 	return nil
 }
 

@@ -393,6 +393,8 @@ type sizes struct {
 
 	partitionEvents int
 	partitionRounds int // measured reads of the whole log, each way
+
+	blueGreenEvents int // the history a new version builds beside the live one
 }
 
 // sizesFor returns the default sizes (about 10 minutes on 2 cores) or the quick ones (about 2).
@@ -408,6 +410,7 @@ func sizesFor(quick bool) sizes {
 		statusEvents:   1_000_000, statusRuns: 7, statusBudget: 15 * time.Second,
 		horizonEvents: 200_000, horizonConnections: 200, horizonWriters: 50, horizonRounds: 5, horizonCalls: 2000,
 		partitionEvents: 200_000, partitionRounds: 3,
+		blueGreenEvents: 1_000_000,
 	}
 	if quick {
 		s.rebuildEvents, s.naiveEvents, s.batchSizes = 50_000, 2_000, []int{500, 1000}
@@ -419,6 +422,7 @@ func sizesFor(quick bool) sizes {
 		s.statusEvents, s.statusBudget = 50_000, 3*time.Second
 		s.horizonEvents, s.horizonRounds = 25_000, 1
 		s.partitionEvents, s.partitionRounds = 20_000, 1
+		s.blueGreenEvents = 20_000
 	}
 	return s
 }
