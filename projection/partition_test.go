@@ -70,7 +70,9 @@ func TestPartitionConfig(t *testing.T) {
 func TestFoldPartitions(t *testing.T) {
 	t.Parallel()
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	pos := func(n int64) eventstore.Position { return eventstore.Position{TransactionID: uint64(n), GlobalPosition: n} }
+	pos := func(n int64) eventstore.Position {
+		return eventstore.Position{TransactionID: uint64(n), GlobalPosition: n}
+	}
 	failing := &eventstore.EventRef{StreamID: "order-9"}
 	parts := []projection.Status{
 		{Name: "o.p0", State: projection.StateRunning, Position: pos(9), EventsProcessed: 5, LagEvents: 1, LagTime: time.Second, Head: pos(12), UpdatedAt: at},
