@@ -95,41 +95,57 @@ func FoldPartitions(name string, parts []Status) Status {
 	f := Status{Name: name, State: StateRunning, Position: parts[0].Position, Partitions: parts,
 		Version: parts[0].Version, ActiveVersion: parts[0].ActiveVersion, VersionState: parts[0].VersionState, RetiredAt: parts[0].RetiredAt}
 	for _, st := range parts {
-		if stateRank[st.State] > stateRank[f.State] {
-			f.State = st.State
-		}
-		if st.Position.Less(f.Position) {
-			f.Position = st.Position
-		}
-		if st.State == StateFailing && f.FailingPartition == "" {
-			f.FailingPartition, f.LastError, f.FailingEvent, f.Attempts = st.Name, st.LastError, st.FailingEvent, st.Attempts
-			f.FirstFailureAt, f.LastFailureAt = st.FirstFailureAt, st.LastFailureAt
-		}
-		f.EventsProcessed += st.EventsProcessed
-		f.LagEvents += st.LagEvents
-		f.LagEstimated = f.LagEstimated || st.LagEstimated
-		f.LagTime = max(f.LagTime, st.LagTime)
-		if st.HeldByHorizon && !f.HeldByHorizon {
-			f.HeldByHorizon, f.Holder = true, st.Holder
-		}
-		f.ParkedStreams += st.ParkedStreams
-		if !st.OldestParkedAt.IsZero() && (f.OldestParkedAt.IsZero() || st.OldestParkedAt.Before(f.OldestParkedAt)) {
-			f.OldestParkedAt = st.OldestParkedAt
-		}
-		if st.LastSkip != nil && (f.LastSkip == nil || st.LastSkip.At.After(f.LastSkip.At)) {
-			f.LastSkip = st.LastSkip
-		}
-		if f.Head.Less(st.Head) {
-			f.Head = st.Head
-		}
-		if st.RebuildStartedAt.After(f.RebuildStartedAt) {
-			f.RebuildStartedAt = st.RebuildStartedAt
-		}
-		if st.UpdatedAt.After(f.UpdatedAt) {
-			f.UpdatedAt = st.UpdatedAt
-		}
+		f.foldState(st)
+		f.foldCounts(st)
+		f.foldTimes(st)
 	}
 	return f
+}
+
+// foldState folds a partition's state, position and failure into f.
+func (f *Status) foldState(st Status) {
+	if stateRank[st.State] > stateRank[f.State] {
+		f.State = st.State
+	}
+	if st.Position.Less(f.Position) {
+		f.Position = st.Position
+	}
+	if st.State == StateFailing && f.FailingPartition == "" {
+		f.FailingPartition, f.LastError, f.FailingEvent, f.Attempts = st.Name, st.LastError, st.FailingEvent, st.Attempts
+		f.FirstFailureAt, f.LastFailureAt = st.FirstFailureAt, st.LastFailureAt
+	}
+	if st.HeldByHorizon && !f.HeldByHorizon {
+		f.HeldByHorizon, f.Holder = true, st.Holder
+	}
+}
+
+// foldCounts sums a partition's counters and lag into f.
+func (f *Status) foldCounts(st Status) {
+	f.EventsProcessed += st.EventsProcessed
+	f.LagEvents += st.LagEvents
+	f.LagEstimated = f.LagEstimated || st.LagEstimated
+	f.LagTime = max(f.LagTime, st.LagTime)
+	f.ParkedStreams += st.ParkedStreams
+	if f.Head.Less(st.Head) {
+		f.Head = st.Head
+	}
+}
+
+// foldTimes keeps the oldest parked stream and the newest skip, rebuild and update of f and a
+// partition.
+func (f *Status) foldTimes(st Status) {
+	if !st.OldestParkedAt.IsZero() && (f.OldestParkedAt.IsZero() || st.OldestParkedAt.Before(f.OldestParkedAt)) {
+		f.OldestParkedAt = st.OldestParkedAt
+	}
+	if st.LastSkip != nil && (f.LastSkip == nil || st.LastSkip.At.After(f.LastSkip.At)) {
+		f.LastSkip = st.LastSkip
+	}
+	if st.RebuildStartedAt.After(f.RebuildStartedAt) {
+		f.RebuildStartedAt = st.RebuildStartedAt
+	}
+	if st.UpdatedAt.After(f.UpdatedAt) {
+		f.UpdatedAt = st.UpdatedAt
+	}
 }
 
 // CaughtUp reports whether the projection has nothing readable left to do. It may still fail,

@@ -438,19 +438,15 @@ func (b *Backend) Statuses(ctx context.Context) ([]projection.Status, error) {
 		}
 	}
 	for i, r := range all {
+		var err error
 		if r.info.part.Partitioned() {
-			st, err := b.withLag(ctx, r.st, r.info)
-			if err != nil {
-				return nil, fmt.Errorf("projection %s: status: %w", r.st.Name, err)
-			}
-			out[i] = st
-			continue
+			out[i], err = b.withLag(ctx, r.st, r.info) // a partition's lag: see partitionLag
+		} else {
+			out[i], err = b.holder(ctx, out[i])
 		}
-		st, err := b.holder(ctx, out[i])
 		if err != nil {
-			return nil, fmt.Errorf("projection %s: status: %w", out[i].Name, err)
+			return nil, fmt.Errorf("projection %s: status: %w", r.st.Name, err)
 		}
-		out[i] = st
 	}
 	return out, nil
 }
