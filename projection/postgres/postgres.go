@@ -394,26 +394,9 @@ func (b *Backend) StatusOf(ctx context.Context, name string) (projection.Status,
 // Statuses returns the status of every projection that has a status row, sorted by name, as
 // StatusOf computes it. It returns an empty slice when none is registered.
 func (b *Backend) Statuses(ctx context.Context) ([]projection.Status, error) {
-	rows, err := b.db.Query(ctx, b.sql.selectAllStatus)
+	all, err := b.statusRows(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("projection/postgres: read the status rows: %w", b.translate(err))
-	}
-	type row struct {
-		st   projection.Status
-		info rowInfo
-	}
-	var all []row
-	for rows.Next() {
-		st, info, err := scanStatus(rows)
-		if err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("projection/postgres: read the status rows: %w", err)
-		}
-		all = append(all, row{st, info})
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("projection/postgres: read the status rows: %w", b.translate(err))
+		return nil, err
 	}
 	// The lag statements go in one round trip; those of partitions each in a transaction of
 	// its own (see partitionLag).
@@ -449,6 +432,33 @@ func (b *Backend) Statuses(ctx context.Context) ([]projection.Status, error) {
 		}
 	}
 	return out, nil
+}
+
+// statusRowInfo is a status row (without lag fields) and what is recorded with it.
+type statusRowInfo struct {
+	st   projection.Status
+	info rowInfo
+}
+
+// statusRows reads every status row, by name.
+func (b *Backend) statusRows(ctx context.Context) ([]statusRowInfo, error) {
+	rows, err := b.db.Query(ctx, b.sql.selectAllStatus)
+	if err != nil {
+		return nil, fmt.Errorf("projection/postgres: read the status rows: %w", b.translate(err))
+	}
+	defer rows.Close()
+	var all []statusRowInfo
+	for rows.Next() {
+		st, info, err := scanStatus(rows)
+		if err != nil {
+			return nil, fmt.Errorf("projection/postgres: read the status rows: %w", err)
+		}
+		all = append(all, statusRowInfo{st, info})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("projection/postgres: read the status rows: %w", b.translate(err))
+	}
+	return all, nil
 }
 
 // statusRow reads the status row of name and what is recorded with it.
