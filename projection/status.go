@@ -68,6 +68,11 @@ type Status struct {
 	// true and the backend can name it (PostgreSQL); nil otherwise.
 	Holder *eventstore.HorizonHolder
 
+	// PartitionOf is, in the status of one partition of a partitioned projection, the
+	// projection's unit name, and Partition the part of the log it reads; empty and the zero
+	// Partition otherwise.
+	PartitionOf string
+	Partition   eventstore.Partition
 	// Partitions are the statuses of a partitioned projection's partitions (Config.Partitions),
 	// in index order; nil for a projection that is not partitioned. The fields above fold
 	// them (FoldPartitions).

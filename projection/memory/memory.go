@@ -378,6 +378,9 @@ func (b *Backend) Status(ctx context.Context, p *projection.Projection) (project
 	// The projection's lock is not taken: a status read does not wait for a batch in flight.
 	st := r.get()
 	b.versionStatus(p, &st)
+	if part := p.Partition(); part.Partitioned() {
+		st.PartitionOf, st.Partition = p.Definition().Name(), part
+	}
 	for _, ps := range r.parkedCopy() {
 		st.ParkedStreams++
 		if st.OldestParkedAt.IsZero() || ps.ParkedAt.Before(st.OldestParkedAt) {

@@ -178,3 +178,35 @@ func (b *Backend) partitionLag(ctx context.Context, at eventstore.Position, info
 	})
 	return l, err
 }
+
+// partitionedStatusOf is StatusOf for the name of a partitioned projection: its partitions'
+// statuses, folded. It returns notFound when name has no partitions.
+func (b *Backend) partitionedStatusOf(ctx context.Context, name string, notFound error) (projection.Status, error) {
+	rows, err := b.db.Query(ctx, b.sql.selectPartitionStatus, name)
+	if err != nil {
+		return projection.Status{}, b.translate(err)
+	}
+	var all []statusRowInfo
+	for rows.Next() {
+		st, info, err := scanStatus(rows)
+		if err != nil {
+			rows.Close()
+			return projection.Status{}, err
+		}
+		all = append(all, statusRowInfo{st, info})
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return projection.Status{}, b.translate(err)
+	}
+	if len(all) == 0 {
+		return projection.Status{}, notFound
+	}
+	parts := make([]projection.Status, len(all))
+	for k, r := range all {
+		if parts[k], err = b.withLag(ctx, r.st, r.info); err != nil {
+			return projection.Status{}, fmt.Errorf("partition %s: %w", r.st.Name, err)
+		}
+	}
+	return projection.FoldPartitions(name, parts), nil
+}

@@ -165,6 +165,15 @@ func TestPartitionRowsAndConditions(t *testing.T) {
 	require.Len(t, all, 2)
 	require.Zero(t, all[0].LagEvents)
 	require.Equal(t, count[1], all[1].LagEvents)
+	require.Equal(t, "orders", all[1].PartitionOf)
+	require.Equal(t, eventstore.Partition{Index: 1, Count: 2}, all[1].Partition)
+	folded, err := e.backend.StatusOf(ctx, "orders")
+	require.NoError(t, err, "the projection's own name folds its partitions")
+	require.Len(t, folded.Partitions, 2)
+	require.Equal(t, count[1], folded.LagEvents)
+	require.Equal(t, count[0], folded.EventsProcessed)
+	_, err = e.backend.StatusOf(ctx, "nope")
+	require.ErrorIs(t, err, projection.ErrNotRegistered)
 
 	conditions := map[string]string{}
 	crows, err := e.db.Pool.Query(ctx, `SELECT name, condition FROM nudge_projection_conditions`)

@@ -383,8 +383,14 @@ func (b *Backend) Status(ctx context.Context, p *projection.Projection) (project
 //
 // The rows of a partitioned projection are per partition (named '<projection>.p<index>'):
 // StatusOf and Statuses give each partition's status, its lag counted in its partition.
+//
+// The name of a partitioned projection itself (which has no row of its own) gives its
+// partitions' statuses folded (projection.FoldPartitions), as Runner.Status does.
 func (b *Backend) StatusOf(ctx context.Context, name string) (projection.Status, error) {
 	st, info, err := b.statusRow(ctx, name)
+	if errors.Is(err, projection.ErrNotRegistered) {
+		return b.partitionedStatusOf(ctx, name, err)
+	}
 	if err != nil {
 		return st, err
 	}

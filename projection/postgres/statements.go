@@ -18,8 +18,9 @@ type statements struct {
 	selectParked, insertParked, addHeld, deleteParked, recordParkAction, parkFailed, clearParked string
 	// selectParkedOf is selectParked for one projection, the statement of every batch.
 	selectParkedOf string
-	// selectAllStatus is selectStatus for every projection, by name.
-	selectAllStatus string
+	// selectAllStatus is selectStatus for every projection, by name; selectPartitionStatus
+	// for the partitions of one, by index.
+	selectAllStatus, selectPartitionStatus string
 	// eventsExist: see Backend.Register.
 	eventsExist string
 	// Partitions: see partition.go.
@@ -43,7 +44,7 @@ const statusColumns = `p.name, p.transaction_id, p.global_position, p.state, p.e
 	p.attempts, p.first_failed_at, p.last_failed_at, p.rebuild_started_at, p.updated_at,
 	k.event_id, k.event_type, k.stream_id, k.transaction_id, k.global_position, k.skipped_by, k.reason, k.forced, k.skipped_at,
 	p.event_types, coalesce(pk.n, 0), pk.oldest,
-	v.version, v.state, v.retired_at, av.version, p.partition_index, p.partition_count`
+	v.version, v.state, v.retired_at, av.version, p.partition_of, p.partition_index, p.partition_count`
 
 // statusFrom is the FROM clause of the status queries: the status row and its last skip.
 const statusFrom = `FROM {projections} p
@@ -88,6 +89,7 @@ func (s *statements) addStatusSQL(r *strings.Replacer) {
 		WHERE p.event_types IS DISTINCT FROM EXCLUDED.event_types`)
 	s.selectStatus = r.Replace(`SELECT {columns} ` + statusFrom + ` WHERE p.name = $1`)
 	s.selectAllStatus = r.Replace(`SELECT {columns} ` + statusFrom + ` ORDER BY p.name`)
+	s.selectPartitionStatus = r.Replace(`SELECT {columns} ` + statusFrom + ` WHERE p.partition_of = $1 ORDER BY p.partition_index`)
 	// The store's head; the projection's readable lag counted in a window of at most
 	// lagWindow events after its position — in read order for a projection of every type,
 	// else per type through the type index, so the window holds only its own events and
@@ -208,6 +210,7 @@ func scanStatus(row pgx.Row) (projection.Status, rowInfo, error) {
 		st                             projection.Status
 		info                           rowInfo
 		partIndex, partCount           *int
+		partOf                         *string
 		state                          string
 		failTx, skipTx                 *uint64
 		failPos, skipPos               *int64
@@ -227,10 +230,11 @@ func scanStatus(row pgx.Row) (projection.Status, rowInfo, error) {
 		&st.LastError, &failTx, &failPos, &failID, &failType, &failStream, &st.Attempts, &firstFail, &lastFail,
 		&rebuiltAt, &st.UpdatedAt, &skipID, &skipType, &skipStream, &skipTx, &skipPos, &skipBy, &skipReason,
 		&skipForced, &skipAt, &info.types, &st.ParkedStreams, &oldestParked, &version, &versionState, &retiredAt, &activeVersion,
-		&partIndex, &partCount); err != nil {
+		&partOf, &partIndex, &partCount); err != nil {
 		return st, info, err
 	}
 	info.part = eventstore.Partition{Index: deref(partIndex), Count: deref(partCount)}
+	st.PartitionOf, st.Partition = deref(partOf), info.part
 	if skipID != nil {
 		st.LastSkip = &projection.SkipRecord{
 			Event: eventstore.EventRef{ID: *skipID, Type: deref(skipType), StreamID: deref(skipStream),

@@ -276,6 +276,8 @@ func testPartitionedStatus(t *testing.T, env Env) {
 	require.Equal(t, int64(60), st.LagEvents)
 	for k, ps := range st.Partitions {
 		require.Equal(t, want[k], ps.LagEvents, "partition %d's lag counts its streams only", k)
+		require.Equal(t, "orders", ps.PartitionOf)
+		require.Equal(t, eventstore.Partition{Index: k, Count: 4}, ps.Partition)
 	}
 	res, err := r.CatchUpPartition(ctx, "orders", 2)
 	require.NoError(t, err)
