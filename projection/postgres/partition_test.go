@@ -127,6 +127,9 @@ func TestPartitionRowsAndConditions(t *testing.T) {
 	e := newEnv(t)
 	ctx := testwait.Context(t, time.Minute)
 	r := runner(t, e.backend, exactlyOnceOrders(t, 2))
+	var indexed bool
+	require.NoError(t, e.db.Pool.QueryRow(ctx, `SELECT to_regclass('nudge_events_partition_2_idx') IS NOT NULL`).Scan(&indexed))
+	require.True(t, indexed, "Init builds the store's index of 2 partitions")
 	var last eventstore.Position
 	count := [2]int64{}
 	for s := range 12 {

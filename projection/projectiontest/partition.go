@@ -27,6 +27,7 @@ var partitionTests = []struct {
 	{"PartitionedResetPauseDelete", testPartitionedReset},
 	{"PartitionedStatusFolds", testPartitionedStatus},
 	{"PartitionCountChangeRefused", testPartitionCount},
+	{"PartitionedParkAndRedrive", testPartitionedPark},
 }
 
 // streamNames returns n stream ids.
@@ -340,4 +341,50 @@ func testPartitionCount(t *testing.T, env Env) {
 	var pce *projection.PartitionCountError
 	require.ErrorAs(t, rs.Init(ctx), &pce)
 	require.Equal(t, 1, pce.Registered)
+}
+
+// testPartitionedPark: with OnFailurePark, a stream parks in its partition (the partition goes
+// on past it); Parked lists it by the projection's name, and Redrive and PurgeParked reach it
+// there.
+func testPartitionedPark(t *testing.T, env Env) {
+	ctx := context.Background()
+	streams := streamNames(8)
+	appendRounds(t, env.Store, 4, streams...)
+	bad := streams[3]
+	log := newStreamLog()
+	var broken atomic.Bool
+	broken.Store(true)
+	p := parkable(t, "orders", projection.Config{Partitions: 2, ParkAfterAttempts: 1}, log, &broken, bad, 2, errors.New("bug"))
+	r := newRunner(t, env, p)
+	_, err := r.CatchUp(ctx, "orders")
+	require.NoError(t, err, "the stream parks at the first failure; its partition goes on")
+	parked, err := r.Parked(ctx, "orders")
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+	unit, err := projection.PartitionUnitName("orders", eventstore.PartitionOf(bad, 2), 2)
+	require.NoError(t, err)
+	require.Equal(t, unit, parked[0].Projection)
+	require.Equal(t, bad, parked[0].StreamID)
+	require.Equal(t, int64(2), parked[0].Held)
+	for _, s := range streams {
+		if s != bad {
+			require.Equal(t, seq(1, 4), log.of(s))
+		}
+	}
+	st, err := r.Status(ctx, "orders")
+	require.NoError(t, err)
+	require.Equal(t, 1, st.ParkedStreams)
+	require.Equal(t, projection.StateRunning, st.State)
+
+	_, err = r.Redrive(ctx, "orders", "order-0", "test")
+	require.ErrorIs(t, err, projection.ErrNotParked)
+	broken.Store(false)
+	n, err := r.Redrive(ctx, "orders", bad, "test")
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	require.Equal(t, seq(1, 4), log.of(bad))
+	require.NoError(t, r.PurgeParked(ctx, "orders", projection.ParkOptions{By: "test", Reason: "nothing left"}))
+	parked, err = r.Parked(ctx, "orders")
+	require.NoError(t, err)
+	require.Empty(t, parked)
 }
