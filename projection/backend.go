@@ -22,6 +22,13 @@ import (
 // A backend provides the units of work and the state changes; the runner runs the projection's
 // hooks (Config.InitFunc, ResetFunc, DeleteFunc), which a backend receives as a HookFunc and
 // runs inside the unit of the state change.
+//
+// Partitioned projections (Config.Partitions): Register, Reset, SetState and Delete receive the
+// projection's definition and act on all of its units (Projection.Units) in one unit of work —
+// the hook runs once, and Reset, SetState and Delete take the units' locks in index order;
+// Register refuses a changed partition count with a *PartitionCountError. Every other method
+// receives one unit (a partition) and keys its row by the unit's name; its reads use
+// Projection.Partition.
 type Backend interface {
 	// Register creates the projection's status row if it is missing and runs init (if not nil)
 	// in the same unit, holding the projection's lock.

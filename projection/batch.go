@@ -184,7 +184,7 @@ func (b *batch) unit(ctx context.Context, u Unit) (Outcome, error) {
 
 // read reads the batch's events after the position the unit found.
 func (b *batch) read(ctx context.Context, u Unit) ([]eventstore.Event, error) {
-	events, err := u.Read(ctx, u.Status.Position, eventstore.ReadOptions{Limit: b.limit, Types: b.p.types, OmitPayload: b.p.cfg.OmitPayloads})
+	events, err := u.Read(ctx, u.Status.Position, eventstore.ReadOptions{Limit: b.limit, Types: b.p.types, OmitPayload: b.p.cfg.OmitPayloads, Partition: b.p.partition})
 	if err != nil {
 		return nil, fmt.Errorf("projection %s: read events after %s: %w", b.p.name, u.Status.Position, err)
 	}

@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -199,7 +200,7 @@ func (b *batch) parkUnit(ctx context.Context, u Unit) (Outcome, ParkedStream, er
 	if !due || st.State == StatePaused || !st.Position.Less(f.Event.Position) {
 		return Outcome{}, ParkedStream{}, errNoPark
 	}
-	next, err := u.Read(ctx, st.Position, eventstore.ReadOptions{Limit: 1, Types: b.p.types, OmitPayload: true})
+	next, err := u.Read(ctx, st.Position, eventstore.ReadOptions{Limit: 1, Types: b.p.types, OmitPayload: true, Partition: b.p.partition})
 	if err != nil {
 		return Outcome{}, ParkedStream{}, err
 	}
@@ -244,13 +245,28 @@ func (b *batch) hold(e eventstore.Event) bool {
 	return true
 }
 
-// Parked returns the projection's parked streams, oldest first.
+// Parked returns the projection's parked streams, oldest first (those of every partition of
+// a partitioned projection).
 func (r *Runner) Parked(ctx context.Context, name string) ([]ParkedStream, error) {
 	p, err := r.Projection(name)
 	if err != nil {
 		return nil, err
 	}
-	return r.backend.Parked(ctx, p)
+	if !p.Partitioned() {
+		return r.backend.Parked(ctx, p)
+	}
+	var all []ParkedStream
+	for _, u := range p.parts {
+		parked, err := r.backend.Parked(ctx, u)
+		if err != nil {
+			return nil, fmt.Errorf("partition %s: %w", u.name, err)
+		}
+		all = append(all, parked...)
+	}
+	slices.SortFunc(all, func(a, b ParkedStream) int {
+		return cmp.Or(a.Event.Position.Compare(b.Event.Position), strings.Compare(a.StreamID, b.StreamID))
+	})
+	return all, nil
 }
 
 // Redrive applies the parked events of one stream of the projection — the first parked event
@@ -266,6 +282,7 @@ func (r *Runner) Redrive(ctx context.Context, name, streamID, by string) (int, e
 	if err != nil {
 		return 0, err
 	}
+	p = p.unit(streamID) // the stream's partition
 	d := &redrive{r: r, p: p, stream: streamID, by: by}
 	err = r.backend.RunBatch(ctx, p, d.unit)
 	if d.failed == nil || ctx.Err() != nil {
@@ -409,6 +426,20 @@ func (r *Runner) unpark(ctx context.Context, name, streamID string, action ParkA
 	if strings.TrimSpace(opts.By) == "" || strings.TrimSpace(opts.Reason) == "" {
 		return fmt.Errorf("%w: projection %s: a %s of parked streams needs who does it and a reason", ErrInvalidConfig, name, action)
 	}
+	if streamID != "" {
+		return r.unparkIn(ctx, p.unit(streamID), streamID, action, opts)
+	}
+	for _, u := range p.Units() {
+		if err := r.unparkIn(ctx, u, "", action, opts); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unparkIn is unpark in the unit p.
+func (r *Runner) unparkIn(ctx context.Context, p *Projection, streamID string, action ParkAction, opts ParkOptions) error {
+	name := p.name
 	return r.backend.RunBatch(ctx, p, func(_ context.Context, u Unit) (Outcome, error) {
 		out := Outcome{Position: u.Status.Position, State: u.Status.State}
 		for id, ps := range u.Parked {

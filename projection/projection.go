@@ -119,6 +119,16 @@ type Config struct {
 	// runner, after the active version's RetireGrace. A negative value keeps it until
 	// Runner.DropRetired. Defaults to RetireGraceDefault.
 	RetireGrace time.Duration
+	// Partitions splits the projection into this many partitions by stream (see
+	// eventstore.PartitionOf): each partition is a unit of its own (Projection.Units, named by
+	// PartitionUnitName), with its own position, status row, batch lock and failure, and reads
+	// only its streams' events, so every stream's events are still handled in order and
+	// partitions catch up independently (Runner.CatchUpPartition), in any process. A failing
+	// partition stops alone. Changing it on a registered projection is a rebuild
+	// (*PartitionCountError). It cannot be combined with a Version above 1 yet. At most
+	// eventstore.MaxPartitions. Defaults to 1: one unit named like the projection, as without
+	// partitions.
+	Partitions int
 	// BuildLagTarget paces this version while it is built beside the active one: while the
 	// active version runs with a lag (the age of the oldest event it has not handled yet) over
 	// BuildLagTarget, the build waits between its batches, longer each time the lag stays over
@@ -165,6 +175,12 @@ type Projection struct {
 	types         []string // nil: every type
 	anyHandler    *Handler
 	transactional bool
+
+	// parts are the partition units of a partitioned projection (Config.Partitions > 1);
+	// partition is a partition unit's part of the log and parent its definition.
+	parts     []*Projection
+	partition eventstore.Partition
+	parent    *Projection
 }
 
 // New defines a projection named name that handles events with handlers, one handler per event
@@ -210,6 +226,9 @@ func newProjection(name string, cfg Config, handlers ...Handler) (*Projection, e
 	if p.anyHandler != nil {
 		p.types = nil // read every event
 	}
+	if err := p.split(); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
@@ -221,6 +240,7 @@ func (cfg Config) WithDefaults() Config {
 	cfg.MaxParkedStreams = cmp.Or(cfg.MaxParkedStreams, MaxParkedStreamsDefault)
 	cfg.ParkAfterAttempts = cmp.Or(cfg.ParkAfterAttempts, ParkAfterAttemptsDefault)
 	cfg.Version = cmp.Or(cfg.Version, 1)
+	cfg.Partitions = cmp.Or(cfg.Partitions, 1)
 	cfg.RetireGrace = cmp.Or(cfg.RetireGrace, RetireGraceDefault)
 	cfg.BuildLagTarget = cmp.Or(cfg.BuildLagTarget, BuildLagTargetDefault)
 	if cfg.BatchTimeout == 0 {
@@ -251,6 +271,14 @@ func (cfg Config) Validate() error {
 	}
 	if cfg.Version < 1 {
 		return fmt.Errorf("%w: Version %d; versions start at 1 (0 means 1)", ErrInvalidConfig, cfg.Version)
+	}
+	if cfg.Partitions < 1 || cfg.Partitions > eventstore.MaxPartitions {
+		return fmt.Errorf("%w: Partitions %d out of range; use 1 to %d (0 means 1)", ErrInvalidConfig, cfg.Partitions, eventstore.MaxPartitions)
+	}
+	if cfg.Partitions > 1 && cfg.Version > 1 {
+		return fmt.Errorf("%w: Partitions %d with Version %d: versions of a partitioned projection are not supported yet; "+
+			"to change a partitioned read model, rebuild it (Runner.Reset, or Runner.Delete and Init for another partition count)",
+			ErrInvalidConfig, cfg.Partitions, cfg.Version)
 	}
 	if cfg.BatchTimeout <= cfg.MaxBatchDuration {
 		return fmt.Errorf("%w: BatchTimeout %s must exceed MaxBatchDuration %s (a batch that handles events that long still has to commit)",

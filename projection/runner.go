@@ -79,10 +79,12 @@ type Runner struct {
 	onCatchUp   func(string, Result, error)
 	projections map[string]*Projection
 	names       []string
+	// parts are the partition units of the partitioned projections, by unit name.
+	parts map[string]*Projection
 
 	mu        sync.Mutex
-	positions map[string]eventstore.Position // last committed position seen per projection
-	running   map[string]chan struct{}       // one catch-up per projection at a time in this runner
+	positions map[string]eventstore.Position // last committed position seen per unit
+	running   map[string]chan struct{}       // one catch-up per unit at a time in this runner
 }
 
 // NewRunner returns a runner for projections on backend. Names must be unique. Call Init before
@@ -107,6 +109,7 @@ func NewRunner(backend Backend, cfg RunnerConfig, projections ...*Projection) (*
 		projections: make(map[string]*Projection, len(projections)),
 		positions:   make(map[string]eventstore.Position, len(projections)),
 		running:     make(map[string]chan struct{}, len(projections)),
+		parts:       make(map[string]*Projection),
 	}
 	for i, p := range projections {
 		if p == nil {
@@ -116,8 +119,18 @@ func NewRunner(backend Backend, cfg RunnerConfig, projections ...*Projection) (*
 			return nil, fmt.Errorf("%w: two projections are named %s; names must be unique", ErrInvalidConfig, p.name)
 		}
 		r.projections[p.name] = p
-		r.running[p.name] = make(chan struct{}, 1)
 		r.names = append(r.names, p.name)
+		for _, u := range p.Units() {
+			r.running[u.name] = make(chan struct{}, 1)
+			if u != p {
+				r.parts[u.name] = u
+			}
+		}
+	}
+	for name := range r.parts {
+		if _, dup := r.projections[name]; dup {
+			return nil, fmt.Errorf("%w: projection %s has the name of a partition of %s; rename it", ErrInvalidConfig, name, r.parts[name].parent.name)
+		}
 	}
 	slices.Sort(r.names)
 	return r, nil
@@ -135,11 +148,25 @@ func (r *Runner) Projection(name string) (*Projection, error) {
 	return p, nil
 }
 
-// Init registers every projection with the backend (creating its status row) and runs its
-// init hook. Run it at every start; it is idempotent.
+// partitionIndexer is a backend whose store needs an index before partitioned reads
+// (projection/postgres: the event store's EnsurePartitions).
+type partitionIndexer interface {
+	EnsurePartitions(ctx context.Context, count int) error
+}
+
+// Init registers every projection with the backend (creating its status row, one per
+// partition of a partitioned projection) and runs its init hook, once per projection. Run it
+// at every start; it is idempotent. A partitioned projection's store index is made ready
+// first (with PostgreSQL, built concurrently on the first start). A projection whose partition
+// count changed is refused with a *PartitionCountError.
 func (r *Runner) Init(ctx context.Context) error {
 	for _, name := range r.names {
 		p := r.projections[name]
+		if ix, ok := r.backend.(partitionIndexer); ok && p.Partitioned() {
+			if err := ix.EnsurePartitions(ctx, p.Partitions()); err != nil {
+				return fmt.Errorf("projection %s: init: index the store for %d partitions: %w", name, p.Partitions(), err)
+			}
+		}
 		if err := r.backend.Register(ctx, p, hook("init", p, p.cfg.InitFunc)); err != nil {
 			return fmt.Errorf("projection %s: init: %w", name, err)
 		}
@@ -194,7 +221,21 @@ type Result struct {
 // The failure is recorded in the status (state failing, the event, the error, attempts) and
 // returned as a *HandlerError. A cancelled context rolls back the batch in flight, records
 // nothing and returns the context's error.
+//
+// For a partitioned projection (Config.Partitions), CatchUp catches its partitions up in turn,
+// in index order, and sums their results (Position is then the lowest partition's); a
+// partition that fails does not stop the others, and their errors are returned joined. name
+// may also be the unit name of one partition (PartitionUnitName), which CatchUpPartition
+// catches up alone.
 func (r *Runner) CatchUp(ctx context.Context, name string) (Result, error) {
+	if p, ok := r.projections[name]; ok && p.Partitioned() {
+		return r.catchUpPartitions(ctx, p)
+	}
+	return r.catchUpUnit(ctx, name)
+}
+
+// catchUpUnit catches up the unit called name (a projection or a partition) and reports it.
+func (r *Runner) catchUpUnit(ctx context.Context, name string) (Result, error) {
 	res, err := r.catchUp(ctx, name)
 	if r.onCatchUp != nil {
 		r.onCatchUp(name, res, err)
@@ -203,13 +244,13 @@ func (r *Runner) CatchUp(ctx context.Context, name string) (Result, error) {
 }
 
 func (r *Runner) catchUp(ctx context.Context, name string) (Result, error) {
-	p, err := r.Projection(name)
+	p, err := r.unit(name)
 	if err != nil {
 		return Result{}, err
 	}
-	// Concurrent catch-ups of one projection in one runner (several triggers at once) would
-	// only queue on the backend's lock, each holding a database connection meanwhile: they
-	// wait here instead, and find the work done.
+	// Concurrent catch-ups of one unit in one runner (several triggers at once) would only
+	// queue on the backend's lock, each holding a database connection meanwhile: they wait
+	// here instead, and find the work done.
 	select {
 	case r.running[name] <- struct{}{}:
 		defer func() { <-r.running[name] }()
@@ -269,10 +310,49 @@ func (r *Runner) remember(name string, p eventstore.Position, rebuilding bool) {
 // CommittedPosition returns the last committed position this runner has seen for the
 // projection, without asking the backend. A trigger for a position at or before it needs no
 // read. It is the zero Position before the first catch-up and right after a Reset.
+//
+// For a partitioned projection it is the lowest of its partitions' (name may also be a
+// partition's unit name).
 func (r *Runner) CommittedPosition(name string) eventstore.Position {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.positions[name]
+	p, ok := r.projections[name]
+	if !ok || !p.Partitioned() {
+		return r.positions[name]
+	}
+	low := r.positions[p.parts[0].name]
+	for _, u := range p.parts[1:] {
+		if at := r.positions[u.name]; at.Less(low) {
+			low = at
+		}
+	}
+	return low
+}
+
+// unit returns the unit called name: an unpartitioned projection, or a partition of a
+// partitioned one. The definition of a partitioned projection is not a unit.
+func (r *Runner) unit(name string) (*Projection, error) {
+	if p, ok := r.parts[name]; ok {
+		return p, nil
+	}
+	p, err := r.Projection(name)
+	if err != nil {
+		return nil, err
+	}
+	if p.Partitioned() {
+		return nil, fmt.Errorf("%w: %s is partitioned; name one of its partitions (%s to %s) or use CatchUp", ErrUnknownProjection,
+			name, p.parts[0].name, p.parts[len(p.parts)-1].name)
+	}
+	return p, nil
+}
+
+// forget drops the cached positions of p's units.
+func (r *Runner) forget(p *Projection) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, u := range p.Units() {
+		delete(r.positions, u.name)
+	}
 }
 
 // Reset prepares a rebuild: it runs the projection's reset hook and sets its position back to
@@ -287,9 +367,7 @@ func (r *Runner) Reset(ctx context.Context, name string) error {
 	if err := r.backend.Reset(ctx, p, hook("reset", p, p.cfg.ResetFunc)); err != nil {
 		return fmt.Errorf("projection %s: reset: %w", name, err)
 	}
-	r.mu.Lock()
-	delete(r.positions, name)
-	r.mu.Unlock()
+	r.forget(p)
 	r.logger.InfoContext(ctx, "projection reset for a rebuild", slog.String("projection", name))
 	return nil
 }
@@ -333,26 +411,41 @@ func (r *Runner) Delete(ctx context.Context, name string) error {
 	if err := r.backend.Delete(ctx, p, hook("delete", p, p.cfg.DeleteFunc)); err != nil {
 		return fmt.Errorf("projection %s: delete: %w", name, err)
 	}
-	r.mu.Lock()
-	delete(r.positions, name)
-	r.mu.Unlock()
+	r.forget(p)
 	return nil
 }
 
-// Status returns the projection's status and lag.
+// Status returns the projection's status and lag. A partitioned projection's status folds its
+// partitions' (FoldPartitions), which it lists in Status.Partitions.
 func (r *Runner) Status(ctx context.Context, name string) (Status, error) {
 	p, err := r.Projection(name)
 	if err != nil {
 		return Status{}, err
 	}
-	return r.backend.Status(ctx, p)
+	return r.status(ctx, p)
+}
+
+// status returns p's status, folding its partitions' when it is partitioned.
+func (r *Runner) status(ctx context.Context, p *Projection) (Status, error) {
+	if !p.Partitioned() {
+		return r.backend.Status(ctx, p)
+	}
+	parts := make([]Status, len(p.parts))
+	for k, u := range p.parts {
+		st, err := r.backend.Status(ctx, u)
+		if err != nil {
+			return Status{}, fmt.Errorf("partition %s: %w", u.name, err)
+		}
+		parts[k] = st
+	}
+	return FoldPartitions(p.name, parts), nil
 }
 
 // Statuses returns the status of every projection of the runner, sorted by name.
 func (r *Runner) Statuses(ctx context.Context) ([]Status, error) {
 	out := make([]Status, 0, len(r.names))
 	for _, name := range r.names {
-		st, err := r.backend.Status(ctx, r.projections[name])
+		st, err := r.status(ctx, r.projections[name])
 		if err != nil {
 			return nil, fmt.Errorf("projection %s: status: %w", name, err)
 		}
@@ -371,5 +464,10 @@ func (r *Runner) ClearCrashLoop(ctx context.Context, name string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.BatchTimeout)
 	defer cancel()
-	return r.backend.EndAttempt(ctx, p, nil)
+	for _, u := range p.Units() {
+		if err := r.backend.EndAttempt(ctx, u, nil); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -30,6 +31,9 @@ type SkipOptions struct {
 // unit of work the projection's on-skip hook runs (SkipFunc), the position advances past the
 // event, the failure is cleared, the state returns to running (a paused projection stays
 // paused) and the skip is recorded with who, when and why. Refusals match ErrSkipRefused.
+//
+// In a partitioned projection the skip moves the position of the partition whose next event
+// is eventID.
 func (r *Runner) Skip(ctx context.Context, name string, eventID uuid.UUID, opts SkipOptions) (eventstore.Event, error) {
 	p, err := r.Projection(name)
 	if err != nil {
@@ -38,8 +42,22 @@ func (r *Runner) Skip(ctx context.Context, name string, eventID uuid.UUID, opts 
 	if strings.TrimSpace(opts.Reason) == "" || strings.TrimSpace(opts.By) == "" {
 		return eventstore.Event{}, fmt.Errorf("%w: projection %s: a skip needs a reason and who does it", ErrSkipRefused, name)
 	}
+	var refusals []error
+	for _, u := range p.Units() {
+		e, err := r.skip(ctx, u, eventID, opts)
+		if !errors.Is(err, ErrSkipRefused) || !p.Partitioned() {
+			return e, err
+		}
+		refusals = append(refusals, err)
+	}
+	return eventstore.Event{}, fmt.Errorf("%w: projection %s: no partition's next event is %s: %w", ErrSkipRefused, name, eventID, errors.Join(refusals...))
+}
+
+// skip is Skip in the unit p.
+func (r *Runner) skip(ctx context.Context, p *Projection, eventID uuid.UUID, opts SkipOptions) (eventstore.Event, error) {
+	name := p.name
 	var skipped eventstore.Event
-	err = r.backend.RunBatch(ctx, p, func(ctx context.Context, u Unit) (Outcome, error) {
+	err := r.backend.RunBatch(ctx, p, func(ctx context.Context, u Unit) (Outcome, error) {
 		if err := checkFailingOn(name, u.Status, eventID, opts.Force); err != nil {
 			return Outcome{}, err
 		}
@@ -78,7 +96,7 @@ func checkFailingOn(name string, st Status, eventID uuid.UUID, force bool) error
 
 // nextEvent returns the next event the projection would handle, which must be eventID.
 func nextEvent(ctx context.Context, p *Projection, u Unit, eventID uuid.UUID) (eventstore.Event, error) {
-	next, err := u.Read(ctx, u.Status.Position, eventstore.ReadOptions{Limit: 1, Types: p.types})
+	next, err := u.Read(ctx, u.Status.Position, eventstore.ReadOptions{Limit: 1, Types: p.types, Partition: p.partition})
 	if err != nil {
 		return eventstore.Event{}, err
 	}

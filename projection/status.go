@@ -67,6 +67,90 @@ type Status struct {
 	// Holder is the open transaction that holds the projection back, when HeldByHorizon is
 	// true and the backend can name it (PostgreSQL); nil otherwise.
 	Holder *eventstore.HorizonHolder
+
+	// PartitionOf is, in the status of one partition of a partitioned projection, the
+	// projection's unit name, and Partition the part of the log it reads; empty and the zero
+	// Partition otherwise.
+	PartitionOf string
+	Partition   eventstore.Partition
+	// Partitions are the statuses of a partitioned projection's partitions (Config.Partitions),
+	// in index order; nil for a projection that is not partitioned. The fields above fold
+	// them (FoldPartitions).
+	Partitions []Status
+	// FailingPartition names the partition unit whose failure the failure fields above show
+	// (the first failing partition), empty when none fails or the projection is not partitioned.
+	FailingPartition string
+}
+
+// stateRank orders states for FoldPartitions: the worst state of any partition is the
+// projection's.
+var stateRank = map[State]int{StateRunning: 0, StateRebuilding: 1, StatePaused: 2, StateFailing: 3}
+
+// FoldPartitions folds the statuses of a partitioned projection's partitions, in index order,
+// into the projection's status, named name: the worst state (failing, then paused, then
+// rebuilding, then running); the lowest position (positions of different partitions are not
+// comparable otherwise: it says only how far the slowest partition is); counters, lag and
+// parked streams summed; the oldest lag, the newest head, update and skip; held when any
+// partition is held; the failure of the first failing partition, named in FailingPartition.
+// The partitions stay in Partitions.
+func FoldPartitions(name string, parts []Status) Status {
+	if len(parts) == 0 {
+		return Status{Name: name}
+	}
+	f := Status{Name: name, State: StateRunning, Position: parts[0].Position, Partitions: parts,
+		Version: parts[0].Version, ActiveVersion: parts[0].ActiveVersion, VersionState: parts[0].VersionState, RetiredAt: parts[0].RetiredAt}
+	for _, st := range parts {
+		f.foldState(st)
+		f.foldCounts(st)
+		f.foldTimes(st)
+	}
+	return f
+}
+
+// foldState folds a partition's state, position and failure into f.
+func (f *Status) foldState(st Status) {
+	if stateRank[st.State] > stateRank[f.State] {
+		f.State = st.State
+	}
+	if st.Position.Less(f.Position) {
+		f.Position = st.Position
+	}
+	if st.State == StateFailing && f.FailingPartition == "" {
+		f.FailingPartition, f.LastError, f.FailingEvent, f.Attempts = st.Name, st.LastError, st.FailingEvent, st.Attempts
+		f.FirstFailureAt, f.LastFailureAt = st.FirstFailureAt, st.LastFailureAt
+	}
+	if st.HeldByHorizon && !f.HeldByHorizon {
+		f.HeldByHorizon, f.Holder = true, st.Holder
+	}
+}
+
+// foldCounts sums a partition's counters and lag into f.
+func (f *Status) foldCounts(st Status) {
+	f.EventsProcessed += st.EventsProcessed
+	f.LagEvents += st.LagEvents
+	f.LagEstimated = f.LagEstimated || st.LagEstimated
+	f.LagTime = max(f.LagTime, st.LagTime)
+	f.ParkedStreams += st.ParkedStreams
+	if f.Head.Less(st.Head) {
+		f.Head = st.Head
+	}
+}
+
+// foldTimes keeps the oldest parked stream and the newest skip, rebuild and update of f and a
+// partition.
+func (f *Status) foldTimes(st Status) {
+	if !st.OldestParkedAt.IsZero() && (f.OldestParkedAt.IsZero() || st.OldestParkedAt.Before(f.OldestParkedAt)) {
+		f.OldestParkedAt = st.OldestParkedAt
+	}
+	if st.LastSkip != nil && (f.LastSkip == nil || st.LastSkip.At.After(f.LastSkip.At)) {
+		f.LastSkip = st.LastSkip
+	}
+	if st.RebuildStartedAt.After(f.RebuildStartedAt) {
+		f.RebuildStartedAt = st.RebuildStartedAt
+	}
+	if st.UpdatedAt.After(f.UpdatedAt) {
+		f.UpdatedAt = st.UpdatedAt
+	}
 }
 
 // CaughtUp reports whether the projection has nothing readable left to do. It may still fail,

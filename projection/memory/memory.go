@@ -29,6 +29,7 @@ type Backend struct {
 	mu       sync.Mutex
 	rows     map[string]*row
 	versions map[string]map[int]*version // by projection (Projection.Base), then version
+	parts    map[string]int              // partition counts of partitioned projections, by unit name
 }
 
 type row struct {
@@ -127,7 +128,8 @@ func New(store *memstore.Store, cfg Config) (*Backend, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Backend{store: store, now: cfg.NowFunc, rows: make(map[string]*row), versions: make(map[string]map[int]*version)}, nil
+	return &Backend{store: store, now: cfg.NowFunc, rows: make(map[string]*row), versions: make(map[string]map[int]*version),
+		parts: make(map[string]int)}, nil
 }
 
 // locked runs fn holding the projection's lock.
@@ -154,18 +156,80 @@ func (b *Backend) Register(ctx context.Context, p *projection.Projection, init p
 			p.Name(), projection.ErrNeedsTransaction)
 	}
 	b.mu.Lock()
-	state := b.registerVersion(p)
-	if _, ok := b.rows[p.Name()]; !ok {
-		b.rows[p.Name()] = &row{
-			lock:   make(chan struct{}, 1),
-			status: projection.Status{Name: p.Name(), State: projection.StateRunning, UpdatedAt: b.now()},
+	if err := b.checkPartitions(p); err != nil {
+		b.mu.Unlock()
+		return err
+	}
+	state := projection.VersionActive
+	if !p.Partitioned() {
+		state = b.registerVersion(p) // versions of partitioned projections are not supported yet
+	} else {
+		b.parts[p.Name()] = p.Partitions()
+	}
+	for _, u := range p.Units() {
+		if _, ok := b.rows[u.Name()]; !ok {
+			b.rows[u.Name()] = &row{
+				lock:   make(chan struct{}, 1),
+				status: projection.Status{Name: u.Name(), State: projection.StateRunning, UpdatedAt: b.now()},
+			}
 		}
 	}
 	b.mu.Unlock()
 	if init == nil || state == projection.VersionRetired {
 		return nil
 	}
-	return b.locked(ctx, p.Name(), func(*row) error { return init(ctx, nil) })
+	return b.lockedUnits(ctx, unitNames(p), func() error { return init(ctx, nil) })
+}
+
+// checkPartitions refuses p when its projection was registered with another partition count.
+// The caller holds b.mu.
+func (b *Backend) checkPartitions(p *projection.Projection) error {
+	registered := b.parts[p.Name()]
+	if _, ok := b.rows[p.Name()]; ok && registered == 0 {
+		registered = 1
+	}
+	if registered != 0 && registered != p.Partitions() {
+		return &projection.PartitionCountError{Projection: p.Name(), Registered: registered, Configured: p.Partitions()}
+	}
+	return nil
+}
+
+// unitNames returns the names of p's units, in order.
+func unitNames(p *projection.Projection) []string {
+	var names []string
+	for _, u := range p.Units() {
+		names = append(names, u.Name())
+	}
+	return names
+}
+
+// rowsOf returns the rows of p's units, in order; the caller holds their locks.
+func (b *Backend) rowsOf(p *projection.Projection) ([]*row, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var rows []*row
+	for _, u := range p.Units() {
+		r, ok := b.rows[u.Name()]
+		if !ok {
+			return nil, fmt.Errorf("projection %s: %w", u.Name(), projection.ErrNotRegistered)
+		}
+		rows = append(rows, r)
+	}
+	return rows, nil
+}
+
+// lockedAll runs fn holding the locks of all of p's units (one per partition), in order.
+func (b *Backend) lockedAll(ctx context.Context, p *projection.Projection, fn func(rows []*row) error) error {
+	if _, err := b.rowsOf(p); err != nil {
+		return err
+	}
+	return b.lockedUnits(ctx, unitNames(p), func() error {
+		rows, err := b.rowsOf(p)
+		if err != nil {
+			return err
+		}
+		return fn(rows)
+	})
 }
 
 // runHook runs the runner's hook, if any, before the state change: a failing hook leaves the
@@ -250,17 +314,21 @@ func (b *Backend) RecordFailure(ctx context.Context, p *projection.Projection, f
 }
 
 // Reset implements projection.Backend.
+// A partitioned projection's partitions are all reset, holding all their locks; the hook runs
+// once.
 func (b *Backend) Reset(ctx context.Context, p *projection.Projection, hook projection.HookFunc) error {
-	return b.locked(ctx, p.Name(), func(r *row) error {
+	return b.lockedAll(ctx, p, func(rows []*row) error {
 		if err := runHook(ctx, hook); err != nil {
 			return err
 		}
 		now := b.now()
-		r.update(func(st *projection.Status) {
-			*st = projection.Status{Name: p.Name(), State: projection.StateRebuilding, RebuildStartedAt: now, UpdatedAt: now}
-			r.parked = nil // a rebuild handles every stream again
-			r.attempt.at, r.attempt.starts, r.attempt.careful = eventstore.Position{}, 0, eventstore.Position{}
-		})
+		for _, r := range rows {
+			r.update(func(st *projection.Status) {
+				*st = projection.Status{Name: st.Name, State: projection.StateRebuilding, RebuildStartedAt: now, UpdatedAt: now}
+				r.parked = nil // a rebuild handles every stream again
+				r.attempt.at, r.attempt.starts, r.attempt.careful = eventstore.Position{}, 0, eventstore.Position{}
+			})
+		}
 		return nil
 	})
 }
@@ -268,14 +336,16 @@ func (b *Backend) Reset(ctx context.Context, p *projection.Projection, hook proj
 // SetState implements projection.Backend.
 func (b *Backend) SetState(ctx context.Context, p *projection.Projection, to projection.State, from ...projection.State) (bool, error) {
 	var changed bool
-	err := b.locked(ctx, p.Name(), func(r *row) error {
-		r.update(func(st *projection.Status) {
-			if st.State == to || (len(from) > 0 && !slices.Contains(from, st.State)) {
-				return
-			}
-			changed = true
-			st.State, st.UpdatedAt = to, b.now()
-		})
+	err := b.lockedAll(ctx, p, func(rows []*row) error {
+		for _, r := range rows {
+			r.update(func(st *projection.Status) {
+				if st.State == to || (len(from) > 0 && !slices.Contains(from, st.State)) {
+					return
+				}
+				changed = true
+				st.State, st.UpdatedAt = to, b.now()
+			})
+		}
 		return nil
 	})
 	return changed, err
@@ -283,12 +353,15 @@ func (b *Backend) SetState(ctx context.Context, p *projection.Projection, to pro
 
 // Delete implements projection.Backend.
 func (b *Backend) Delete(ctx context.Context, p *projection.Projection, hook projection.HookFunc) error {
-	err := b.locked(ctx, p.Name(), func(*row) error { return runHook(ctx, hook) })
+	err := b.lockedAll(ctx, p, func([]*row) error { return runHook(ctx, hook) })
 	if err != nil {
 		return err
 	}
 	b.mu.Lock()
-	delete(b.rows, p.Name())
+	for _, u := range p.Units() {
+		delete(b.rows, u.Name())
+	}
+	delete(b.parts, p.Name())
 	delete(b.versions[p.Base()], p.Version())
 	b.mu.Unlock()
 	return nil
@@ -305,6 +378,9 @@ func (b *Backend) Status(ctx context.Context, p *projection.Projection) (project
 	// The projection's lock is not taken: a status read does not wait for a batch in flight.
 	st := r.get()
 	b.versionStatus(p, &st)
+	if part := p.Partition(); part.Partitioned() {
+		st.PartitionOf, st.Partition = p.Definition().Name(), part
+	}
 	for _, ps := range r.parkedCopy() {
 		st.ParkedStreams++
 		if st.OldestParkedAt.IsZero() || ps.ParkedAt.Before(st.OldestParkedAt) {
@@ -318,7 +394,7 @@ func (b *Backend) Status(ctx context.Context, p *projection.Projection) (project
 	st.Head = head
 	after := st.Position
 	for {
-		page, err := b.store.Read(ctx, after, eventstore.ReadOptions{Limit: eventstore.ReadLimitMax, Types: p.Types()})
+		page, err := b.store.Read(ctx, after, eventstore.ReadOptions{Limit: eventstore.ReadLimitMax, Types: p.Types(), Partition: p.Partition()})
 		if err != nil {
 			return st, err
 		}

@@ -49,9 +49,10 @@ import (
 
 // Backend is the PostgreSQL projection.Backend. It is safe for concurrent use.
 type Backend struct {
-	db    postgres.DB
-	store *espg.Store
-	sql   statements
+	db         postgres.DB
+	store      *espg.Store
+	sql        statements
+	partitions partitionLag
 }
 
 var _ projection.Backend = (*Backend)(nil)
@@ -62,7 +63,8 @@ func New(store *espg.Store) (*Backend, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: projection/postgres.New needs an event store (an *espg.Store), got nil", projection.ErrInvalidConfig)
 	}
-	return &Backend{db: store.DB(), store: store, sql: newStatements(store.Schema(), store.HorizonSQL())}, nil
+	return &Backend{db: store.DB(), store: store, sql: newStatements(store.Schema(), store.HorizonSQL()),
+		partitions: newPartitionLag(store.Schema(), store.HorizonSQL())}, nil
 }
 
 // Migrate creates or upgrades the status tables alone: postgres.Migrate with
@@ -173,6 +175,9 @@ func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked m
 // matching projection.ErrNotMigrated, one without the event store's tables an error matching
 // eventstore.ErrNotMigrated.
 func (b *Backend) Register(ctx context.Context, p *projection.Projection, init projection.HookFunc) error {
+	if p.Partitioned() {
+		return b.registerPartitioned(ctx, p, init)
+	}
 	return b.inTx(ctx, func(tx pgx.Tx) error {
 		var storeReady bool
 		if err := tx.QueryRow(ctx, b.sql.eventsExist).Scan(&storeReady); err != nil {
@@ -183,6 +188,9 @@ func (b *Backend) Register(ctx context.Context, p *projection.Projection, init p
 		}
 		state, err := b.registerVersion(ctx, tx, p)
 		if err != nil {
+			return err
+		}
+		if err := b.checkPartitions(ctx, tx, p); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, b.sql.register, p.Name(), p.Types()); err != nil {
@@ -293,20 +301,25 @@ func (b *Backend) RecordFailure(ctx context.Context, p *projection.Projection, f
 	})
 }
 
-// Reset implements projection.Backend.
+// Reset implements projection.Backend. A partitioned projection's partitions are all reset in
+// the one transaction, which takes their locks in index order; the hook runs once.
 func (b *Backend) Reset(ctx context.Context, p *projection.Projection, hook projection.HookFunc) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error {
-		if _, err := b.lock(ctx, tx, p.Name()); err != nil {
+		if _, err := b.lockAll(ctx, tx, p); err != nil {
 			return err
 		}
 		if err := runHook(ctx, tx, hook); err != nil {
 			return viewRefused(p, "reset", err)
 		}
-		if _, err := tx.Exec(ctx, b.sql.clearParked, p.Name()); err != nil {
-			return err // a rebuild handles every stream again
+		for _, u := range p.Units() {
+			if _, err := tx.Exec(ctx, b.sql.clearParked, u.Name()); err != nil {
+				return err // a rebuild handles every stream again
+			}
+			if _, err := tx.Exec(ctx, b.sql.reset, u.Name()); err != nil {
+				return err
+			}
 		}
-		_, err := tx.Exec(ctx, b.sql.reset, p.Name())
-		return err
+		return nil
 	})
 }
 
@@ -314,37 +327,46 @@ func (b *Backend) Reset(ctx context.Context, p *projection.Projection, hook proj
 func (b *Backend) SetState(ctx context.Context, p *projection.Projection, to projection.State, from ...projection.State) (bool, error) {
 	var changed bool
 	err := b.inTx(ctx, func(tx pgx.Tx) error {
-		st, err := b.lock(ctx, tx, p.Name())
+		all, err := b.lockAll(ctx, tx, p)
 		if err != nil {
 			return err
 		}
-		if st.State == to || (len(from) > 0 && !slices.Contains(from, st.State)) {
-			return nil
+		for _, st := range all {
+			if st.State == to || (len(from) > 0 && !slices.Contains(from, st.State)) {
+				continue
+			}
+			changed = true
+			if _, err := tx.Exec(ctx, b.sql.setState, st.Name, string(to)); err != nil {
+				return err
+			}
 		}
-		changed = true
-		_, err = tx.Exec(ctx, b.sql.setState, p.Name(), string(to))
-		return err
+		return nil
 	})
 	return changed, err
 }
 
-// Delete implements projection.Backend.
+// Delete implements projection.Backend. A partitioned projection's partitions are all deleted
+// in the one transaction, which takes their locks in index order; the hook runs once.
 func (b *Backend) Delete(ctx context.Context, p *projection.Projection, hook projection.HookFunc) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error {
-		if _, err := b.lock(ctx, tx, p.Name()); err != nil {
+		if _, err := b.lockAll(ctx, tx, p); err != nil {
 			return err
 		}
 		if err := runHook(ctx, tx, hook); err != nil {
 			return viewRefused(p, "reset", err)
 		}
-		if _, err := tx.Exec(ctx, b.sql.clearParked, p.Name()); err != nil {
-			return err
+		for _, u := range p.Units() {
+			if _, err := tx.Exec(ctx, b.sql.clearParked, u.Name()); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, b.sql.deleteVersion, u.Name()); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, b.sql.delete, u.Name()); err != nil {
+				return err
+			}
 		}
-		if _, err := tx.Exec(ctx, b.sql.deleteVersion, p.Name()); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, b.sql.delete, p.Name())
-		return err
+		return nil
 	})
 }
 
@@ -355,7 +377,7 @@ func (b *Backend) Status(ctx context.Context, p *projection.Projection) (project
 	if err != nil {
 		return st, err
 	}
-	return b.withLag(ctx, st, p.Types())
+	return b.withLag(ctx, st, rowInfo{types: p.Types(), part: p.Partition()})
 }
 
 // StatusOf returns the status of the projection called name, as Status does, without its
@@ -363,43 +385,39 @@ func (b *Backend) Status(ctx context.Context, p *projection.Projection) (project
 // registered it (Runner.Init), read from its status row. A row registered before those types
 // were recorded (migration 0004) counts every type until its projection's next Init. A name
 // with no status row is an error matching projection.ErrNotRegistered.
+//
+// The rows of a partitioned projection are per partition (named '<projection>.p<index>'):
+// StatusOf and Statuses give each partition's status, its lag counted in its partition.
+//
+// The name of a partitioned projection itself (which has no row of its own) gives its
+// partitions' statuses folded (projection.FoldPartitions), as Runner.Status does.
 func (b *Backend) StatusOf(ctx context.Context, name string) (projection.Status, error) {
-	st, types, err := b.statusRow(ctx, name)
+	st, info, err := b.statusRow(ctx, name)
+	if errors.Is(err, projection.ErrNotRegistered) {
+		return b.partitionedStatusOf(ctx, name, err)
+	}
 	if err != nil {
 		return st, err
 	}
-	return b.withLag(ctx, st, types)
+	return b.withLag(ctx, st, info)
 }
 
 // Statuses returns the status of every projection that has a status row, sorted by name, as
 // StatusOf computes it. It returns an empty slice when none is registered.
 func (b *Backend) Statuses(ctx context.Context) ([]projection.Status, error) {
-	rows, err := b.db.Query(ctx, b.sql.selectAllStatus)
+	all, err := b.statusRows(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("projection/postgres: read the status rows: %w", b.translate(err))
+		return nil, err
 	}
-	type row struct {
-		st    projection.Status
-		types []string
-	}
-	var all []row
-	for rows.Next() {
-		st, types, err := scanStatus(rows)
-		if err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("projection/postgres: read the status rows: %w", err)
-		}
-		all = append(all, row{st, types})
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("projection/postgres: read the status rows: %w", b.translate(err))
-	}
-	// The lag statements go in one round trip.
+	// The lag statements go in one round trip; those of partitions each in a transaction of
+	// its own (see partitionLag).
 	out := make([]projection.Status, len(all))
 	var batch pgx.Batch
 	for i, r := range all {
-		batch.Queue(b.sql.lag, r.st.Position.TransactionID, r.st.Position.GlobalPosition, r.types).QueryRow(func(row pgx.Row) error {
+		if r.info.part.Partitioned() {
+			continue
+		}
+		batch.Queue(b.sql.lag, r.st.Position.TransactionID, r.st.Position.GlobalPosition, r.info.types).QueryRow(func(row pgx.Row) error {
 			var l lagRow
 			if err := l.scan(row); err != nil {
 				return fmt.Errorf("projection %s: status: %w", r.st.Name, err)
@@ -408,34 +426,73 @@ func (b *Backend) Statuses(ctx context.Context) ([]projection.Status, error) {
 			return nil
 		})
 	}
-	if len(all) > 0 {
+	if batch.Len() > 0 {
 		if err := b.db.SendBatch(ctx, &batch).Close(); err != nil {
 			return nil, b.translate(err)
 		}
 	}
-	for i := range out {
-		st, err := b.holder(ctx, out[i])
-		if err != nil {
-			return nil, fmt.Errorf("projection %s: status: %w", out[i].Name, err)
+	for i, r := range all {
+		var err error
+		if r.info.part.Partitioned() {
+			out[i], err = b.withLag(ctx, r.st, r.info) // a partition's lag: see partitionLag
+		} else {
+			out[i], err = b.holder(ctx, out[i])
 		}
-		out[i] = st
+		if err != nil {
+			return nil, fmt.Errorf("projection %s: status: %w", r.st.Name, err)
+		}
 	}
 	return out, nil
 }
 
-// statusRow reads the status row of name and the event types recorded with it.
-func (b *Backend) statusRow(ctx context.Context, name string) (projection.Status, []string, error) {
-	st, types, err := scanStatus(b.db.QueryRow(ctx, b.sql.selectStatus, name))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return st, nil, fmt.Errorf("projection %s: %w", name, projection.ErrNotRegistered)
-	}
-	return st, types, b.translate(err)
+// statusRowInfo is a status row (without lag fields) and what is recorded with it.
+type statusRowInfo struct {
+	st   projection.Status
+	info rowInfo
 }
 
-// withLag fills st's lag fields against the store, counting events of types (nil: every type).
-func (b *Backend) withLag(ctx context.Context, st projection.Status, types []string) (projection.Status, error) {
+// statusRows reads every status row, by name.
+func (b *Backend) statusRows(ctx context.Context) ([]statusRowInfo, error) {
+	rows, err := b.db.Query(ctx, b.sql.selectAllStatus)
+	if err != nil {
+		return nil, fmt.Errorf("projection/postgres: read the status rows: %w", b.translate(err))
+	}
+	defer rows.Close()
+	var all []statusRowInfo
+	for rows.Next() {
+		st, info, err := scanStatus(rows)
+		if err != nil {
+			return nil, fmt.Errorf("projection/postgres: read the status rows: %w", err)
+		}
+		all = append(all, statusRowInfo{st, info})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("projection/postgres: read the status rows: %w", b.translate(err))
+	}
+	return all, nil
+}
+
+// statusRow reads the status row of name and what is recorded with it.
+func (b *Backend) statusRow(ctx context.Context, name string) (projection.Status, rowInfo, error) {
+	st, info, err := scanStatus(b.db.QueryRow(ctx, b.sql.selectStatus, name))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return st, info, fmt.Errorf("projection %s: %w", name, projection.ErrNotRegistered)
+	}
+	return st, info, b.translate(err)
+}
+
+// withLag fills st's lag fields against the store, counting events of info.types (nil: every
+// type) in info.part.
+func (b *Backend) withLag(ctx context.Context, st projection.Status, info rowInfo) (projection.Status, error) {
 	var l lagRow
-	if err := l.scan(b.db.QueryRow(ctx, b.sql.lag, st.Position.TransactionID, st.Position.GlobalPosition, types)); err != nil {
+	if info.part.Partitioned() {
+		var err error
+		if l, err = b.partitionLag(ctx, st.Position, info); err != nil {
+			return st, b.translate(err)
+		}
+		return b.holder(ctx, l.apply(st))
+	}
+	if err := l.scan(b.db.QueryRow(ctx, b.sql.lag, st.Position.TransactionID, st.Position.GlobalPosition, info.types)); err != nil {
 		return st, b.translate(err)
 	}
 	return b.holder(ctx, l.apply(st))

@@ -18,10 +18,13 @@ type statements struct {
 	selectParked, insertParked, addHeld, deleteParked, recordParkAction, parkFailed, clearParked string
 	// selectParkedOf is selectParked for one projection, the statement of every batch.
 	selectParkedOf string
-	// selectAllStatus is selectStatus for every projection, by name.
-	selectAllStatus string
+	// selectAllStatus is selectStatus for every projection, by name; selectPartitionStatus
+	// for the partitions of one, by index.
+	selectAllStatus, selectPartitionStatus string
 	// eventsExist: see Backend.Register.
 	eventsExist string
+	// Partitions: see partition.go.
+	registerPartition, partitionCount string
 	// Versions: see version.go.
 	legacyVersion, registerVersion, selectVersionState, selectActiveVersion, selectVersionInfo      string
 	retireActive, activateVersion, markDropped, deleteVersion, deadLettersExist, pendingDeadLetters string
@@ -42,7 +45,7 @@ const statusColumns = `p.name, p.transaction_id, p.global_position, p.state, p.e
 	p.attempts, p.first_failed_at, p.last_failed_at, p.rebuild_started_at, p.updated_at,
 	k.event_id, k.event_type, k.stream_id, k.transaction_id, k.global_position, k.skipped_by, k.reason, k.forced, k.skipped_at,
 	p.event_types, coalesce(pk.n, 0), pk.oldest,
-	v.version, v.state, v.retired_at, av.version`
+	v.version, v.state, v.retired_at, av.version, p.partition_of, p.partition_index, p.partition_count`
 
 // statusFrom is the FROM clause of the status queries: the status row and its last skip.
 const statusFrom = `FROM {projections} p
@@ -68,6 +71,7 @@ func newStatements(schema, horizon string) statements {
 	s.addAttemptSQL(r)
 	s.addParkSQL(r)
 	s.addVersionSQL(r)
+	s.addPartitionSQL(r)
 	return s
 }
 
@@ -86,6 +90,7 @@ func (s *statements) addStatusSQL(r *strings.Replacer) {
 		WHERE p.event_types IS DISTINCT FROM EXCLUDED.event_types`)
 	s.selectStatus = r.Replace(`SELECT {columns} ` + statusFrom + ` WHERE p.name = $1`)
 	s.selectAllStatus = r.Replace(`SELECT {columns} ` + statusFrom + ` ORDER BY p.name`)
+	s.selectPartitionStatus = r.Replace(`SELECT {columns} ` + statusFrom + ` WHERE p.partition_of = $1 ORDER BY p.partition_index`)
 	// The store's head; the projection's readable lag counted in a window of at most
 	// lagWindow events after its position — in read order for a projection of every type,
 	// else per type through the type index, so the window holds only its own events and
@@ -192,12 +197,21 @@ func (s *statements) addAttemptSQL(r *strings.Replacer) {
 			AND ($2::xid8 IS NULL OR (attempt_transaction_id, attempt_global_position) = ($2::xid8, $3::bigint))`)
 }
 
-// scanStatus reads a row of statusColumns: the status without lag fields, and the event types
-// the projection handled when it was last registered (nil: every type, or not recorded yet).
-func scanStatus(row pgx.Row) (projection.Status, []string, error) {
+// rowInfo is what a status row records beside the status: the event types the projection
+// handled when it was last registered (nil: every type, or not recorded yet) and the
+// partition the row reads (the zero Partition: the whole log).
+type rowInfo struct {
+	types []string
+	part  eventstore.Partition
+}
+
+// scanStatus reads a row of statusColumns: the status without lag fields, and its rowInfo.
+func scanStatus(row pgx.Row) (projection.Status, rowInfo, error) {
 	var (
 		st                             projection.Status
-		types                          []string
+		info                           rowInfo
+		partIndex, partCount           *int
+		partOf                         *string
 		state                          string
 		failTx, skipTx                 *uint64
 		failPos, skipPos               *int64
@@ -216,9 +230,12 @@ func scanStatus(row pgx.Row) (projection.Status, []string, error) {
 	if err := row.Scan(&st.Name, &st.Position.TransactionID, &st.Position.GlobalPosition, &state, &st.EventsProcessed,
 		&st.LastError, &failTx, &failPos, &failID, &failType, &failStream, &st.Attempts, &firstFail, &lastFail,
 		&rebuiltAt, &st.UpdatedAt, &skipID, &skipType, &skipStream, &skipTx, &skipPos, &skipBy, &skipReason,
-		&skipForced, &skipAt, &types, &st.ParkedStreams, &oldestParked, &version, &versionState, &retiredAt, &activeVersion); err != nil {
-		return st, nil, err
+		&skipForced, &skipAt, &info.types, &st.ParkedStreams, &oldestParked, &version, &versionState, &retiredAt, &activeVersion,
+		&partOf, &partIndex, &partCount); err != nil {
+		return st, info, err
 	}
+	info.part = eventstore.Partition{Index: deref(partIndex), Count: deref(partCount)}
+	st.PartitionOf, st.Partition = deref(partOf), info.part
 	if skipID != nil {
 		st.LastSkip = &projection.SkipRecord{
 			Event: eventstore.EventRef{ID: *skipID, Type: deref(skipType), StreamID: deref(skipStream),
@@ -228,7 +245,7 @@ func scanStatus(row pgx.Row) (projection.Status, []string, error) {
 	}
 	var err error
 	if st.State, err = projection.ParseState(state); err != nil {
-		return st, nil, err
+		return st, info, err
 	}
 	if failID != nil {
 		st.FailingEvent = &eventstore.EventRef{ID: *failID, Type: deref(failType), StreamID: deref(failStream)}
@@ -240,7 +257,7 @@ func scanStatus(row pgx.Row) (projection.Status, []string, error) {
 	st.OldestParkedAt = deref(oldestParked)
 	st.Version, st.ActiveVersion, st.VersionState = max(deref(version), 1), deref(activeVersion), projection.VersionState(deref(versionState))
 	st.RetiredAt = deref(retiredAt)
-	return st, types, nil
+	return st, info, nil
 }
 
 func deref[T any](p *T) T {

@@ -54,6 +54,7 @@ func Run(t *testing.T, newEnv NewEnvFunc) {
 	}
 	tests = append(tests, parkTests...)
 	tests = append(tests, versionTests...)
+	tests = append(tests, partitionTests...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
