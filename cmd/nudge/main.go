@@ -119,6 +119,7 @@ Commands:
   parked redrive     (PROJECTION [--stream S] | --all) [--by NAME] [--wait 30s]
   parked skip        PROJECTION --stream S --reason TEXT [--by NAME]
   parked purge       (PROJECTION | --all) --reason TEXT [--by NAME]
+  drop-retired       PROJECTION   drop a retired version's read model now (not after RetireGrace)
   migrate            create or upgrade the event store, projection and dead-letter tables
                      (the PostgreSQL channel's tables are its workers' to create)
   version            the version of nudge and of the Go it was built with (also --version)
@@ -291,6 +292,8 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 		return c.skip(ctx, rest)
 	case "parked":
 		return c.parked(ctx, rest)
+	case "drop-retired":
+		return c.dropRetired(ctx, rest)
 	case "migrate":
 		return c.migrate(ctx, rest)
 	case "version":
@@ -301,11 +304,11 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 }
 
 // commands are the command names, for suggestions.
-var commands = []string{"status", "horizon", "rebuild", "reset", "deadletter", "skip", "parked", "migrate", "version", "help"}
+var commands = []string{"status", "horizon", "rebuild", "reset", "deadletter", "skip", "parked", "drop-retired", "migrate", "version", "help"}
 
 // unknownCommand is the error about an unknown command.
 func unknownCommand(cmd string) error {
-	return usageErrorf("unknown command %q%s; the commands are status, horizon, rebuild (or reset), deadletter, skip, parked, migrate, version and help",
+	return usageErrorf("unknown command %q%s; the commands are status, horizon, rebuild (or reset), deadletter, skip, parked, drop-retired, migrate, version and help",
 		cmd, didYouMean(cmd, commands))
 }
 
@@ -323,7 +326,7 @@ func (c *cli) help(ctx context.Context, args []string) error {
 	}
 	// Reuse the command's own --help.
 	switch args[0] {
-	case "status", "horizon", "rebuild", "reset", "deadletter", "skip", "parked", "migrate", "version":
+	case "status", "horizon", "rebuild", "reset", "deadletter", "skip", "parked", "drop-retired", "migrate", "version":
 		return c.dispatch(ctx, append(args, "--help"))
 	}
 	return unknownCommand(args[0])

@@ -74,7 +74,8 @@ func splitWords(t *testing.T, s string) []string {
 
 // TestREADMECommands runs every nudge command of the README's shell blocks, as written, against
 // a database with dead letters and a projection whose worker runs: each must succeed, except the
-// skip, which is refused because the projection is not failing on the event.
+// skip, which is refused because the projection is not failing on the event, and drop-retired,
+// refused because its only version is active.
 func TestREADMECommands(t *testing.T) {
 	t.Parallel()
 	commands := readmeCommands(t, "../../README.md")
@@ -115,9 +116,14 @@ func TestREADMECommands(t *testing.T) {
 			require.Contains(t, stdout.String()+stderr.String(), "not failing", name)
 			continue
 		}
+		if args[0] == "drop-retired" { // the projection has one version, active: nothing to drop
+			require.Equal(t, 1, code, "%s\nstdout: %s\nstderr: %s", name, stdout.String(), stderr.String())
+			require.Contains(t, stderr.String(), "is active, not retired", name)
+			continue
+		}
 		require.Equal(t, 0, code, "%s\nstdout: %s\nstderr: %s", name, stdout.String(), stderr.String())
 	}
-	for _, cmd := range []string{"migrate", "status", "rebuild", "deadletter", "skip", "parked"} {
+	for _, cmd := range []string{"migrate", "status", "rebuild", "deadletter", "skip", "parked", "drop-retired"} {
 		require.Contains(t, seen, cmd, "the README shows nudge %s", cmd)
 	}
 }

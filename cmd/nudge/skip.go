@@ -95,7 +95,7 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 
 	// A stand-in definition with the projection's name. Its handler never runs (Skip does not
 	// handle events); its type decides which event Skip takes as "next".
-	runner, err := skipRunner(backend, target, nil)
+	runner, err := standInRunner(backend, target, nil, 1)
 	if err != nil {
 		return err
 	}
@@ -116,7 +116,7 @@ func (c *cli) skip(ctx context.Context, args []string) error {
 		// The failing event is the first event of the projection's own types after its
 		// position, so it is also the first of its type there: reading only that type finds
 		// exactly the event the application's Runner.Skip would find.
-		if runner, err = skipRunner(backend, target, []string{fe.Type}); err != nil {
+		if runner, err = standInRunner(backend, target, []string{fe.Type}, 1); err != nil {
 			return err
 		}
 	}
@@ -172,11 +172,13 @@ func (c *cli) resolveSkipped(ctx context.Context, pool *pgxpool.Pool, name strin
 	}
 }
 
-// skipRunner returns a runner with a stand-in projection called name that reads the given
-// event types (every type when types is empty) and has no hooks.
-func skipRunner(backend *pjpg.Backend, name string, types []string) (*projection.Runner, error) {
+// standInRunner returns a runner with a stand-in definition of version version of the
+// projection called name, which reads the given event types (every type when types is empty)
+// and has no hooks: for the commands that act on a projection's rows (skip, drop-retired),
+// never to handle events.
+func standInRunner(backend *pjpg.Backend, name string, types []string, version int) (*projection.Runner, error) {
 	refuse := func(context.Context) error {
-		return errors.New("nudge cli: this projection definition only serves skips and handles no events")
+		return errors.New("nudge cli: this projection definition only stands in for commands and handles no events")
 	}
 	var handlers []projection.Handler
 	for _, t := range types {
@@ -187,7 +189,7 @@ func skipRunner(backend *pjpg.Backend, name string, types []string) (*projection
 	if len(handlers) == 0 {
 		handlers = append(handlers, projection.OnAnyIdempotent(func(ctx context.Context, _ eventstore.Event) error { return refuse(ctx) }))
 	}
-	p, err := projection.New(name, projection.Config{}, handlers...)
+	p, err := projection.New(name, projection.Config{Version: version}, handlers...)
 	if err != nil {
 		return nil, err
 	}

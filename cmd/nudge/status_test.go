@@ -433,17 +433,7 @@ func TestStatusVersions(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	_, backend := appendToOrder(t, f, "A", "A")
-	define := func(version int) *projection.Projection {
-		var p *projection.Projection
-		p, err := projection.New("orders", projection.Config{Version: version, Tables: []string{"orders"},
-			InitFunc: func(ctx context.Context, hp projection.HookParams) error {
-				_, err := hp.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+p.Table("orders")+` (n int)`)
-				return err
-			}}, projection.OnIdempotent("A", func(context.Context, projection.Event[json.RawMessage]) error { return nil }))
-		require.NoError(t, err)
-		return p
-	}
-	v1, v2 := define(1), define(2)
+	v1, v2 := ordersVersion(t, 1), ordersVersion(t, 2)
 	// v1 is active and caught up; v2 is registered beside it and has not run.
 	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, v1)
 	require.NoError(t, err)
@@ -482,6 +472,20 @@ func TestStatusVersions(t *testing.T) {
 	require.Equal(t, 0, out.code, out.stderr)
 	require.Regexp(t, `(?m)^orders\s.*v1 retired at \S+, replaced by v2$`, out.stdout)
 	require.Regexp(t, `(?m)^orders\.v2\s.*v2 active$`, out.stdout)
+}
+
+// ordersVersion is version version of the projection orders, whose table's stable name is
+// orders (a view of orders_v<version>).
+func ordersVersion(t *testing.T, version int) *projection.Projection {
+	t.Helper()
+	var p *projection.Projection
+	p, err := projection.New("orders", projection.Config{Version: version, Tables: []string{"orders"},
+		InitFunc: func(ctx context.Context, hp projection.HookParams) error {
+			_, err := hp.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+p.Table("orders")+` (n int)`)
+			return err
+		}}, projection.OnIdempotent("A", func(context.Context, projection.Event[json.RawMessage]) error { return nil }))
+	require.NoError(t, err)
+	return p
 }
 
 func TestVersionNotesAndETA(t *testing.T) {
