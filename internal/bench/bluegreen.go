@@ -15,6 +15,7 @@ import (
 
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/worker"
 )
 
@@ -115,6 +116,14 @@ func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 		return err
 	}
 	defer w.close()
+	// One relay for the whole run, not one per version's worker: stopping the worker of a
+	// replaced version must not hand the publishing over to another relay mid-run.
+	w.ownRelay = true
+	stopRelay, err := h.startRelay(ctx, f, w)
+	if err != nil {
+		return err
+	}
+	defer stopRelay()
 	run := &bgRun{h: h, f: f, w: w, stops: map[int]func() error{}, history: sz.blueGreenEvents}
 	defer run.stopAll()
 
@@ -355,9 +364,33 @@ func (r *bgRun) window(ctx context.Context, live liveConfig, build func(ctx cont
 	if appended == 0 {
 		return nil, errors.New("no live event appended")
 	}
+	if at, lat := rec.slowest(); lat > time.Second {
+		r.h.log.WarnContext(ctx, "blue/green: a live event took over a second", slog.Time("appended_at", at), slog.Duration("latency", lat))
+	}
 	return rec.samples(), nil
 }
 
 // bgRoundCount is how many rounds runBlueGreen runs: one (each round builds a million events
 // twice by default).
 func (h *harness) bgRoundCount() int { return 1 }
+
+// startRelay runs a relay publishing f's appends to w until the returned function is called.
+func (h *harness) startRelay(ctx context.Context, f *fixture, w *wiring) (func(), error) {
+	rcfg, err := h.relayConfig(f)
+	if err != nil {
+		return nil, err
+	}
+	rel, err := relay.New(f.backend, w.ch, rcfg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := rel.Run(ctx); err != nil && ctx.Err() == nil {
+			h.log.Error("bluegreen: the relay stopped", slog.Any("error", err))
+		}
+	}()
+	return func() { cancel(); <-done }, nil
+}

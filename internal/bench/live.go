@@ -43,6 +43,8 @@ type wiring struct {
 	// appender publishes in the append's transaction (PostgreSQL queue); nil: a relay.Relay
 	// publishes (RabbitMQ, GoChannel).
 	appender *relay.Appender
+	// ownRelay: the run publishes through one relay of its own; workers start none.
+	ownRelay bool
 	store    interface {
 		Append(ctx context.Context, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error)
 	}
@@ -136,7 +138,7 @@ func (h *harness) startWorker(ctx context.Context, f *fixture, w *wiring, runner
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
 	wg.Go(func() { errs <- wk.Run(ctx) })
-	if w.appender == nil {
+	if w.appender == nil && !w.ownRelay {
 		rcfg, err := h.relayConfig(f)
 		if err != nil {
 			cancel()
@@ -262,6 +264,25 @@ func (r *liveRecorder) progress() string {
 		s += fmt.Sprintf(" %s %d", name, len(r.visible[name]))
 	}
 	return s
+}
+
+// slowest returns the event with the longest latency in any measured projection: when its
+// append returned, and its latency.
+func (r *liveRecorder) slowest() (time.Time, time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var (
+		at  time.Time
+		lat time.Duration
+	)
+	for _, name := range r.measured {
+		for id, appended := range r.committed {
+			if seen, ok := r.visible[name][id]; ok && seen.Sub(appended) > lat {
+				at, lat = appended, seen.Sub(appended)
+			}
+		}
+	}
+	return at, lat
 }
 
 // samples returns, for every measured projection and every appended event, the time from the
