@@ -254,6 +254,8 @@ type counters struct {
 	running      atomic.Int32
 	runningSince atomic.Int64
 	triggered    atomic.Int64
+	// refreshed is when a backlog's redundant trigger last started a catch-up (refreshDue).
+	refreshed atomic.Int64
 }
 
 // Stats returns the counters of the named projection's handler.
@@ -456,10 +458,16 @@ func (h *projectionHandler) handle(msg *message.Message) error {
 		h.c.invalid.Add(1)
 		return retry.Permanent(err) // the same bytes can never decode: dead-letter at once
 	}
+	ctx := msg.Context()
 	if h.passed(t) {
+		if h.refreshDue(t) {
+			// A backlog of stale triggers (queued through a long catch-up, a version's build,
+			// an outage) is worked through one by one; the triggers of new events wait behind
+			// it. A catch-up now and then while it drains handles those events meanwhile.
+			return h.w.catchUp(ctx, h.name, h.log)
+		}
 		return nil
 	}
-	ctx := msg.Context()
 	switch t.Reason {
 	case trigger.ReasonSkip:
 		return h.w.skip(ctx, h.name, t.Skip, h.log)
@@ -476,6 +484,26 @@ func (h *projectionHandler) handle(msg *message.Message) error {
 		h.w.redrive(ctx, h.name, t.Redrive.Stream, t.Redrive.By, h.log)
 	}
 	return h.catchUpTo(ctx, t.Position)
+}
+
+const (
+	// backlogAge: a redundant append trigger made longer ago than this comes from a backlog.
+	backlogAge = 100 * time.Millisecond
+	// backlogRefresh is how often a backlog's redundant triggers start a catch-up.
+	backlogRefresh = 20 * time.Millisecond
+)
+
+// refreshDue reports whether t, a redundant trigger, should start a catch-up all the same: it
+// was made over backlogAge ago, so triggers queued behind it may be waiting for new events, and
+// no redundant trigger started one in the last backlogRefresh. Redundant triggers made just now
+// (a burst) cost no read.
+func (h *projectionHandler) refreshDue(t trigger.Trigger) bool {
+	if t.Reason != trigger.ReasonAppend || t.At.IsZero() || time.Since(t.At) < backlogAge ||
+		(t.Projection != "" && t.Projection != h.name) {
+		return false
+	}
+	now, last := time.Now().UnixNano(), h.c.refreshed.Load()
+	return now-last >= int64(backlogRefresh) && h.c.refreshed.CompareAndSwap(last, now)
 }
 
 // passed reports (and counts) a trigger addressed to another projection, or one for a position

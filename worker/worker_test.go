@@ -532,6 +532,38 @@ func TestRedundantTriggersCostNoRead(t *testing.T) {
 	require.Equal(t, before.CatchUps, after.CatchUps, "no catch-up, so no read, for redundant triggers")
 }
 
+// TestStaleTriggerBacklogCatchesUp: redundant triggers made long ago are a backlog (queued
+// through a long catch-up, a version's build, an outage), and the triggers of new events wait
+// behind it: one of them now and then starts a catch-up, which handles the new events before
+// their own triggers come. Here the new event's trigger never comes (the relay's triggers are
+// dropped): only the backlog's catch-up can handle it.
+func TestStaleTriggerBacklogCatchesUp(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	dropping := &droppingChannel{Channel: s.newChannel(t, channels["gochannel"])} // silences the relay
+	ch := dropping.Channel
+	res, err := s.store.Append(context.Background(), "s", eventstore.Any, storeEvent(1))
+	require.NoError(t, err)
+	storetest.Settle(t, s.store, res.Last())
+	w := s.start(t, dropping, worker.Config{SafetyNetInterval: -1}, s.model(t, "alpha", nil))
+	require.Eventually(t, func() bool { return !s.runner.CommittedPosition("alpha").Less(res.Last()) }, eventually, 5*time.Millisecond)
+	next, err := s.store.Append(context.Background(), "s", eventstore.Any, storeEvent(2))
+	require.NoError(t, err)
+	storetest.Settle(t, s.store, next.Last())
+	require.False(t, s.has(t, "alpha", 2), "no trigger for it yet")
+
+	stale := trigger.ForAppend(res, time.Now().Add(-time.Second))
+	for range 3 {
+		require.NoError(t, ch.Publish(context.Background(), stale))
+	}
+	require.Eventually(t, func() bool { return s.has(t, "alpha", 2) }, eventually, 5*time.Millisecond,
+		"a stale trigger of the backlog started a catch-up")
+	require.Eventually(t, func() bool { return w.Stats("alpha").Received == 3 }, eventually, 5*time.Millisecond)
+	st := w.Stats("alpha")
+	require.Equal(t, int64(3), st.Redundant, "%+v", st)
+	require.Less(t, st.CatchUps, int64(4), "at most one catch-up per backlogRefresh: %+v", st)
+}
+
 // TestSkipRequest: an operator's skip request travels as a trigger to the projection's worker,
 // which skips with the projection's definition — its on-skip hook runs — and carries on.
 func TestSkipRequest(t *testing.T) {
