@@ -459,8 +459,8 @@ func (h *projectionHandler) handle(msg *message.Message) error {
 		return retry.Permanent(err) // the same bytes can never decode: dead-letter at once
 	}
 	ctx := msg.Context()
-	if h.passed(t) {
-		if h.refreshDue(t) {
+	if passed, redundant := h.passed(t); passed {
+		if redundant && h.refreshDue(t) {
 			// A backlog of stale triggers (queued through a long catch-up, a version's build,
 			// an outage) is worked through one by one; the triggers of new events wait behind
 			// it. A catch-up now and then while it drains handles those events meanwhile.
@@ -493,13 +493,12 @@ const (
 	backlogRefresh = 20 * time.Millisecond
 )
 
-// refreshDue reports whether t, a redundant trigger, should start a catch-up all the same: it
+// refreshDue reports whether t, a redundant append trigger, should start a catch-up all the same: it
 // was made over backlogAge ago, so triggers queued behind it may be waiting for new events, and
 // no redundant trigger started one in the last backlogRefresh. Redundant triggers made just now
 // (a burst) cost no read.
 func (h *projectionHandler) refreshDue(t trigger.Trigger) bool {
-	if t.Reason != trigger.ReasonAppend || t.At.IsZero() || time.Since(t.At) < backlogAge ||
-		(t.Projection != "" && t.Projection != h.name) {
+	if t.At.IsZero() || time.Since(t.At) < backlogAge {
 		return false
 	}
 	now, last := time.Now().UnixNano(), h.c.refreshed.Load()
@@ -507,18 +506,19 @@ func (h *projectionHandler) refreshDue(t trigger.Trigger) bool {
 }
 
 // passed reports (and counts) a trigger addressed to another projection, or one for a position
-// or event types the projection has already passed: such a trigger costs no read.
-func (h *projectionHandler) passed(t trigger.Trigger) bool {
+// or event types the projection has already passed: such a trigger costs no read. redundant
+// is true for the latter, append triggers.
+func (h *projectionHandler) passed(t trigger.Trigger) (passed, redundant bool) {
 	if t.Projection != "" && t.Projection != h.name {
 		h.c.ignored.Add(1)
-		return true
+		return true, false
 	}
 	if t.Reason == trigger.ReasonAppend && !t.Position.IsZero() &&
 		(!h.w.cfg.Runner.CommittedPosition(h.name).Less(t.Position) || !t.Concerns(h.types)) {
 		h.c.redundant.Add(1)
-		return true
+		return true, true
 	}
-	return false
+	return false, false
 }
 
 // catchUpTo catches the projection up once pos is readable (or HorizonWait has passed: then it

@@ -552,16 +552,21 @@ func TestStaleTriggerBacklogCatchesUp(t *testing.T) {
 	storetest.Settle(t, s.store, next.Last())
 	require.False(t, s.has(t, "alpha", 2), "no trigger for it yet")
 
+	const backlog = 50
 	stale := trigger.ForAppend(res, time.Now().Add(-time.Second))
-	for range 3 {
+	started := time.Now()
+	for range backlog {
 		require.NoError(t, ch.Publish(context.Background(), stale))
 	}
 	require.Eventually(t, func() bool { return s.has(t, "alpha", 2) }, eventually, 5*time.Millisecond,
 		"a stale trigger of the backlog started a catch-up")
-	require.Eventually(t, func() bool { return w.Stats("alpha").Received == 3 }, eventually, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return w.Stats("alpha").Received == backlog }, eventually, 5*time.Millisecond)
+	drained := time.Since(started)
 	st := w.Stats("alpha")
-	require.Equal(t, int64(3), st.Redundant, "%+v", st)
-	require.Less(t, st.CatchUps, int64(4), "at most one catch-up per backlogRefresh: %+v", st)
+	require.Equal(t, int64(backlog), st.Redundant, "%+v", st)
+	// At most one catch-up per 20 ms (the worker's backlogRefresh) while the backlog drained,
+	// beside the start-up one, however long the draining took on a busy machine.
+	require.LessOrEqual(t, st.CatchUps-1, int64(drained/(20*time.Millisecond))+1, "drained in %s: %+v", drained, st)
 }
 
 // TestSkipRequest: an operator's skip request travels as a trigger to the projection's worker,

@@ -27,8 +27,8 @@ var (
 // bgName is the blue/green scenario's projection (and its stable table name).
 const bgName = "bg"
 
-// bgVersions are the versions one blue/green run builds beside the active one, by kind: each
-// round builds one paced (Config.BuildLagTarget by default) and one at full speed.
+// bgBuild is a kind of build one blue/green round runs beside the active version: bgBuilds
+// are one paced (Config.BuildLagTarget by default) and one at full speed.
 type bgBuild struct {
 	label  string
 	target time.Duration // Config.BuildLagTarget

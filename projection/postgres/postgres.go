@@ -353,7 +353,7 @@ func (b *Backend) Delete(ctx context.Context, p *projection.Projection, hook pro
 			return err
 		}
 		if err := runHook(ctx, tx, hook); err != nil {
-			return viewRefused(p, "reset", err)
+			return viewRefused(p, "delete", err)
 		}
 		for _, u := range p.Units() {
 			if _, err := tx.Exec(ctx, b.sql.clearParked, u.Name()); err != nil {
