@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -12,12 +13,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/deadletter"
 	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
 	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/lease"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/projection/projectiontest"
+	"github.com/nudgeworks/nudge/retry"
+	"github.com/nudgeworks/nudge/trigger"
 	"github.com/nudgeworks/nudge/worker"
 )
 
@@ -34,7 +38,14 @@ func (s *setup) streamModel(t testing.TB, name string, partitions int, hold func
 			_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (stream text, version int, times int NOT NULL, PRIMARY KEY (stream, version))`)
 			return err
 		},
+		ResetFunc: func(ctx context.Context, p projection.HookParams) error {
+			_, err := p.Tx.Exec(ctx, `DELETE FROM `+table)
+			return err
+		},
 	}, projection.On("A", func(ctx context.Context, tx pgx.Tx, e projection.Event[projectiontest.Payload]) error {
+		if e.StreamID == poisonStream && poisoned.Load() {
+			return errors.New("poison")
+		}
 		if hold != nil {
 			if wait := hold(e.Event); wait != nil {
 				select {
@@ -61,6 +72,11 @@ func (s *setup) streamModel(t testing.TB, name string, partitions int, hold func
 	return p
 }
 
+// poisonStream's events fail streamModel's handler while poisoned is set.
+const poisonStream = "s-007"
+
+var poisoned atomic.Bool
+
 // streamRows counts streamModel's rows and those applied more than once.
 func (s *setup) streamRows(t testing.TB, name string) (rows, twice int) {
 	t.Helper()
@@ -76,6 +92,17 @@ func (s *setup) appendStreams(t testing.TB, streams, first int) {
 	for i := range streams {
 		s.append(t, fmt.Sprintf("s-%03d", i), eventstore.EventData{Type: "A", Payload: []byte(fmt.Sprintf(`{"n":%d}`, first+i))})
 	}
+}
+
+// streamsOf returns the names appendStreams gives the streams of partition k.
+func (s *setup) streamsOf(streams, parts, k int) []string {
+	var out []string
+	for i := range streams {
+		if id := fmt.Sprintf("s-%03d", i); eventstore.PartitionOf(id, parts) == k {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // leaseOwners returns the owner of each partition of the named projection ("" for none).
@@ -203,6 +230,59 @@ func TestPartitionMovesOnlyBetweenBatches(t *testing.T) {
 	close(release)
 	require.Eventually(t, func() bool { return slices.Equal(w2.Owned(name), []int{2, 3}) }, eventually, 10*time.Millisecond, "w2 gets partition 3 after the batch")
 	require.Eventually(t, func() bool { rows, _ := s.streamRows(t, name); return rows == 40 }, eventually, 10*time.Millisecond, "every event applied")
+	_, twice := s.streamRows(t, name)
+	require.Zero(t, twice)
+}
+
+// TestPartitionFailsAloneAndHeals: a poison event fails its partition alone — its trigger is
+// dead-lettered under the partition's unit name, listed under the projection's — while the
+// other partitions apply every event; replaying the projection's dead letters after the fix
+// heals the partition, and a rebuild requested of the projection rebuilds every partition.
+func TestPartitionFailsAloneAndHeals(t *testing.T) {
+	poisoned.Store(true)
+	t.Cleanup(func() { poisoned.Store(false) })
+	s := newSetup(t)
+	ch := s.newChannel(t, channels["amqp"])
+	const name, parts, streams = "poisoned", 4, 40
+	l := leases("w1")
+	l.DB = s.db.Pool
+	s.start(t, ch, worker.Config{Leases: l, SafetyNetInterval: -1,
+		Retry: retry.Policy{MaxAttempts: 2, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}}, s.streamModel(t, name, parts, nil))
+	s.appendStreams(t, streams, 0)
+	bad, err := projection.PartitionUnitName(name, eventstore.PartitionOf(poisonStream, parts), parts)
+	require.NoError(t, err)
+	waiting := s.streamsOf(streams, parts, eventstore.PartitionOf(poisonStream, parts)) // the failing partition's
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, s.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{name + "_streams"}.Sanitize()+
+			` WHERE stream <> ALL($1)`, waiting).Scan(&n))
+		return n == streams-len(waiting)
+	}, eventually, 10*time.Millisecond, "every stream of the other partitions")
+	recs := s.awaitDeadLetters(t, 1)
+	require.Equal(t, bad, recs[0].Projection, "dead-lettered under the failing partition's unit")
+	listed, err := s.dead.List(context.Background(), deadletter.Filter{Projection: name})
+	require.NoError(t, err)
+	require.Len(t, listed, 1, "listed under the projection")
+	st, err := s.runner.Status(context.Background(), name)
+	require.NoError(t, err)
+	require.Equal(t, bad, st.FailingPartition)
+
+	poisoned.Store(false)
+	res, err := deadletter.Replay(context.Background(), s.dead, ch, deadletter.ReplayFilter{Projection: name}, "ops", time.Now())
+	require.NoError(t, err)
+	require.Equal(t, []string{bad}, res.Projections, "the replay is addressed to the partition")
+	require.Eventually(t, func() bool { rows, _ := s.streamRows(t, name); return rows == streams }, eventually, 10*time.Millisecond, "healed")
+
+	before, err := s.runner.Status(context.Background(), name)
+	require.NoError(t, err)
+	require.NoError(t, ch.Publish(context.Background(), trigger.Trigger{Reason: trigger.ReasonRebuild, Projection: name, At: time.Now(),
+		Rebuild: &trigger.RebuildRequest{By: "ops"}}))
+	require.Eventually(t, func() bool {
+		st, err := s.runner.Status(context.Background(), name)
+		require.NoError(t, err)
+		rows, _ := s.streamRows(t, name)
+		return st.RebuildStartedAt.After(before.RebuildStartedAt) && st.Condition() == projection.ConditionCaughtUp && rows == streams
+	}, eventually, 10*time.Millisecond, "every partition rebuilt")
 	_, twice := s.streamRows(t, name)
 	require.Zero(t, twice)
 }
