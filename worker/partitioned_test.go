@@ -13,9 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/channel"
-	"github.com/nudgeworks/nudge/deadletter"
 	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
 	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
+	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/lease"
 	"github.com/nudgeworks/nudge/projection"
