@@ -691,3 +691,19 @@ func TestStatusPartitionsWithoutLeaseTable(t *testing.T) {
 	require.Contains(t, got[0], "owners")
 	require.Nil(t, got[0]["owners"], "unknown")
 }
+
+// TestStatusOwnerIsTerminalSafe: an owner id comes from the database; the table escapes it.
+func TestStatusOwnerIsTerminalSafe(t *testing.T) {
+	t.Parallel()
+	part := projection.Status{Name: "orders.p0", PartitionOf: "orders", Partition: eventstore.Partition{Index: 0, Count: 2}}
+	other := part
+	other.Name, other.Partition.Index = "orders.p1", 1
+	rows := []statusRow{newStatusRow(projection.FoldPartitions("orders", []projection.Status{part, other}), map[string]int{},
+		[]lease.Lease{{Partition: 0, Owner: "evil\x1b[2J"}, {Partition: 1}})}
+	var out bytes.Buffer
+	require.NoError(t, writeStatusTable(&out, rows, true))
+	require.NotContains(t, out.String(), "\x1b")
+	require.Contains(t, out.String(), `owner evil\x1b[2J`)
+	require.Regexp(t, `(?m)^orders\s.*\s2 partitions, 1 owner, 1 unowned$`, out.String())
+	require.Regexp(t, `(?m)^  orders\.p1\s.*\sunowned$`, out.String())
+}
