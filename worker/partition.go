@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/lease"
 	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
@@ -285,6 +286,7 @@ func (w *Worker) unitHandler(ps *partitionSet, k int, log *slog.Logger) *project
 	p, _ := w.cfg.Runner.Projection(ps.name) // checked in New
 	guard := ps.guard(k)
 	return &projectionHandler{w: w, name: ps.units[k], types: p.Types(), c: w.stats[ps.name], log: log,
+		partition: eventstore.Partition{Index: k, Count: len(ps.units)},
 		run: func(ctx context.Context) (projection.Result, error) {
 			var opts []projection.CatchUpOption
 			if guard != nil {

@@ -286,3 +286,30 @@ func TestPartitionFailsAloneAndHeals(t *testing.T) {
 	_, twice := s.streamRows(t, name)
 	require.Zero(t, twice)
 }
+
+// TestPartitionTriggerOfOtherStreamsCostsNoRead: a trigger lists the partition keys of its
+// streams, so on a partitioned projection only the partition of the appended stream catches
+// up; the other partitions' subscriptions ack it without a read, and the projection's own
+// subscription leaves append triggers to its partitions.
+func TestPartitionTriggerOfOtherStreamsCostsNoRead(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	dropping := &droppingChannel{Channel: s.newChannel(t, channels["gochannel"])} // silences the relay
+	const name, parts = "keyed", 4
+	w := s.start(t, dropping, worker.Config{SafetyNetInterval: -1}, s.streamModel(t, name, parts, nil))
+	// Each partition catches up when the worker takes it, and once more in the safety net's
+	// start-up round.
+	require.Eventually(t, func() bool { return w.Stats(name).CatchUps == 2*parts }, eventually, 5*time.Millisecond, "the start-up catch-ups")
+	res, err := s.store.Append(context.Background(), "s-000", eventstore.Any,
+		eventstore.EventData{Type: "A", Payload: []byte(`{"n":1}`)})
+	require.NoError(t, err)
+	before := w.Stats(name)
+	require.NoError(t, dropping.Channel.Publish(context.Background(), trigger.ForAppend(res, time.Now())))
+	require.Eventually(t, func() bool {
+		st := w.Stats(name)
+		return st.Received-before.Received == parts+1 && st.CatchUps-before.CatchUps == 1 && st.Redundant-before.Redundant == parts-1
+	}, eventually, 5*time.Millisecond, "one catch-up, in the stream's partition")
+	require.Eventually(t, func() bool { rows, _ := s.streamRows(t, name); return rows == 1 }, eventually, 5*time.Millisecond)
+	after := w.Stats(name)
+	require.Equal(t, int64(1), after.Ignored-before.Ignored, "the projection's own subscription leaves it to the partitions")
+}

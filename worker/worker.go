@@ -485,6 +485,8 @@ type projectionHandler struct {
 	run func(ctx context.Context) (projection.Result, error)
 	// parts is set on the own subscription of a partitioned projection.
 	parts *partitionSet
+	// partition is a partition unit's part of the log (zero: the whole log).
+	partition eventstore.Partition
 	// refreshed is when a backlog's redundant trigger last started a catch-up (refreshDue).
 	refreshed atomic.Int64
 }
@@ -544,7 +546,8 @@ func (h *projectionHandler) refreshDue(t trigger.Trigger) bool {
 }
 
 // passed reports (and counts) a trigger addressed to another projection, or one for a position
-// or event types the projection has already passed: such a trigger costs no read. redundant
+// or event types the projection has already passed, or (on a partition's subscription) for
+// streams of other partitions only: such a trigger costs no read. redundant
 // is true for the latter, append triggers.
 func (h *projectionHandler) passed(t trigger.Trigger) (passed, redundant bool) {
 	if (t.Projection != "" && t.Projection != h.name) || (t.Projection == "" && h.parts != nil) {
@@ -554,7 +557,7 @@ func (h *projectionHandler) passed(t trigger.Trigger) (passed, redundant bool) {
 		return true, false
 	}
 	if t.Reason == trigger.ReasonAppend && !t.Position.IsZero() &&
-		(!h.w.cfg.Runner.CommittedPosition(h.name).Less(t.Position) || !t.Concerns(h.types)) {
+		(!h.w.cfg.Runner.CommittedPosition(h.name).Less(t.Position) || !t.Concerns(h.types) || !t.ConcernsPartition(h.partition)) {
 		h.c.redundant.Add(1)
 		return true, true
 	}
