@@ -168,6 +168,7 @@ func (w *Worker) runPartitionSet(ctx context.Context, ps *partitionSet) {
 	for _, r := range runs {
 		r.cancel()
 		<-r.done
+		w.stats[ps.name].givenBack.Add(1)
 	}
 	if ps.member != nil {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.CloseTimeout)
@@ -197,6 +198,7 @@ func (w *Worker) syncPartitions(ctx context.Context, ps *partitionSet, log *slog
 			r.cancel()
 			<-r.done
 			delete(ps.runs, k)
+			w.stats[ps.name].givenBack.Add(1)
 			log.InfoContext(ctx, "partition given back", slog.String("unit", ps.units[k]))
 		}
 	}
@@ -207,6 +209,7 @@ func (w *Worker) syncPartitions(ctx context.Context, ps *partitionSet, log *slog
 		runCtx, cancel := context.WithCancel(ctx)
 		r := &partitionRun{cancel: cancel, done: make(chan struct{})}
 		ps.runs[k] = r
+		w.stats[ps.name].claimed.Add(1)
 		sub, err := ps.subscriber(w, k)
 		if err != nil {
 			// The partition stays owned (its lease keeps others off it): the safety net

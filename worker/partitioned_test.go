@@ -169,12 +169,18 @@ func TestPartitionsSpreadOverWorkers(t *testing.T) {
 		for _, k := range w1.Owned(name) {
 			require.NotContains(t, w2.Owned(name), k)
 		}
+		require.Eventually(t, func() bool { // the consumers stop right after the leases move
+			st := w1.Stats(name)
+			return st.Partitions == parts/2 && st.PartitionsClaimed == parts && st.PartitionsGivenBack == parts/2
+		}, eventually, 10*time.Millisecond, "w1 gave two partitions to w2: %+v", w1.Stats(name))
 		s.appendStreams(t, streams, streams)
 		require.Eventually(t, func() bool { rows, _ := s.streamRows(t, name); return rows == 2*streams }, eventually, 10*time.Millisecond, "two workers applied the second round")
 
 		stop2() // graceful: its leases are given back at once, not after the TTL
 		require.Eventually(t, func() bool { return len(w1.Owned(name)) == parts }, eventually, 10*time.Millisecond, "w1 owns every partition again")
 		require.Equal(t, []string{"w1", "w1", "w1", "w1"}, s.leaseOwners(t, name, parts))
+		require.Eventually(t, func() bool { return w1.Stats(name).PartitionsClaimed == parts+parts/2 }, eventually, 10*time.Millisecond,
+			"and took them back")
 		s.appendStreams(t, streams, 2*streams)
 		require.Eventually(t, func() bool { rows, _ := s.streamRows(t, name); return rows == 3*streams }, eventually, 10*time.Millisecond, "one worker applied the third round")
 		rows, twice := s.streamRows(t, name)

@@ -268,10 +268,16 @@ type Stats struct {
 	Healed int64
 	// Stalls counts the stalls the safety net found (see Config.StallAfter).
 	Stalls int64
+	// Partitions is how many partitions of a partitioned projection the worker owns now (0 for
+	// an unpartitioned one); PartitionsClaimed and PartitionsGivenBack count the partitions it
+	// took and gave back (rebalances, takeovers, its own stop).
+	Partitions                             int
+	PartitionsClaimed, PartitionsGivenBack int64
 }
 
 type counters struct {
 	received, redundant, ignored, invalid, catchUps, failures, deadLettered, healed, stalls atomic.Int64
+	claimed, givenBack                                                                      atomic.Int64
 	// running counts catch-ups in flight; runningSince is when the count last left zero;
 	// triggered is when a trigger last started a catch-up (Unix nanoseconds).
 	running      atomic.Int32
@@ -285,9 +291,13 @@ func (w *Worker) Stats(name string) Stats {
 	if !ok {
 		return Stats{}
 	}
-	return Stats{Received: c.received.Load(), Redundant: c.redundant.Load(), Ignored: c.ignored.Load(),
+	st := Stats{Received: c.received.Load(), Redundant: c.redundant.Load(), Ignored: c.ignored.Load(),
 		Invalid: c.invalid.Load(), CatchUps: c.catchUps.Load(), Failures: c.failures.Load(), DeadLettered: c.deadLettered.Load(),
-		Healed: c.healed.Load(), Stalls: c.stalls.Load()}
+		Healed: c.healed.Load(), Stalls: c.stalls.Load(), PartitionsClaimed: c.claimed.Load(), PartitionsGivenBack: c.givenBack.Load()}
+	if ps, ok := w.parts[name]; ok {
+		st.Partitions = len(ps.owned())
+	}
+	return st
 }
 
 // Prepare does what must happen before the projections' handlers run, on a router of yours
