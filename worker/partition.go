@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/lease"
@@ -107,6 +108,29 @@ func (w *Worker) Owned(name string) []int {
 	}
 	if _, ok := w.stats[name]; ok {
 		return []int{0}
+	}
+	return nil
+}
+
+// checkLeases reads the partition leases of each partitioned projection once, so that a
+// worker whose lease tables are missing (Leases.Schema not migrated) fails to start instead of
+// running without partitions: errors match projection.ErrNotMigrated then.
+func (w *Worker) checkLeases(ctx context.Context) error {
+	if w.cfg.Leases == nil {
+		return nil
+	}
+	for _, name := range w.names {
+		ps, ok := w.parts[name]
+		if !ok {
+			continue
+		}
+		if _, err := lease.Leases(ctx, w.cfg.Leases.DB, w.cfg.Leases.Schema, name, len(ps.units)); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+				err = fmt.Errorf("%w: %w", projection.ErrNotMigrated, err)
+			}
+			return fmt.Errorf("worker: partition leases of %s: %w", name, err)
+		}
 	}
 	return nil
 }

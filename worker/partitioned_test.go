@@ -319,3 +319,20 @@ func TestPartitionTriggerOfOtherStreamsCostsNoRead(t *testing.T) {
 	after := w.Stats(name)
 	require.Equal(t, int64(1), after.Ignored-before.Ignored, "the projection's own subscription leaves it to the partitions")
 }
+
+// TestLeasesNotMigrated: a worker whose lease tables do not exist (Leases.Schema never
+// migrated) fails to start with projection.ErrNotMigrated rather than run without partitions.
+func TestLeasesNotMigrated(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, s.streamModel(t, "unmigrated", 2, nil))
+	require.NoError(t, err)
+	ch := goChannel(t)
+	t.Cleanup(func() { require.NoError(t, ch.Close()) })
+	w, err := worker.New(worker.Config{Runner: runner, Channel: ch, Logger: s.logger, DeadLetters: s.dead,
+		Leases: &worker.Leases{DB: s.db.Pool, Schema: "elsewhere"}})
+	require.NoError(t, err)
+	err = w.Run(context.Background())
+	require.ErrorIs(t, err, projection.ErrNotMigrated)
+	require.ErrorContains(t, err, "partition leases of unmigrated")
+}

@@ -314,6 +314,9 @@ func (w *Worker) Prepare(ctx context.Context) error {
 	if _, err := w.cfg.DeadLetters.List(ctx, deadletter.Filter{Limit: 1}); err != nil {
 		return fmt.Errorf("worker: read the dead letters: %w", err)
 	}
+	if err := w.checkLeases(ctx); err != nil {
+		return err
+	}
 	if err := w.cfg.Channel.Declare(ctx, w.subscriptionNames()...); err != nil {
 		return fmt.Errorf("worker: declare subscriptions: %w", err)
 	}
