@@ -33,6 +33,7 @@ import (
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/backoff"
+	"github.com/nudgeworks/nudge/lease"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/retry"
 	"github.com/nudgeworks/nudge/trigger"
@@ -183,6 +184,13 @@ func (cfg Config) WithDefaults() Config {
 	cfg.DeadLetterTimeout = cmp.Or(cfg.DeadLetterTimeout, DeadLetterTimeoutDefault)
 	if cfg.TransientCauseFunc == nil {
 		cfg.TransientCauseFunc = TransientCause
+	}
+	if cfg.Leases != nil {
+		l := *cfg.Leases
+		if l.Owner == "" { // one owner id for every projection of the worker
+			l.Owner = lease.Config{}.WithDefaults().Owner
+		}
+		cfg.Leases = &l
 	}
 	return cfg
 }
