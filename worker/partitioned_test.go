@@ -169,12 +169,18 @@ func TestPartitionsSpreadOverWorkers(t *testing.T) {
 		for _, k := range w1.Owned(name) {
 			require.NotContains(t, w2.Owned(name), k)
 		}
+		require.Eventually(t, func() bool { // the consumers stop right after the leases move
+			st := w1.Stats(name)
+			return st.Partitions == parts/2 && st.PartitionsClaimed == parts && st.PartitionsGivenBack == parts/2
+		}, eventually, 10*time.Millisecond, "w1 gave two partitions to w2: %+v", w1.Stats(name))
 		s.appendStreams(t, streams, streams)
 		require.Eventually(t, func() bool { rows, _ := s.streamRows(t, name); return rows == 2*streams }, eventually, 10*time.Millisecond, "two workers applied the second round")
 
 		stop2() // graceful: its leases are given back at once, not after the TTL
 		require.Eventually(t, func() bool { return len(w1.Owned(name)) == parts }, eventually, 10*time.Millisecond, "w1 owns every partition again")
 		require.Equal(t, []string{"w1", "w1", "w1", "w1"}, s.leaseOwners(t, name, parts))
+		require.Eventually(t, func() bool { return w1.Stats(name).PartitionsClaimed == parts+parts/2 }, eventually, 10*time.Millisecond,
+			"and took them back")
 		s.appendStreams(t, streams, 2*streams)
 		require.Eventually(t, func() bool { rows, _ := s.streamRows(t, name); return rows == 3*streams }, eventually, 10*time.Millisecond, "one worker applied the third round")
 		rows, twice := s.streamRows(t, name)
@@ -285,4 +291,48 @@ func TestPartitionFailsAloneAndHeals(t *testing.T) {
 	}, eventually, 10*time.Millisecond, "every partition rebuilt")
 	_, twice := s.streamRows(t, name)
 	require.Zero(t, twice)
+}
+
+// TestPartitionTriggerOfOtherStreamsCostsNoRead: a trigger lists the partition keys of its
+// streams, so on a partitioned projection only the partition of the appended stream catches
+// up; the other partitions' subscriptions ack it without a read, and the projection's own
+// subscription leaves append triggers to its partitions.
+func TestPartitionTriggerOfOtherStreamsCostsNoRead(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	dropping := &droppingChannel{Channel: s.newChannel(t, channels["gochannel"])} // silences the relay
+	const name, parts = "keyed", 4
+	w := s.start(t, dropping, worker.Config{SafetyNetInterval: -1}, s.streamModel(t, name, parts, nil))
+	// Each partition catches up when the worker takes it, and once more in the safety net's
+	// start-up round.
+	require.Eventually(t, func() bool { return w.Stats(name).CatchUps == 2*parts }, eventually, 5*time.Millisecond, "the start-up catch-ups")
+	res, err := s.store.Append(context.Background(), "s-000", eventstore.Any,
+		eventstore.EventData{Type: "A", Payload: []byte(`{"n":1}`)})
+	require.NoError(t, err)
+	before := w.Stats(name)
+	require.NoError(t, dropping.Channel.Publish(context.Background(), trigger.ForAppend(res, time.Now())))
+	require.Eventually(t, func() bool {
+		st := w.Stats(name)
+		return st.Received-before.Received == parts+1 && st.CatchUps-before.CatchUps == 1 && st.Redundant-before.Redundant == parts-1
+	}, eventually, 5*time.Millisecond, "one catch-up, in the stream's partition")
+	require.Eventually(t, func() bool { rows, _ := s.streamRows(t, name); return rows == 1 }, eventually, 5*time.Millisecond)
+	after := w.Stats(name)
+	require.Equal(t, int64(1), after.Ignored-before.Ignored, "the projection's own subscription leaves it to the partitions")
+}
+
+// TestLeasesNotMigrated: a worker whose lease tables do not exist (Leases.Schema never
+// migrated) fails to start with projection.ErrNotMigrated rather than run without partitions.
+func TestLeasesNotMigrated(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, s.streamModel(t, "unmigrated", 2, nil))
+	require.NoError(t, err)
+	ch := goChannel(t)
+	t.Cleanup(func() { require.NoError(t, ch.Close()) })
+	w, err := worker.New(worker.Config{Runner: runner, Channel: ch, Logger: s.logger, DeadLetters: s.dead,
+		Leases: &worker.Leases{DB: s.db.Pool, Schema: "elsewhere"}})
+	require.NoError(t, err)
+	err = w.Run(context.Background())
+	require.ErrorIs(t, err, projection.ErrNotMigrated)
+	require.ErrorContains(t, err, "partition leases of unmigrated")
 }
