@@ -98,6 +98,7 @@ type env struct {
 	secrets           []string             // security: passwords that must appear nowhere
 	droppedBefore     int64                // dropped-triggers: triggers dropped before all were
 	relayDown         time.Duration        // relay-kill: the relay's longest absence, kill to ready
+	scaleStart        time.Time            // scale: when the writers started
 
 	relayCancel context.CancelFunc
 	relayDone   chan struct{}

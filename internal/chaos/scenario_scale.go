@@ -1,12 +1,15 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/internal/chaos/chaosmodel"
 	"github.com/nudgeworks/nudge/lease"
@@ -50,7 +53,8 @@ func scaleScenario() scenario {
 			scaleJoinBound, scaleKillBound, leaseMonitorPoll, scaleUnownedBound),
 		settings: scenarioSettings{safetyNet: safetyNetDefault, partitions: scalePartitions, exactOnly: true,
 			workers: scaleWorkers, writers: scaleWriters, rate: scaleRate, perAppend: scalePerAppend, keepRate: true},
-		run: runScale,
+		run:   runScale,
+		after: checkScale,
 	}
 }
 
@@ -78,6 +82,7 @@ func runScale(ctx context.Context, e *env, r *result) error {
 		return err
 	}
 	loadStarted := time.Now()
+	e.scaleStart = loadStarted
 	e.load.start(ctx)
 	s.mon.arm()
 	for _, n := range []int{4, 8} {
@@ -158,7 +163,7 @@ func (s *scaleRun) join(ctx context.Context, n int) error {
 	sp, ok := s.converge(ctx, began, scaleJoinBound)
 	what := fmt.Sprintf("scale to %d worker(s)", n)
 	s.r.addCheck(what+": converges", ok, "%s after the start (ready after %s): %s", round(sp.at.Sub(began)), round(ready), sp)
-	s.note("%s: converged %s after the new processes started (ready after %s): %s", what, round(sp.at.Sub(began)), round(ready), sp)
+	s.note(began, "%s: converged %s after the new processes started (ready after %s): %s", what, round(sp.at.Sub(began)), round(ready), sp)
 	return nil
 }
 
@@ -182,7 +187,7 @@ func (s *scaleRun) kill(ctx context.Context, n int) error {
 	s.r.addCheck(what+": every partition owned again within the bound", owned && takeover <= scaleUnownedBound,
 		"takeover %s (all owned: %t), bound %s", round(takeover), owned, scaleUnownedBound)
 	s.r.addCheck(what+": converges", ok, "%s after the kill: %s", round(sp.at.Sub(began)), sp)
-	s.note("%s: every partition owned again %s after the kill, converged after %s: %s", what, round(takeover), round(sp.at.Sub(began)), sp)
+	s.note(began, "%s: every partition owned again %s after the kill, converged after %s: %s", what, round(takeover), round(sp.at.Sub(began)), sp)
 	return nil
 }
 
@@ -200,7 +205,7 @@ func (s *scaleRun) stopGracefully(ctx context.Context, n int) error {
 	sp, ok := s.converge(ctx, began, scaleJoinBound)
 	what := fmt.Sprintf("SIGTERM of %s, %d left", slotNames(victims), len(s.live))
 	s.r.addCheck(what+": converges", ok, "%s after the signal (the processes exited after %s): %s", round(sp.at.Sub(began)), round(stopped), sp)
-	s.note("%s: converged %s after the signal (the processes exited after %s): %s", what, round(sp.at.Sub(began)), round(stopped), sp)
+	s.note(began, "%s: converged %s after the signal (the processes exited after %s): %s", what, round(sp.at.Sub(began)), round(stopped), sp)
 	return ctx.Err()
 }
 
@@ -221,8 +226,12 @@ func (s *scaleRun) pick(n int) []*workerSlot {
 	return out
 }
 
-func (s *scaleRun) note(format string, args ...any) {
+// note records a step begun at began, with its time from the start of the writers.
+func (s *scaleRun) note(began time.Time, format string, args ...any) {
 	line := fmt.Sprintf(format, args...)
+	if start := s.e.scaleStart; !start.IsZero() && began.After(start) {
+		line = fmt.Sprintf("at %s: %s", round(began.Sub(start)), line)
+	}
 	s.steps = append(s.steps, line)
 	s.e.s.progress(s.e.name, "%s", line)
 }
@@ -233,4 +242,36 @@ func slotNames(slots []*workerSlot) string {
 		names[i] = s.name
 	}
 	return strings.Join(names, ", ")
+}
+
+// checkScale notes, for the partitions with the longest lags, how long their slowest event
+// waited and when it was appended (from the start of the writers), next to the steps' times.
+func checkScale(_ context.Context, e *env, r *result) error {
+	type worst struct {
+		lag time.Duration
+		at  time.Duration
+	}
+	seen := e.verified.seen[chaosmodel.ExactProjection]
+	parts := make([]worst, scalePartitions)
+	for id, appended := range e.verified.appended {
+		s, ok := seen[id]
+		if !ok {
+			continue
+		}
+		k := eventstore.PartitionOf(s.Content.Stream, scalePartitions)
+		if lag := s.First.Sub(appended); lag > parts[k].lag {
+			parts[k] = worst{lag: lag, at: appended.Sub(e.scaleStart)}
+		}
+	}
+	order := make([]int, scalePartitions)
+	for k := range order {
+		order[k] = k
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(parts[b].lag, parts[a].lag) })
+	var desc []string
+	for _, k := range order[:3] {
+		desc = append(desc, fmt.Sprintf("partition %d: %s (appended at %s)", k, round(parts[k].lag), round(parts[k].at)))
+	}
+	r.Notes = append(r.Notes, "longest lags: "+strings.Join(desc, "; "))
+	return nil
 }

@@ -202,8 +202,12 @@ func (s *workerSlot) kill() bool {
 	return true
 }
 
-// alive reports whether the process has not exited (nor been waited for) yet.
+// alive reports whether the process runs and the suite has not signalled it: from the
+// signal on it counts as gone, though it may take a moment to die (or, after SIGTERM, to stop).
 func (p *workerProc) alive() bool {
+	if p.signalled.Load() {
+		return false
+	}
 	select {
 	case <-p.done:
 		return false
