@@ -34,11 +34,13 @@ import (
 )
 
 const (
-	// TTLDefault is how long a lease and a membership last without renewal.
-	TTLDefault = 8 * time.Second
+	// TTLDefault is how long a lease and a membership last without renewal: four renewals
+	// may fail (or wait) in a row before a live member loses its partitions.
+	TTLDefault = 6 * time.Second
 	// RenewDefault is how often a member renews: with TTLDefault, a dead member's partitions
-	// are claimed within TTL + Renew = 10 s of its last renewal.
-	RenewDefault = 2 * time.Second
+	// are claimed within TTL + Renew = 7.5 s of its last renewal (within 10 s of its death on
+	// a loaded machine).
+	RenewDefault = 1500 * time.Millisecond
 	// MaxPartitions bounds Config.Partitions.
 	MaxPartitions = 1024
 )
