@@ -93,6 +93,12 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// Relay tunes the relay (TriggersRelay); its Logger defaults to Logger.
 	Relay relay.Config
+	// WorkerID names this process among those that run the same partitioned projections
+	// (projection.Config.Partitions): with New, each such projection's partitions are spread
+	// over the processes that Run it, by leases in PostgreSQL (see worker.Leases), and `nudge
+	// status --partitions` shows which process owns which. Defaults to the host name, the
+	// process id and a random suffix; set it to the pod's name, say.
+	WorkerID string
 }
 
 // WithDefaults returns cfg with every zero field that has a default set to it.

@@ -70,6 +70,8 @@ type parts struct {
 	migrate func(context.Context) error
 	// listener, if set, wakes the relay on appends.
 	listener *postgres.Listener
+	// db holds the partition leases (nil in memory: one process runs every partition).
+	db postgres.DB
 }
 
 // New returns a client on PostgreSQL: the event store, projection positions and status and (by
@@ -92,7 +94,7 @@ func New(db postgres.DB, cfg Config) (*Client, error) {
 		return nil, err
 	}
 	components := []postgres.Component{postgres.ComponentEvents, postgres.ComponentProjections}
-	p := parts{store: store, pg: store, backend: backend, dead: cfg.DeadLetters}
+	p := parts{store: store, pg: store, backend: backend, dead: cfg.DeadLetters, db: db}
 	if pool, ok := db.(interface {
 		Acquire(ctx context.Context) (*pgxpool.Conn, error)
 	}); ok && cfg.Triggers == TriggersRelay && cfg.Relay.Waker == nil {
@@ -152,6 +154,10 @@ func newClient(cfg Config, p parts) (*Client, error) {
 		DeadLetterTimeout: cfg.DeadLetterTimeout}
 	if c.pg != nil {
 		wcfg.Horizon = c.pg // names the transaction that holds readers back
+	}
+	if p.db != nil {
+		// Partitioned projections spread over every process that runs them.
+		wcfg.Leases = &worker.Leases{DB: p.db, Schema: cfg.Schema, Owner: cfg.WorkerID}
 	}
 	switch cfg.Triggers {
 	case TriggersInTransaction:

@@ -135,7 +135,10 @@ func (r *Runner) Partitions(name string) ([]string, error) {
 // projection may catch up at once, from any goroutines or processes. Index 0 of an
 // unpartitioned projection is the projection itself; any other index is an error matching
 // ErrInvalidConfig.
-func (r *Runner) CatchUpPartition(ctx context.Context, name string, index int) (Result, error) {
+//
+// WithBatchGuard makes the catch-up ask before each batch whether it may run one (a worker
+// asks its partition lease): the catch-up ends, at a committed position, when it may not.
+func (r *Runner) CatchUpPartition(ctx context.Context, name string, index int, opts ...CatchUpOption) (Result, error) {
 	p, err := r.Projection(name)
 	if err != nil {
 		return Result{}, err
@@ -144,7 +147,41 @@ func (r *Runner) CatchUpPartition(ctx context.Context, name string, index int) (
 	if index < 0 || index >= len(units) {
 		return Result{}, fmt.Errorf("%w: projection %s has %d partition(s); partition %d does not exist", ErrInvalidConfig, name, len(units), index)
 	}
-	return r.catchUpUnit(ctx, units[index].name)
+	var o catchUpOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return r.catchUpUnit(ctx, units[index].name, o.guard)
+}
+
+// CatchUpOption adjusts one CatchUpPartition.
+type CatchUpOption func(*catchUpOptions)
+
+type catchUpOptions struct{ guard BatchGuard }
+
+// BatchGuard is asked before each batch of a catch-up whether the batch may run: if ok, the
+// batch runs and release is called once it has committed or rolled back; if not, the catch-up
+// ends there with Result.Stopped, at the position the last batch committed. A worker passes
+// its partition lease (lease.Member.Use), so a partition changes hands only between batches.
+type BatchGuard func() (release func(), ok bool)
+
+// WithBatchGuard makes a catch-up ask guard before each batch (see BatchGuard).
+func WithBatchGuard(guard BatchGuard) CatchUpOption {
+	return func(o *catchUpOptions) { o.guard = guard }
+}
+
+// guardedStep runs one batch (step) if guard, when set, lets it; else it marks res Stopped.
+func (r *Runner) guardedStep(ctx context.Context, p *Projection, res *Result, guard BatchGuard) (bool, error) {
+	if guard == nil {
+		return r.step(ctx, p, res)
+	}
+	release, ok := guard()
+	if !ok {
+		res.Stopped = true
+		return false, nil
+	}
+	defer release()
+	return r.step(ctx, p, res)
 }
 
 // catchUpPartitions catches up every partition of p in turn and sums their results; a
@@ -155,7 +192,7 @@ func (r *Runner) catchUpPartitions(ctx context.Context, p *Projection) (Result, 
 		errs []error
 	)
 	for k, u := range p.parts {
-		res, err := r.catchUpUnit(ctx, u.name)
+		res, err := r.catchUpUnit(ctx, u.name, nil)
 		sum.Events += res.Events
 		sum.Batches += res.Batches
 		sum.Paused = sum.Paused || res.Paused

@@ -210,6 +210,9 @@ type Result struct {
 	// Paced is how long a building version waited between its batches of history for the
 	// active version's lag to come down (Config.BuildLagTarget).
 	Paced time.Duration
+	// Stopped is true when a BatchGuard (WithBatchGuard) ended the catch-up before it read
+	// everything: the partition is being handed to another worker. Position is committed.
+	Stopped bool
 
 	building bool        // a batch ran a building version's history
 	version  VersionInfo // the version record the last batch saw
@@ -231,19 +234,19 @@ func (r *Runner) CatchUp(ctx context.Context, name string) (Result, error) {
 	if p, ok := r.projections[name]; ok && p.Partitioned() {
 		return r.catchUpPartitions(ctx, p)
 	}
-	return r.catchUpUnit(ctx, name)
+	return r.catchUpUnit(ctx, name, nil)
 }
 
 // catchUpUnit catches up the unit called name (a projection or a partition) and reports it.
-func (r *Runner) catchUpUnit(ctx context.Context, name string) (Result, error) {
-	res, err := r.catchUp(ctx, name)
+func (r *Runner) catchUpUnit(ctx context.Context, name string, guard BatchGuard) (Result, error) {
+	res, err := r.catchUp(ctx, name, guard)
 	if r.onCatchUp != nil {
 		r.onCatchUp(name, res, err)
 	}
 	return res, err
 }
 
-func (r *Runner) catchUp(ctx context.Context, name string) (Result, error) {
+func (r *Runner) catchUp(ctx context.Context, name string, guard BatchGuard) (Result, error) {
 	p, err := r.unit(name)
 	if err != nil {
 		return Result{}, err
@@ -261,8 +264,8 @@ func (r *Runner) catchUp(ctx context.Context, name string) (Result, error) {
 	pace := pacer{target: p.cfg.BuildLagTarget}
 	for {
 		started := r.now()
-		more, err := r.step(ctx, p, &res)
-		if err != nil || res.Paused {
+		more, err := r.guardedStep(ctx, p, &res, guard)
+		if err != nil || res.Paused || res.Stopped {
 			return res, err
 		}
 		if !more {
@@ -457,14 +460,20 @@ func (r *Runner) Statuses(ctx context.Context) ([]Status, error) {
 // ClearCrashLoop lets the projection handle again an event it was judged to die on (after a
 // fix): the next batch there runs the handler, one event at a time. Workers call it for replay
 // triggers. It is bounded by the projection's BatchTimeout.
+//
+// name may be a partition's unit name: only that partition's verdict is cleared.
 func (r *Runner) ClearCrashLoop(ctx context.Context, name string) error {
 	p, err := r.Projection(name)
+	units := func() []*Projection { return p.Units() }
+	if part, ok := r.parts[name]; ok {
+		p, err, units = part, nil, func() []*Projection { return []*Projection{part} }
+	}
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.BatchTimeout)
 	defer cancel()
-	for _, u := range p.Units() {
+	for _, u := range units() {
 		if err := r.backend.EndAttempt(ctx, u, nil); err != nil {
 			return err
 		}

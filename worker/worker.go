@@ -133,6 +133,11 @@ type Config struct {
 	HorizonPollInterval time.Duration
 	// HorizonWarnAfter defaults to HorizonWarnAfterDefault.
 	HorizonWarnAfter time.Duration
+	// Leases spreads the partitions of partitioned projections (projection.Config.Partitions)
+	// over the workers that run them (see Leases). nil: this worker runs every partition of
+	// them itself — right for one worker; with several, each partition's batch lock still
+	// keeps its read model exactly-once, but nothing spreads the work.
+	Leases *Leases
 }
 
 // ErrRunTwice is returned by a second Run of one Worker: its Running signal fires once.
@@ -158,6 +163,8 @@ type Worker struct {
 	// routers holds the routers AddHandlers added handlers to: RunBackground waits until they run.
 	routersMu sync.Mutex
 	routers   []*message.Router
+	// parts holds the partitioned projections' partition sets, by projection name.
+	parts map[string]*partitionSet
 }
 
 // ErrInvalidConfig is matched (errors.Is) by every error New returns for a Config it cannot use.
@@ -194,6 +201,9 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("%w: CloseTimeout (%s), StallAfter (%s), HorizonWarnAfter (%s) and HorizonWait (%s) must not be negative",
 			ErrInvalidConfig, cfg.CloseTimeout, cfg.StallAfter, cfg.HorizonWarnAfter, cfg.HorizonWait)
 	}
+	if cfg.Leases != nil && cfg.Leases.DB == nil {
+		return fmt.Errorf("%w: Leases needs a DB (the database of the lease tables)", ErrInvalidConfig)
+	}
 	if cfg.DeadLetterTimeout < 0 {
 		return fmt.Errorf("%w: DeadLetterTimeout (%s) must not be negative", ErrInvalidConfig, cfg.DeadLetterTimeout)
 	}
@@ -216,9 +226,22 @@ func New(cfg Config) (*Worker, error) {
 		names = cfg.Runner.Names()
 	}
 	w := &Worker{cfg: cfg, names: slices.Clone(names), logger: cfg.Logger, stats: make(map[string]*counters, len(names)),
-		running: make(chan struct{})}
+		running: make(chan struct{}), parts: map[string]*partitionSet{}}
 	for _, name := range names {
-		w.stats[name] = &counters{}
+		c := &counters{}
+		w.stats[name] = c
+		p, _ := cfg.Runner.Projection(name) // checked by Validate
+		if !p.Partitioned() {
+			continue
+		}
+		ps, err := w.newPartitionSet(p, cfg.Leases)
+		if err != nil {
+			return nil, err
+		}
+		w.parts[name] = ps
+		for _, unit := range ps.units {
+			w.stats[unit] = c // a partition's counts are its projection's
+		}
 	}
 	return w, nil
 }
@@ -254,8 +277,6 @@ type counters struct {
 	running      atomic.Int32
 	runningSince atomic.Int64
 	triggered    atomic.Int64
-	// refreshed is when a backlog's redundant trigger last started a catch-up (refreshDue).
-	refreshed atomic.Int64
 }
 
 // Stats returns the counters of the named projection's handler.
@@ -283,7 +304,7 @@ func (w *Worker) Prepare(ctx context.Context) error {
 	if _, err := w.cfg.DeadLetters.List(ctx, deadletter.Filter{Limit: 1}); err != nil {
 		return fmt.Errorf("worker: read the dead letters: %w", err)
 	}
-	if err := w.cfg.Channel.Declare(ctx, w.names...); err != nil {
+	if err := w.cfg.Channel.Declare(ctx, w.subscriptionNames()...); err != nil {
 		return fmt.Errorf("worker: declare subscriptions: %w", err)
 	}
 	return nil
@@ -307,16 +328,11 @@ func (w *Worker) AddHandlers(router *message.Router) error {
 		if err != nil {
 			return fmt.Errorf("worker: subscriber of %s: %w", name, err)
 		}
-		mw, err := retry.Middleware(retry.Config{
-			Policy:               w.cfg.Retry,
-			DeadLetterFunc:       func(msg *message.Message, err error) error { return w.deadLetter(name, msg, err) },
-			ShouldDeadLetterFunc: shouldDeadLetter,
-			Logger:               w.logger.With(slog.String("projection", name)),
-		})
+		mw, err := w.middleware(name)
 		if err != nil {
-			return fmt.Errorf("worker: middleware of %s: %w", name, err)
+			return err
 		}
-		router.AddConsumerHandler(HandlerPrefix+name, topic, sub, w.handler(name)).AddMiddleware(mw...)
+		router.AddConsumerHandler(HandlerPrefix+name, topic, sub, w.handlerOf(name).handle).AddMiddleware(mw...)
 	}
 	return nil
 }
@@ -380,6 +396,11 @@ func (w *Worker) replayOnStart(ctx context.Context) {
 	for _, name := range w.names {
 		log := w.logger.With(slog.String("projection", name))
 		w.startDeadLetters(ctx, name, log)
+		if ps, ok := w.parts[name]; ok {
+			for _, unit := range ps.units { // a partition's dead letters are its unit's
+				w.startDeadLetters(ctx, unit, log.With(slog.String("unit", unit)))
+			}
+		}
 		if !w.cfg.DisableReplayOnStart {
 			w.redrive(ctx, name, "", "worker start", log)
 		}
@@ -434,21 +455,38 @@ func (w *Worker) redrive(ctx context.Context, name, stream, by string, log *slog
 	}
 }
 
-// handler returns the router handler of the named projection.
-func (w *Worker) handler(name string) message.NoPublishHandlerFunc {
+// handlerOf returns the trigger handler of the named projection's own subscription. A
+// partitioned projection's is for the requests addressed to the projection (skip, rebuild,
+// replay, redrive): it carries them out and triggers every partition, whose owners catch up;
+// the partitions' own subscriptions take the append triggers.
+func (w *Worker) handlerOf(name string) *projectionHandler {
 	p, _ := w.cfg.Runner.Projection(name) // checked in New
-	h := &projectionHandler{w: w, name: name, types: p.Types(), c: w.stats[name],
-		log: w.logger.With(slog.String("projection", name))}
-	return h.handle
+	h := &projectionHandler{w: w, name: name, types: p.Types(), c: w.stats[name], log: w.logger.With(slog.String("projection", name))}
+	if ps, ok := w.parts[name]; ok {
+		h.parts = ps
+		h.run = func(ctx context.Context) (projection.Result, error) {
+			return projection.Result{}, w.nudgePartitions(ctx, ps)
+		}
+	} else {
+		h.run = func(ctx context.Context) (projection.Result, error) { return w.cfg.Runner.CatchUp(ctx, name) }
+	}
+	return h
 }
 
-// projectionHandler handles one projection's triggers.
+// projectionHandler handles the triggers of one subscription: a projection's, or a partition
+// unit's (name is then the unit's).
 type projectionHandler struct {
 	w     *Worker
 	name  string
 	types []string
 	c     *counters
 	log   *slog.Logger
+	// run catches the subscription's projection or partition up.
+	run func(ctx context.Context) (projection.Result, error)
+	// parts is set on the own subscription of a partitioned projection.
+	parts *partitionSet
+	// refreshed is when a backlog's redundant trigger last started a catch-up (refreshDue).
+	refreshed atomic.Int64
 }
 
 func (h *projectionHandler) handle(msg *message.Message) error {
@@ -464,15 +502,15 @@ func (h *projectionHandler) handle(msg *message.Message) error {
 			// A backlog of stale triggers (queued through a long catch-up, a version's build,
 			// an outage) is worked through one by one; the triggers of new events wait behind
 			// it. A catch-up now and then while it drains handles those events meanwhile.
-			return h.w.catchUp(ctx, h.name, h.log)
+			return h.w.catchUp(ctx, h)
 		}
 		return nil
 	}
 	switch t.Reason {
 	case trigger.ReasonSkip:
-		return h.w.skip(ctx, h.name, t.Skip, h.log)
+		return h.skip(ctx, t.Skip)
 	case trigger.ReasonRebuild:
-		return h.w.rebuild(ctx, h.name, t, h.log)
+		return h.rebuild(ctx, t)
 	case trigger.ReasonReplay:
 		// An operator replays after a fix: an event judged to kill the process gets another go.
 		if err := h.w.cfg.Runner.ClearCrashLoop(ctx, h.name); err != nil {
@@ -501,15 +539,17 @@ func (h *projectionHandler) refreshDue(t trigger.Trigger) bool {
 	if t.At.IsZero() || time.Since(t.At) < backlogAge {
 		return false
 	}
-	now, last := time.Now().UnixNano(), h.c.refreshed.Load()
-	return now-last >= int64(backlogRefresh) && h.c.refreshed.CompareAndSwap(last, now)
+	now, last := time.Now().UnixNano(), h.refreshed.Load()
+	return now-last >= int64(backlogRefresh) && h.refreshed.CompareAndSwap(last, now)
 }
 
 // passed reports (and counts) a trigger addressed to another projection, or one for a position
 // or event types the projection has already passed: such a trigger costs no read. redundant
 // is true for the latter, append triggers.
 func (h *projectionHandler) passed(t trigger.Trigger) (passed, redundant bool) {
-	if t.Projection != "" && t.Projection != h.name {
+	if (t.Projection != "" && t.Projection != h.name) || (t.Projection == "" && h.parts != nil) {
+		// Another projection's, or an append trigger on a partitioned projection's own
+		// subscription: its partitions' subscriptions have it too.
 		h.c.ignored.Add(1)
 		return true, false
 	}
@@ -529,7 +569,7 @@ func (h *projectionHandler) catchUpTo(ctx context.Context, pos eventstore.Positi
 		return err
 	}
 	h.c.triggered.Store(time.Now().UnixNano())
-	if err := h.w.catchUp(ctx, h.name, h.log); err != nil {
+	if err := h.w.catchUp(ctx, h); err != nil {
 		if errors.Is(err, projection.ErrCrashLoop) {
 			return retry.Permanent(err) // handled no more until a replay: retrying cannot help
 		}
@@ -544,7 +584,8 @@ func (h *projectionHandler) catchUpTo(ctx context.Context, pos eventstore.Positi
 // skip performs an operator's skip request with the projection's definition (its on-skip hook
 // runs), then catches up. A refused skip is logged and acked: the request was wrong, retrying
 // it cannot help; the operator sees in the projection's status that nothing was skipped.
-func (w *Worker) skip(ctx context.Context, name string, req *trigger.SkipRequest, log *slog.Logger) error {
+func (h *projectionHandler) skip(ctx context.Context, req *trigger.SkipRequest) error {
+	w, name, log := h.w, h.name, h.log
 	e, err := w.cfg.Runner.Skip(ctx, name, req.EventID, projection.SkipOptions{Reason: req.Reason, By: req.By, Force: req.Force})
 	if errors.Is(err, projection.ErrSkipRefused) {
 		log.WarnContext(ctx, "skip request refused", slog.String("event_id", req.EventID.String()), slog.String("by", req.By), slog.Any("error", err))
@@ -554,7 +595,7 @@ func (w *Worker) skip(ctx context.Context, name string, req *trigger.SkipRequest
 		return err
 	}
 	log.InfoContext(ctx, "skip request done", slog.String("event_id", e.ID.String()), slog.String("by", req.By))
-	return w.catchUp(ctx, name, log)
+	return w.catchUp(ctx, h)
 }
 
 // rebuild performs an operator's rebuild request with the projection's definition: Runner.Reset
@@ -566,7 +607,8 @@ func (w *Worker) skip(ctx context.Context, name string, req *trigger.SkipRequest
 // if its last rebuild started before the request's time (t.At); otherwise it only catches up.
 // Both times come from the database's clock: the reset stamps RebuildStartedAt with the
 // database's now(), and the CLI takes At from the database too (see trigger.ReasonRebuild).
-func (w *Worker) rebuild(ctx context.Context, name string, t trigger.Trigger, log *slog.Logger) error {
+func (h *projectionHandler) rebuild(ctx context.Context, t trigger.Trigger) error {
+	w, name, log := h.w, h.name, h.log
 	var by string
 	if t.Rebuild != nil {
 		by = t.Rebuild.By
@@ -592,7 +634,7 @@ func (w *Worker) rebuild(ctx context.Context, name string, t trigger.Trigger, lo
 		log.InfoContext(ctx, "rebuild request already carried out; catching up",
 			append(attrs, slog.Time("rebuild_started_at", st.RebuildStartedAt))...)
 	}
-	if err := w.catchUp(ctx, name, log); err != nil {
+	if err := w.catchUp(ctx, h); err != nil {
 		if errors.Is(err, projection.ErrCrashLoop) {
 			return retry.Permanent(err) // as for any trigger: handled no more until a replay
 		}
@@ -637,14 +679,15 @@ func (w *Worker) head(ctx context.Context, deadline time.Time) (eventstore.Posit
 	return w.cfg.Store.Head(ctx)
 }
 
-func (w *Worker) catchUp(ctx context.Context, name string, log *slog.Logger) error {
-	c := w.stats[name]
+// catchUp runs h's catch-up (its projection's, or its partition's) and counts it.
+func (w *Worker) catchUp(ctx context.Context, h *projectionHandler) error {
+	name, log, c := h.name, h.log, h.c
 	c.catchUps.Add(1)
 	if c.running.Add(1) == 1 {
 		c.runningSince.Store(time.Now().UnixNano())
 	}
 	defer c.running.Add(-1)
-	res, err := w.cfg.Runner.CatchUp(ctx, name)
+	res, err := h.run(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.failures.Add(1)
@@ -699,6 +742,13 @@ func (w *Worker) safetyNet(ctx context.Context) {
 // goroutine of its own, one at a time, so a stuck one does not stop the ticks that report it.
 func (w *Worker) safetyNetOf(ctx context.Context, name string) {
 	log := w.logger.With(slog.String("projection", name))
+	ps, partitioned := w.parts[name]
+	catchUp := func() error {
+		if partitioned {
+			return w.catchUpOwned(ctx, ps, log)
+		}
+		return w.catchUp(ctx, w.handlerOf(name))
+	}
 	var tick <-chan time.Time
 	if w.cfg.SafetyNetInterval > 0 {
 		ticker := time.NewTicker(w.cfg.SafetyNetInterval)
@@ -712,12 +762,14 @@ func (w *Worker) safetyNetOf(ctx context.Context, name string) {
 	)
 	defer running.Wait()
 	for {
-		stall.check(ctx, w, name, log)
+		if !partitioned { // a partitioned projection's lag is its partitions' owners', anywhere
+			stall.check(ctx, w, name, log)
+		}
 		select {
 		case inFlight <- struct{}{}:
 			running.Go(func() {
 				defer func() { <-inFlight }()
-				if err := w.catchUp(ctx, name, log); err != nil && ctx.Err() == nil && !errors.Is(err, projection.ErrHandler) {
+				if err := catchUp(); err != nil && ctx.Err() == nil && !errors.Is(err, projection.ErrHandler) {
 					log.ErrorContext(ctx, "safety-net catch-up failed", slog.Any("error", err))
 				}
 			})
@@ -768,6 +820,7 @@ func (w *Worker) background(ctx context.Context) {
 		}
 	}
 	close(w.running)
+	wg.Go(func() { w.runPartitions(ctx) })
 	w.replayOnStart(ctx)
 	w.safetyNet(ctx)
 }

@@ -95,13 +95,21 @@ func (c *Channel) Publish(ctx context.Context, t trigger.Trigger) error {
 	return nil
 }
 
-// Subscriber implements channel.Channel.
+// Subscriber implements channel.Channel. Every subscriber shares the channel's GoChannel:
+// closing one ends nothing (a subscription ends with its context); Close closes the GoChannel.
 func (c *Channel) Subscriber(projection string) (message.Subscriber, string, error) {
 	if err := name.Validate(projection); err != nil {
 		return nil, "", err
 	}
-	return c.pubsub, channel.TriggerTopic, nil
+	return subscriber{c.pubsub}, channel.TriggerTopic, nil
 }
+
+// subscriber is the shared GoChannel with a Close of its own that leaves it open, so that a
+// router stopping one handler (or a worker giving a partition back) does not close every
+// other subscription.
+type subscriber struct{ message.Subscriber }
+
+func (subscriber) Close() error { return nil }
 
 // Publisher implements channel.Channel.
 func (c *Channel) Publisher() message.Publisher { return c.pubsub }

@@ -28,6 +28,48 @@ var partitionTests = []struct {
 	{"PartitionedStatusFolds", testPartitionedStatus},
 	{"PartitionCountChangeRefused", testPartitionCount},
 	{"PartitionedParkAndRedrive", testPartitionedPark},
+	{"PartitionGuardStopsBetweenBatches", testPartitionGuard},
+}
+
+// testPartitionGuard: a catch-up with a batch guard asks it before each batch and ends, at the
+// last committed position, when it says no (a worker's lease being given back): every batch it
+// let run committed whole, none started after the no, and a later catch-up goes on from there.
+func testPartitionGuard(t *testing.T, env Env) {
+	ctx := context.Background()
+	streams := streamNames(40)
+	appendRounds(t, env.Store, 3, streams...)
+	const count, size = 2, 5
+	want := perPartition(streams, 3, count)[1]
+	require.Greater(t, want, int64(3*size), "partition 1 needs more than three batches")
+	var handled atomic.Int64
+	p := mustProjection(t, "guarded", projection.Config{Partitions: count, BatchSize: size},
+		projection.OnIdempotent("S", func(context.Context, projection.Event[StreamPayload]) error {
+			handled.Add(1)
+			return nil
+		}))
+	r := newRunner(t, env, p)
+	var asked, inUse atomic.Int64
+	guard := func() (func(), bool) {
+		if asked.Add(1) > 3 {
+			return nil, false
+		}
+		require.Zero(t, inUse.Add(1)-1, "one batch at a time")
+		return func() { inUse.Add(-1) }, true
+	}
+	res, err := r.CatchUpPartition(ctx, "guarded", 1, projection.WithBatchGuard(guard))
+	require.NoError(t, err)
+	require.True(t, res.Stopped, "the guard ended the catch-up")
+	require.Equal(t, 3, res.Batches)
+	require.Equal(t, int64(3*size), handled.Load(), "three whole batches, nothing after the guard's no")
+	require.Zero(t, inUse.Load(), "every batch released its guard")
+	st, err := r.Status(ctx, "guarded")
+	require.NoError(t, err)
+	require.Equal(t, want-int64(3*size), st.Partitions[1].LagEvents, "partition 1 stopped at its third batch's commit")
+
+	res, err = r.CatchUpPartition(ctx, "guarded", 1)
+	require.NoError(t, err)
+	require.False(t, res.Stopped)
+	require.Equal(t, want, handled.Load(), "the next catch-up went on from there, nothing twice")
 }
 
 // streamNames returns n stream ids.

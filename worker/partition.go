@@ -1,0 +1,338 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/nudgeworks/nudge/lease"
+	"github.com/nudgeworks/nudge/postgres"
+	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/retry"
+	"github.com/nudgeworks/nudge/trigger"
+)
+
+// Leases spreads the partitions of partitioned projections (projection.Config.Partitions) over
+// the workers that run them, with leases in PostgreSQL (package lease): every worker is a
+// member of each such projection's group and owns its fair share of the partitions; a worker
+// that joins or leaves (or dies) makes the others rebalance within a renewal or two (within
+// TTL + Renew after a death).
+type Leases struct {
+	// DB holds the lease tables (postgres.Migrate, component projections). Required.
+	DB postgres.DB
+	// Schema of the lease tables ("" for the search_path).
+	Schema string
+	// Owner names this worker among the group's members; unique per process. Defaults to the
+	// host name, the process id and a random suffix.
+	Owner string
+	// TTL and Renew: see lease.Config. Default to lease.TTLDefault and lease.RenewDefault.
+	TTL, Renew time.Duration
+}
+
+// partitionSet is what a worker runs of one partitioned projection: the partitions it owns,
+// each with the subscription of its unit.
+type partitionSet struct {
+	name   string
+	units  []string
+	member *lease.Member // nil: this worker owns every partition
+
+	mu   sync.Mutex
+	subs map[int]unitSubscription // made at the first gain, closed when the worker stops
+	runs map[int]*partitionRun
+}
+
+// unitSubscription is a partition unit's subscriber and the topic it consumes.
+type unitSubscription struct {
+	sub   message.Subscriber
+	topic string
+}
+
+// partitionRun is one owned partition's consumption of its unit's subscription.
+type partitionRun struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// newPartitionSet returns the set of p (partitioned), with a lease member when leases is set.
+func (w *Worker) newPartitionSet(p *projection.Projection, leases *Leases) (*partitionSet, error) {
+	units, err := w.cfg.Runner.Partitions(p.Name())
+	if err != nil {
+		return nil, err
+	}
+	ps := &partitionSet{name: p.Name(), units: units, subs: map[int]unitSubscription{}, runs: map[int]*partitionRun{}}
+	if leases != nil {
+		m, err := lease.New(leases.DB, lease.Config{Group: p.Name(), Partitions: len(units), Owner: leases.Owner, TTL: leases.TTL,
+			Renew: leases.Renew, Schema: leases.Schema, Logger: w.logger.With(slog.String("projection", p.Name()))})
+		if err != nil {
+			return nil, fmt.Errorf("%w: Leases: %w", ErrInvalidConfig, err)
+		}
+		ps.member = m
+	}
+	return ps, nil
+}
+
+// owned returns the partitions the worker owns (every one without leases).
+func (ps *partitionSet) owned() []int {
+	if ps.member == nil {
+		out := make([]int, len(ps.units))
+		for k := range out {
+			out[k] = k
+		}
+		return out
+	}
+	return ps.member.Owned()
+}
+
+// guard returns the batch guard of partition k: its lease (always yes without leases).
+func (ps *partitionSet) guard(k int) projection.BatchGuard {
+	if ps.member == nil {
+		return nil
+	}
+	return func() (func(), bool) { return ps.member.Use(k) }
+}
+
+// Owned returns the partitions of the named projection this worker owns now, in order: every
+// partition of a partitioned projection when Config.Leases is nil, those it holds leases on
+// otherwise; [0] for an unpartitioned projection it runs, nil for one it does not run.
+func (w *Worker) Owned(name string) []int {
+	if ps, ok := w.parts[name]; ok {
+		return ps.owned()
+	}
+	if _, ok := w.stats[name]; ok {
+		return []int{0}
+	}
+	return nil
+}
+
+// subscriptionNames returns the names the worker declares on the channel: each projection's,
+// and each partition unit's of the partitioned ones.
+func (w *Worker) subscriptionNames() []string {
+	out := slices.Clone(w.names)
+	for _, name := range w.names {
+		if ps, ok := w.parts[name]; ok {
+			out = append(out, ps.units...)
+		}
+	}
+	return out
+}
+
+// runPartitions runs the partitioned projections' partitions until ctx ends: each one's lease
+// membership, and a consumer of each owned partition's subscription. When it returns, every
+// partition consumer has stopped and every lease has been given back (or ctx's grace is over).
+func (w *Worker) runPartitions(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, name := range w.names {
+		if ps, ok := w.parts[name]; ok {
+			wg.Go(func() { w.runPartitionSet(ctx, ps) })
+		}
+	}
+	wg.Wait()
+}
+
+func (w *Worker) runPartitionSet(ctx context.Context, ps *partitionSet) {
+	log := w.logger.With(slog.String("projection", ps.name))
+	var membership sync.WaitGroup
+	if ps.member != nil {
+		membership.Go(func() {
+			if err := ps.member.Run(ctx); err != nil && !errors.Is(err, lease.ErrClosed) && ctx.Err() == nil {
+				log.ErrorContext(ctx, "partition leases stopped", slog.Any("error", err))
+			}
+		})
+	}
+	for {
+		var changed <-chan struct{}
+		if ps.member != nil {
+			changed = ps.member.Changed()
+		}
+		w.syncPartitions(ctx, ps, log)
+		select {
+		case <-ctx.Done():
+		case <-changed:
+			continue
+		}
+		break
+	}
+	// Stop consuming, then give the leases back at once (not after TTL) so the other workers
+	// take the partitions over at their next round.
+	ps.mu.Lock()
+	runs := ps.runs
+	ps.runs = map[int]*partitionRun{}
+	ps.mu.Unlock()
+	for _, r := range runs {
+		r.cancel()
+		<-r.done
+	}
+	if ps.member != nil {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.CloseTimeout)
+		if err := ps.member.Close(closeCtx); err != nil {
+			log.WarnContext(ctx, "could not give the partition leases back; they lapse after their TTL", slog.Any("error", err))
+		}
+		cancel()
+		membership.Wait()
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for k, s := range ps.subs {
+		if err := s.sub.Close(); err != nil {
+			log.WarnContext(ctx, "closing a partition's subscriber failed", slog.String("unit", ps.units[k]), slog.Any("error", err))
+		}
+	}
+}
+
+// syncPartitions starts a consumer for each newly owned partition and stops those of the
+// partitions no longer owned (given back only between batches, see lease.Member.Use).
+func (w *Worker) syncPartitions(ctx context.Context, ps *partitionSet, log *slog.Logger) {
+	owned := ps.owned()
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for k, r := range ps.runs {
+		if !slices.Contains(owned, k) {
+			r.cancel()
+			<-r.done
+			delete(ps.runs, k)
+			log.InfoContext(ctx, "partition given back", slog.String("unit", ps.units[k]))
+		}
+	}
+	for _, k := range owned {
+		if _, ok := ps.runs[k]; ok || ctx.Err() != nil {
+			continue
+		}
+		runCtx, cancel := context.WithCancel(ctx)
+		r := &partitionRun{cancel: cancel, done: make(chan struct{})}
+		ps.runs[k] = r
+		sub, err := ps.subscriber(w, k)
+		if err != nil {
+			// The partition stays owned (its lease keeps others off it): the safety net
+			// catches it up meanwhile, and the next change of ownership tries again.
+			log.ErrorContext(ctx, "cannot subscribe to a partition's triggers", slog.String("unit", ps.units[k]), slog.Any("error", err))
+			close(r.done)
+			continue
+		}
+		go func() {
+			defer close(r.done)
+			w.consumePartition(runCtx, ps, k, sub)
+		}()
+	}
+}
+
+// subscriber returns (making it at the first call) the subscriber of partition k's unit; ps.mu
+// is held.
+func (ps *partitionSet) subscriber(w *Worker, k int) (unitSubscription, error) {
+	if s, ok := ps.subs[k]; ok {
+		return s, nil
+	}
+	sub, topic, err := w.cfg.Channel.Subscriber(ps.units[k])
+	if err != nil {
+		return unitSubscription{}, err
+	}
+	ps.subs[k] = unitSubscription{sub: sub, topic: topic}
+	return ps.subs[k], nil
+}
+
+// consumePartition runs partition k while the worker owns it (until ctx ends): it subscribes
+// to the unit's triggers, catches the partition up once (the events appended before the
+// subscription, and while no worker owned it), then handles each trigger as a projection's
+// handler does — retries, dead letters (recorded under the unit's name) and all.
+func (w *Worker) consumePartition(ctx context.Context, ps *partitionSet, k int, s unitSubscription) {
+	unit := ps.units[k]
+	log := w.logger.With(slog.String("projection", ps.name), slog.String("unit", unit))
+	msgs, err := s.sub.Subscribe(ctx, s.topic)
+	if err != nil {
+		if ctx.Err() == nil {
+			log.ErrorContext(ctx, "cannot subscribe to the partition's triggers; the safety net catches it up", slog.Any("error", err))
+		}
+		return
+	}
+	log.InfoContext(ctx, "partition claimed: consuming its triggers")
+	h := w.unitHandler(ps, k, log)
+	if err := w.catchUp(ctx, h); err != nil && ctx.Err() == nil && !errors.Is(err, projection.ErrHandler) {
+		log.ErrorContext(ctx, "catch-up of a claimed partition failed", slog.Any("error", err))
+	}
+	w.consumeUnit(ctx, unit, msgs, h, log)
+}
+
+// consumeUnit handles the unit's messages one at a time through the handler-level middleware
+// AddHandlers gives a projection's handler (dead letters, retries, panic recovery), acking
+// those it handled and nacking the others, until the subscription ends.
+func (w *Worker) consumeUnit(ctx context.Context, unit string, msgs <-chan *message.Message, h *projectionHandler, log *slog.Logger) {
+	mw, err := w.middleware(unit)
+	if err != nil {
+		log.ErrorContext(ctx, "partition handler middleware", slog.Any("error", err))
+		return
+	}
+	handle := message.HandlerFunc(func(msg *message.Message) ([]*message.Message, error) { return nil, h.handle(msg) })
+	for i := len(mw) - 1; i >= 0; i-- {
+		handle = mw[i](handle)
+	}
+	for msg := range msgs {
+		if _, err := handle(msg); err != nil {
+			msg.Nack()
+			continue
+		}
+		msg.Ack()
+	}
+}
+
+// unitHandler returns the trigger handler of partition k of ps: a projection handler whose
+// catch-ups run that partition alone, batch by batch under its lease.
+func (w *Worker) unitHandler(ps *partitionSet, k int, log *slog.Logger) *projectionHandler {
+	p, _ := w.cfg.Runner.Projection(ps.name) // checked in New
+	guard := ps.guard(k)
+	return &projectionHandler{w: w, name: ps.units[k], types: p.Types(), c: w.stats[ps.name], log: log,
+		run: func(ctx context.Context) (projection.Result, error) {
+			var opts []projection.CatchUpOption
+			if guard != nil {
+				opts = append(opts, projection.WithBatchGuard(guard))
+			}
+			return w.cfg.Runner.CatchUpPartition(ctx, ps.name, k, opts...)
+		}}
+}
+
+// catchUpOwned catches up, for the safety net, the partitions of ps the worker owns, one
+// after the other, each under its lease.
+func (w *Worker) catchUpOwned(ctx context.Context, ps *partitionSet, log *slog.Logger) error {
+	var errs []error
+	for _, k := range ps.owned() {
+		if err := w.catchUp(ctx, w.unitHandler(ps, k, log)); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// nudgePartitions publishes a trigger to every partition of the named projection, so their
+// owners (wherever they run) catch up: after an operator's request on the projection (skip,
+// rebuild, replay, redrive, or a trigger addressed to it) handled by this worker.
+func (w *Worker) nudgePartitions(ctx context.Context, ps *partitionSet) error {
+	now := time.Now()
+	for _, unit := range ps.units {
+		if err := w.cfg.Channel.Publish(ctx, trigger.Trigger{Reason: trigger.ReasonAppend, Projection: unit, At: now}); err != nil {
+			return fmt.Errorf("projection %s: trigger partition %s: %w", ps.name, unit, err)
+		}
+	}
+	return nil
+}
+
+// middleware returns the handler-level middleware of the named subscription: dead-lettering
+// outermost, then retries with backoff, then panic recovery.
+func (w *Worker) middleware(name string) ([]message.HandlerMiddleware, error) {
+	mw, err := retry.Middleware(retry.Config{
+		Policy:               w.cfg.Retry,
+		DeadLetterFunc:       func(msg *message.Message, err error) error { return w.deadLetter(name, msg, err) },
+		ShouldDeadLetterFunc: shouldDeadLetter,
+		Logger:               w.logger.With(slog.String("projection", name)),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("worker: middleware of %s: %w", name, err)
+	}
+	return mw, nil
+}
