@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/nudgeworks/nudge/channel/gochannel"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/projection"
@@ -33,6 +35,11 @@ const (
 	scaleOutStreams = 1000
 	// scaleOutWait is the handler's wait per event: a remote call.
 	scaleOutWait = 2 * time.Millisecond
+	// scaleOutRenew and scaleOutTTL are the workers' lease timings: shorter than the defaults
+	// (2 s, 8 s), so that workers starting together converge on their fair shares in a few
+	// hundred milliseconds.
+	scaleOutRenew = 200 * time.Millisecond
+	scaleOutTTL   = 2 * time.Second
 )
 
 // scaleOutCase is one catch-up of the loaded backlog by a fresh projection.
@@ -66,6 +73,9 @@ func (c scaleOutCase) label() string {
 type scaleOutResult struct {
 	took   time.Duration
 	events int
+	// converged is when, after the workers' start, each of them first owned its fair share
+	// of the partitions; 0 when not measured (no workers, or it never happened).
+	converged time.Duration
 }
 
 func (r scaleOutResult) rate() float64 { return Rate(r.events, r.took) }
@@ -98,7 +108,7 @@ func runScaleOut(ctx context.Context, h *harness, sec *Section) error {
 	sec.Params["events"], sec.Params["streams"], sec.Params["partitions"] = sz.scaleOutEvents, scaleOutStreams, scaleOutPartitions
 	sec.Params["wait_ms"], sec.Params["workers"], sec.Params["cost_rounds"] = Ms(scaleOutWait), sz.scaleOutWorkers, sz.scaleOutRounds
 	sec.Params["batch_size"] = projection.BatchSizeDefault
-	table := &Table{Header: []string{"case", "events/s", "seconds", "vs unpartitioned", "vs 1 worker"}}
+	table := &Table{Header: []string{"case", "events/s", "seconds", "vs unpartitioned", "vs 1 worker", "fair shares after s"}}
 	sec.table = table
 
 	f, err := h.newFixture(ctx, 8)
@@ -196,7 +206,7 @@ func (r *scaleOutRun) measureScale(ctx context.Context, sec *Section, table *Tab
 		}
 		label := "2 ms/event: " + c.label()
 		m := Metric{Case: label, Name: "events_per_s", Unit: "events/s", Value: res.rate(),
-			Extra: map[string]float64{"seconds": res.took.Seconds(), "workers": float64(n)}}.WithBaseline(baseCase, base.rate())
+			Extra: map[string]float64{"seconds": res.took.Seconds(), "workers": float64(n), "fair_shares_s": res.converged.Seconds()}}.WithBaseline(baseCase, base.rate())
 		vsOne := ""
 		if oneCase == "" {
 			one, oneCase = res, label
@@ -205,7 +215,11 @@ func (r *scaleOutRun) measureScale(ctx context.Context, sec *Section, table *Tab
 			vsOne = FormatValue(m.Extra["vs_1_worker"], "×")
 		}
 		sec.AddMetric(m)
-		table.Add(label, FormatValue(res.rate(), ""), FormatValue(res.took.Seconds(), "s"), FormatValue(m.Ratio, "×"), vsOne)
+		converged := "—"
+		if res.converged > 0 {
+			converged = FormatValue(res.converged.Seconds(), "s")
+		}
+		table.Add(label, FormatValue(res.rate(), ""), FormatValue(res.took.Seconds(), "s"), FormatValue(m.Ratio, "×"), vsOne, converged)
 		if n == 4 {
 			sec.AddCheck(targetScaleOut, label, m.Ratio)
 		}
@@ -262,6 +276,8 @@ func (r *scaleOutRun) catchUpInline(ctx context.Context, name string, c scaleOut
 
 // scaleOutMember is one of a case's workers, with a runner and a pool of its own.
 type scaleOutMember struct {
+	owner  string
+	pool   *pgxpool.Pool
 	runner *projection.Runner
 	wk     *worker.Worker
 	stop   func() error
@@ -272,32 +288,45 @@ type scaleOutMember struct {
 func (r *scaleOutRun) catchUpWorkers(ctx context.Context, name string, c scaleOutCase) (scaleOutResult, error) {
 	want := int64(r.h.sizes.scaleOutEvents)
 	var handled atomic.Int64
-	members := make([]*scaleOutMember, c.workers)
-	for i := range members {
-		m, err := r.newMember(ctx, name, c, &handled)
-		if err != nil {
-			return scaleOutResult{}, err
-		}
-		members[i] = m
-	}
+	var members []*scaleOutMember
 	defer func() {
 		for _, m := range members {
 			if m.stop != nil {
 				_ = m.stop()
 			}
+			m.pool.Close() // the server's connections are few: a case's pools do not outlive it
 		}
 	}()
+	for i := range c.workers {
+		m, err := r.newMember(ctx, name, c, &handled)
+		if err != nil {
+			return scaleOutResult{}, err
+		}
+		m.owner = fmt.Sprintf("bench-%s-w%d", name, i)
+		members = append(members, m)
+	}
 	started := time.Now()
 	if err := r.startMembers(ctx, members); err != nil {
 		return scaleOutResult{}, err
 	}
+	var converged time.Duration
 	timeout := 2*time.Minute + 2*time.Duration(want)*c.wait
 	err := waitUntil(ctx, timeout, 5*time.Millisecond, "every event committed", func() (bool, error) {
+		if converged == 0 && fairShares(members, name, c.partitions) {
+			converged = time.Since(started)
+		}
 		return handled.Load() >= want, nil
 	})
-	res := scaleOutResult{took: time.Since(started), events: int(handled.Load())}
+	res := scaleOutResult{took: time.Since(started), events: int(handled.Load()), converged: converged}
 	if err != nil {
 		return res, fmt.Errorf("%w (%d of %d events committed)", err, handled.Load(), want)
+	}
+	// The batches' count says every event committed; the folded status must agree.
+	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	err = members[0].runner.WaitCaughtUp(waitCtx, name)
+	cancel()
+	if err != nil {
+		return res, err
 	}
 	var errs []error
 	for _, m := range members {
@@ -325,6 +354,21 @@ func (r *scaleOutRun) newMember(ctx context.Context, name string, c scaleOutCase
 	if err != nil {
 		return nil, err
 	}
+	m := &scaleOutMember{pool: pool}
+	if m.runner, err = newMemberRunner(pool, p, handled, r.h.libLog); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if err := m.runner.Init(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// newMemberRunner returns a runner of p on its own backend over pool, whose batches count into
+// handled.
+func newMemberRunner(pool *pgxpool.Pool, p *projection.Projection, handled *atomic.Int64, log *slog.Logger) (*projection.Runner, error) {
 	store, err := espg.New(pool, espg.Config{})
 	if err != nil {
 		return nil, err
@@ -333,18 +377,29 @@ func (r *scaleOutRun) newMember(ctx context.Context, name string, c scaleOutCase
 	if err != nil {
 		return nil, err
 	}
-	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: r.h.libLog, OnBatch: func(b projection.BatchReport) {
+	return projection.NewRunner(backend, projection.RunnerConfig{Logger: log, OnBatch: func(b projection.BatchReport) {
 		if b.Err == nil {
 			handled.Add(int64(b.Events))
 		}
 	}}, p)
-	if err != nil {
-		return nil, err
+}
+
+// fairShares reports whether every member owns its fair share of the projection's partitions
+// (partitions / members, some one more) and together all of them.
+func fairShares(members []*scaleOutMember, name string, partitions int) bool {
+	fair := partitions / len(members)
+	total := 0
+	for _, m := range members {
+		if m.wk == nil {
+			return false
+		}
+		n := len(m.wk.Owned(name))
+		if n < fair || n > fair+1 {
+			return false
+		}
+		total += n
 	}
-	if err := runner.Init(ctx); err != nil {
-		return nil, err
-	}
-	return &scaleOutMember{runner: runner}, nil
+	return total == partitions
 }
 
 // startMembers starts every member's worker at once and returns when all of them run.
@@ -355,7 +410,8 @@ func (r *scaleOutRun) startMembers(ctx context.Context, members []*scaleOutMembe
 	)
 	for i, m := range members {
 		wg.Go(func() {
-			cfg := worker.Config{SafetyNetInterval: -1}
+			cfg := worker.Config{SafetyNetInterval: -1,
+				Leases: &worker.Leases{DB: m.pool, Owner: m.owner, TTL: scaleOutTTL, Renew: scaleOutRenew}}
 			m.wk, m.stop, errs[i] = r.h.startWorker(ctx, r.f, r.w, m.runner, cfg)
 		})
 	}
