@@ -143,7 +143,9 @@ func (r Record) Healed() bool { return r.Status == StatusResolved && r.ResolvedB
 
 // Filter selects records for Store.List.
 type Filter struct {
-	// Projection, if set, selects that projection's records only.
+	// Projection, if set, selects that projection's records only: its own and those of its
+	// partitions (a partitioned projection's partitions dead-letter under their unit names,
+	// "<projection>.pNN").
 	Projection string
 	// Status, if set, selects records in one of these statuses.
 	Status []Status

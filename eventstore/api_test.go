@@ -12,5 +12,5 @@ import (
 // stores share live in internal/storecheck.
 func TestAPIHasNoBackendHelpers(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, []string{"Exact", "NewEventData", "ParsePosition", "PartitionOf"}, apitest.Funcs(t, "."))
+	require.Equal(t, []string{"Exact", "NewEventData", "ParsePosition", "PartitionKey", "PartitionOf"}, apitest.Funcs(t, "."))
 }

@@ -73,5 +73,17 @@ func PartitionOf(streamID string, count int) int {
 	if count <= 1 {
 		return 0
 	}
-	return int(streamHash(streamID)&0x7fffffff) % count
+	return int(PartitionKey(streamID) % uint32(count)) //nolint:gosec // count is at most MaxPartitions
+}
+
+// PartitionKey returns the key that places streamID's events in a partition, whatever the
+// count: PartitionOf(streamID, count) is PartitionKey(streamID) % count. Triggers carry the
+// keys of the streams they cover, so a partition's owner can tell whether one concerns it.
+func PartitionKey(streamID string) uint32 {
+	return uint32(streamHash(streamID) & 0x7fffffff) //nolint:gosec // masked to 31 bits
+}
+
+// ContainsKey reports whether the streams with partition key k (PartitionKey) are in p.
+func (p Partition) ContainsKey(k uint32) bool {
+	return !p.Partitioned() || int(k%uint32(p.Count)) == p.Index //nolint:gosec // Count is at most MaxPartitions
 }

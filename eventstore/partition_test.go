@@ -31,6 +31,14 @@ func TestPartitionOf(t *testing.T) {
 		require.Zero(t, eventstore.PartitionOf(id, 1), "one partition")
 		require.Zero(t, eventstore.PartitionOf(id, 0), "unpartitioned")
 		require.True(t, eventstore.Partition{}.Contains(id), "the whole log holds every stream")
+		key := eventstore.PartitionKey(id)
+		require.Equal(t, uint32(want.hash&0x7fffffff), key, id)
+		for _, n := range []int{2, 16, 1000, 1024} {
+			p := eventstore.Partition{Index: eventstore.PartitionOf(id, n), Count: n}
+			require.True(t, p.ContainsKey(key), "%s among %d", id, n)
+			require.False(t, eventstore.Partition{Index: (p.Index + 1) % n, Count: n}.ContainsKey(key), "%s among %d", id, n)
+		}
+		require.True(t, eventstore.Partition{}.ContainsKey(key), "the whole log holds every key")
 	}
 }
 

@@ -41,6 +41,9 @@
 //	nudge_worker_stalls_total                     counter    projection          WatchWorker: stalls found by the safety net (worker.Config.StallAfter)
 //	nudge_worker_catchups_total                   counter    projection          WatchWorker: catch-ups (triggers, start-up, safety net)
 //	nudge_worker_catchup_failures_total           counter    projection          WatchWorker: catch-ups that returned an error
+//	nudge_worker_partitions_owned                 gauge      projection          WatchWorker: partitions of a partitioned projection this worker owns now
+//	nudge_worker_partitions_claimed_total         counter    projection          WatchWorker: partitions it took over (start, rebalance, another worker's death)
+//	nudge_worker_partitions_given_back_total      counter    projection          WatchWorker: partitions it gave back (rebalance, stop)
 //	nudge_dead_letters_failed                     gauge      projection          WatchDeadLetters: records in status failed
 //	nudge_metrics_collect_errors_total            counter    source              scrape-time queries that failed (source status|dead_letters)
 //	nudge_metrics_collect_duration_seconds        gauge      source              how long the last scrape-time query took

@@ -49,6 +49,9 @@ func (m *Metrics) WatchWorker(w StatsReader, names ...string) error {
 	c.stalls = desc("stalls_total", "Stalls the safety net found: readable events waited worker.Config.StallAfter with no trigger, or behind a stuck catch-up.")
 	c.catchUps = desc("catchups_total", "Catch-ups run for triggers, at start-up and by the safety net.")
 	c.failures = desc("catchup_failures_total", "Catch-ups that returned an error (a handler failure or an infrastructure error).")
+	c.owned = desc("partitions_owned", "Partitions of a partitioned projection this worker owns now (0 for an unpartitioned projection).")
+	c.claimed = desc("partitions_claimed_total", "Partitions this worker took over (its start, a rebalance, another worker's death).")
+	c.givenBack = desc("partitions_given_back_total", "Partitions this worker gave back (a rebalance, its stop).")
 	return m.register("WatchWorker's collector", c)
 }
 
@@ -57,11 +60,13 @@ type workerCollector struct {
 	names []string
 
 	received, redundant, ignored, invalid, deadLettered, healed, catchUps, failures, stalls *prometheus.Desc
+	owned, claimed, givenBack                                                               *prometheus.Desc
 }
 
 // Describe implements prometheus.Collector.
 func (c *workerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.received, c.redundant, c.ignored, c.invalid, c.deadLettered, c.healed, c.catchUps, c.failures, c.stalls} {
+	for _, d := range []*prometheus.Desc{c.received, c.redundant, c.ignored, c.invalid, c.deadLettered, c.healed, c.catchUps, c.failures, c.stalls,
+		c.owned, c.claimed, c.givenBack} {
 		ch <- d
 	}
 }
@@ -76,8 +81,10 @@ func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
 		}{
 			{c.received, s.Received}, {c.redundant, s.Redundant}, {c.ignored, s.Ignored}, {c.invalid, s.Invalid},
 			{c.deadLettered, s.DeadLettered}, {c.healed, s.Healed}, {c.catchUps, s.CatchUps}, {c.failures, s.Failures}, {c.stalls, s.Stalls},
+			{c.claimed, s.PartitionsClaimed}, {c.givenBack, s.PartitionsGivenBack},
 		} {
 			ch <- prometheus.MustNewConstMetric(v.desc, prometheus.CounterValue, float64(v.n), name)
 		}
+		ch <- prometheus.MustNewConstMetric(c.owned, prometheus.GaugeValue, float64(s.Partitions), name)
 	}
 }

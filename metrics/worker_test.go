@@ -236,7 +236,8 @@ func (n namedStats) Names() []string { return []string{"a"} }
 // Stats lands in its counter.
 func TestWatchWorkerNames(t *testing.T) {
 	t.Parallel()
-	stats := fakeStats{"a": {Received: 1, Redundant: 2, Ignored: 3, Invalid: 4, CatchUps: 5, Failures: 6, DeadLettered: 7, Healed: 8}}
+	stats := fakeStats{"a": {Received: 1, Redundant: 2, Ignored: 3, Invalid: 4, CatchUps: 5, Failures: 6, DeadLettered: 7, Healed: 8,
+		Partitions: 9, PartitionsClaimed: 10, PartitionsGivenBack: 11}}
 	m, _ := newMetrics(t)
 	require.ErrorIs(t, m.WatchWorker(stats), metrics.ErrInvalidConfig, "no names")
 	require.ErrorIs(t, m.WatchWorker(nil, "a"), metrics.ErrInvalidConfig)
@@ -248,6 +249,7 @@ func TestWatchWorkerNames(t *testing.T) {
 		"nudge_worker_triggers_received_total": 1, "nudge_worker_triggers_redundant_total": 2, "nudge_worker_triggers_ignored_total": 3,
 		"nudge_worker_triggers_invalid_total": 4, "nudge_worker_catchups_total": 5, "nudge_worker_catchup_failures_total": 6,
 		"nudge_worker_triggers_dead_lettered_total": 7, "nudge_worker_dead_letters_healed_total": 8,
+		"nudge_worker_partitions_owned": 9, "nudge_worker_partitions_claimed_total": 10, "nudge_worker_partitions_given_back_total": 11,
 	} {
 		require.Equal(t, want, mustValue(t, reg, metric, "projection", "a"), metric)
 	}

@@ -147,14 +147,19 @@ func (r *Runner) CatchUpPartition(ctx context.Context, name string, index int, o
 	if index < 0 || index >= len(units) {
 		return Result{}, fmt.Errorf("%w: projection %s has %d partition(s); partition %d does not exist", ErrInvalidConfig, name, len(units), index)
 	}
+	return r.catchUpUnit(ctx, units[index].name, catchUpGuard(opts))
+}
+
+// catchUpGuard returns the batch guard opts set, if any.
+func catchUpGuard(opts []CatchUpOption) BatchGuard {
 	var o catchUpOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return r.catchUpUnit(ctx, units[index].name, o.guard)
+	return o.guard
 }
 
-// CatchUpOption adjusts one CatchUpPartition.
+// CatchUpOption adjusts one CatchUp or CatchUpPartition.
 type CatchUpOption func(*catchUpOptions)
 
 type catchUpOptions struct{ guard BatchGuard }
@@ -186,16 +191,17 @@ func (r *Runner) guardedStep(ctx context.Context, p *Projection, res *Result, gu
 
 // catchUpPartitions catches up every partition of p in turn and sums their results; a
 // partition's failure does not stop the next one, but the end of ctx does.
-func (r *Runner) catchUpPartitions(ctx context.Context, p *Projection) (Result, error) {
+func (r *Runner) catchUpPartitions(ctx context.Context, p *Projection, guard BatchGuard) (Result, error) {
 	var (
 		sum  Result
 		errs []error
 	)
 	for k, u := range p.parts {
-		res, err := r.catchUpUnit(ctx, u.name, nil)
+		res, err := r.catchUpUnit(ctx, u.name, guard)
 		sum.Events += res.Events
 		sum.Batches += res.Batches
 		sum.Paused = sum.Paused || res.Paused
+		sum.Stopped = sum.Stopped || res.Stopped
 		sum.Paced += res.Paced
 		if k == 0 || res.Position.Less(sum.Position) {
 			sum.Position = res.Position

@@ -230,11 +230,15 @@ type Result struct {
 // partition that fails does not stop the others, and their errors are returned joined. name
 // may also be the unit name of one partition (PartitionUnitName), which CatchUpPartition
 // catches up alone.
-func (r *Runner) CatchUp(ctx context.Context, name string) (Result, error) {
+//
+// WithBatchGuard makes the catch-up ask before each batch whether it may run one (see
+// BatchGuard); each partition's catch-up asks it.
+func (r *Runner) CatchUp(ctx context.Context, name string, opts ...CatchUpOption) (Result, error) {
+	guard := catchUpGuard(opts)
 	if p, ok := r.projections[name]; ok && p.Partitioned() {
-		return r.catchUpPartitions(ctx, p)
+		return r.catchUpPartitions(ctx, p, guard)
 	}
-	return r.catchUpUnit(ctx, name, nil)
+	return r.catchUpUnit(ctx, name, guard)
 }
 
 // catchUpUnit catches up the unit called name (a projection or a partition) and reports it.

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -190,6 +191,7 @@ func New(backend projection.Backend, pub trigger.Publisher, cfg Config) (*Relay,
 func coalesce(events []eventstore.Event) trigger.Trigger {
 	last := events[len(events)-1]
 	t := trigger.Trigger{Position: last.Position, StreamID: last.StreamID, At: time.Now().UTC(), Reason: trigger.ReasonAppend}
+	keys := map[uint32]struct{}{}
 	for _, e := range events {
 		if !slices.Contains(t.Types, e.Type) {
 			t.Types = append(t.Types, e.Type)
@@ -197,8 +199,14 @@ func coalesce(events []eventstore.Event) trigger.Trigger {
 		if e.StreamID != t.StreamID {
 			t.StreamID = ""
 		}
+		if len(keys) <= trigger.MaxKeys {
+			keys[eventstore.PartitionKey(e.StreamID)] = struct{}{}
+		}
 	}
 	slices.Sort(t.Types)
+	if len(keys) <= trigger.MaxKeys { // more: any stream
+		t.Keys = slices.Sorted(maps.Keys(keys))
+	}
 	return t
 }
 

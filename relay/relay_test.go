@@ -97,6 +97,7 @@ func TestRelayCoalescesAndNeverLosesATrigger(t *testing.T) {
 	require.Equal(t, 1, count, "50 appends, one trigger")
 	require.Equal(t, []string{"Closed", "Registered"}, got.Types)
 	require.Equal(t, "ticket", got.StreamID)
+	require.Equal(t, []uint32{eventstore.PartitionKey("ticket")}, got.Keys, "one stream, one key")
 	require.Equal(t, trigger.ReasonAppend, got.Reason)
 
 	more, err := store.Append(ctx, "other", eventstore.Any, storetest.Event("Registered", 99))

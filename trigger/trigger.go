@@ -121,6 +121,10 @@ type Trigger struct {
 	StreamID string
 	// Types are the event types appended; empty means any type.
 	Types []string
+	// Keys are the partition keys (eventstore.PartitionKey) of the streams appended to,
+	// distinct; empty means any stream. A partition of a partitioned projection that none of
+	// them falls in has nothing to do for the trigger (ConcernsPartition).
+	Keys []uint32
 	// At is when the trigger was made.
 	At time.Time
 	// Reason says why.
@@ -141,8 +145,27 @@ func ForAppend(res eventstore.AppendResult, at time.Time) Trigger {
 	t := Trigger{Position: res.Last(), Types: res.Types(), At: at, Reason: ReasonAppend}
 	if len(res.Events) > 0 {
 		t.StreamID = res.Events[0].StreamID
+		t.Keys = []uint32{eventstore.PartitionKey(t.StreamID)}
 	}
 	return t
+}
+
+// MaxKeys is the most partition keys a trigger lists (Trigger.Keys); one covering more
+// streams lists none (any stream).
+const MaxKeys = 64
+
+// ConcernsPartition reports whether the partition p of a projection may have work because of
+// t: always for an unpartitioned p or a trigger without keys, else when a key falls in p.
+func (t Trigger) ConcernsPartition(p eventstore.Partition) bool {
+	if !p.Partitioned() || len(t.Keys) == 0 {
+		return true
+	}
+	for _, k := range t.Keys {
+		if p.ContainsKey(k) {
+			return true
+		}
+	}
+	return false
 }
 
 // Concerns reports whether a projection handling types (nil: every type) may have work
@@ -164,6 +187,7 @@ type wire struct {
 	Pos        string          `json:"pos,omitempty"`
 	Stream     string          `json:"stream,omitempty"`
 	Types      []string        `json:"types,omitempty"`
+	Keys       []uint32        `json:"keys,omitempty"`
 	At         time.Time       `json:"at"`
 	Reason     Reason          `json:"reason,omitempty"`
 	Projection string          `json:"for,omitempty"`
@@ -180,7 +204,7 @@ func (t Trigger) Encode() ([]byte, error) {
 		return nil, fmt.Errorf("trigger: encode: unknown reason %q; use one of %q", t.Reason, Reasons())
 	}
 	v := Version
-	w := wire{V: &v, Stream: t.StreamID, Types: t.Types, At: t.At.UTC(), Reason: r, Projection: t.Projection, Skip: t.Skip,
+	w := wire{V: &v, Stream: t.StreamID, Types: t.Types, Keys: t.Keys, At: t.At.UTC(), Reason: r, Projection: t.Projection, Skip: t.Skip,
 		Rebuild: t.Rebuild, Redrive: t.Redrive}
 	if !t.Position.IsZero() {
 		w.Pos = t.Position.String()
@@ -188,6 +212,12 @@ func (t Trigger) Encode() ([]byte, error) {
 	b, err := json.Marshal(w)
 	if err != nil {
 		return nil, fmt.Errorf("trigger: encode: %w", err)
+	}
+	if len(b) > MaxSize && len(w.Keys) > 0 {
+		w.Keys = nil // "any stream" is always correct, only less precise
+		if b, err = json.Marshal(w); err != nil {
+			return nil, fmt.Errorf("trigger: encode: %w", err)
+		}
 	}
 	if len(b) > MaxSize {
 		w.Types = nil // "any type" is always correct, only less precise
@@ -256,7 +286,7 @@ func Decode(b []byte) (Trigger, error) {
 	if err != nil {
 		return Trigger{}, err
 	}
-	t := Trigger{StreamID: w.Stream, Types: w.Types, At: w.At, Reason: r, Projection: w.Projection, Skip: w.Skip,
+	t := Trigger{StreamID: w.Stream, Types: w.Types, Keys: w.Keys, At: w.At, Reason: r, Projection: w.Projection, Skip: w.Skip,
 		Rebuild: w.Rebuild, Redrive: w.Redrive}
 	if w.Pos != "" {
 		p, err := eventstore.ParsePosition(w.Pos)

@@ -20,6 +20,7 @@ func TestRoundTrip(t *testing.T) {
 		Position: eventstore.Position{TransactionID: 7414, GlobalPosition: 1203},
 		StreamID: "ticket-42",
 		Types:    []string{"TicketWasRegistered", "TicketWasClosed"},
+		Keys:     []uint32{7, 2147483647},
 		At:       time.Date(2026, 11, 22, 10, 0, 0, 123, time.UTC),
 		Reason:   trigger.ReasonAppend,
 	}
@@ -70,6 +71,38 @@ func TestEncodeDropsTypesThatDoNotFit(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, got.Types, "no type list means any type")
 	require.True(t, got.Concerns([]string{"Anything"}))
+}
+
+// TestEncodeDropsKeysBeforeTypes: a trigger too large with its partition keys loses them
+// (any stream) and keeps its types if they fit.
+func TestEncodeDropsKeysBeforeTypes(t *testing.T) {
+	t.Parallel()
+	keys := make([]uint32, trigger.MaxKeys)
+	for i := range keys {
+		keys[i] = 2147483600 + uint32(i) //nolint:gosec // small
+	}
+	b, err := trigger.Trigger{Types: []string{"A"}, Keys: keys, StreamID: strings.Repeat("s", 255)}.Encode()
+	require.NoError(t, err)
+	require.LessOrEqual(t, len(b), trigger.MaxSize)
+	got, err := trigger.Decode(b)
+	require.NoError(t, err)
+	require.Empty(t, got.Keys, "no keys means any stream")
+	require.Equal(t, []string{"A"}, got.Types)
+	require.True(t, got.ConcernsPartition(eventstore.Partition{Index: 3, Count: 16}))
+}
+
+// TestConcernsPartition: a trigger concerns the partitions its streams' keys fall in; one
+// without keys concerns every partition; an unpartitioned projection, every trigger.
+func TestConcernsPartition(t *testing.T) {
+	t.Parallel()
+	res := eventstore.AppendResult{Events: []eventstore.Event{{StreamID: "order-42", Type: "A"}}}
+	tr := trigger.ForAppend(res, time.Now())
+	require.Equal(t, []uint32{eventstore.PartitionKey("order-42")}, tr.Keys)
+	for k := range 16 {
+		require.Equal(t, k == eventstore.PartitionOf("order-42", 16), tr.ConcernsPartition(eventstore.Partition{Index: k, Count: 16}), "partition %d", k)
+	}
+	require.True(t, tr.ConcernsPartition(eventstore.Partition{}))
+	require.True(t, trigger.Trigger{}.ConcernsPartition(eventstore.Partition{Index: 1, Count: 16}))
 }
 
 func TestConcerns(t *testing.T) {

@@ -7,10 +7,14 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/lease"
 	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
@@ -38,9 +42,12 @@ type Leases struct {
 // partitionSet is what a worker runs of one partitioned projection: the partitions it owns,
 // each with the subscription of its unit.
 type partitionSet struct {
-	name   string
-	units  []string
-	member *lease.Member // nil: this worker owns every partition
+	name  string
+	units []string
+	// leases configures the membership (nil: this worker owns every partition); member is
+	// set once Run has joined the group.
+	leases *lease.Config
+	member atomic.Pointer[lease.Member]
 
 	mu   sync.Mutex
 	subs map[int]unitSubscription // made at the first gain, closed when the worker stops
@@ -67,34 +74,42 @@ func (w *Worker) newPartitionSet(p *projection.Projection, leases *Leases) (*par
 	}
 	ps := &partitionSet{name: p.Name(), units: units, subs: map[int]unitSubscription{}, runs: map[int]*partitionRun{}}
 	if leases != nil {
-		m, err := lease.New(leases.DB, lease.Config{Group: p.Name(), Partitions: len(units), Owner: leases.Owner, TTL: leases.TTL,
-			Renew: leases.Renew, Schema: leases.Schema, Logger: w.logger.With(slog.String("projection", p.Name()))})
-		if err != nil {
+		cfg := lease.Config{Group: p.Name(), Partitions: len(units), Owner: leases.Owner, TTL: leases.TTL,
+			Renew: leases.Renew, Schema: leases.Schema, Logger: w.logger.With(slog.String("projection", p.Name()))}.WithDefaults()
+		if err := cfg.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: Leases: %w", ErrInvalidConfig, err)
 		}
-		ps.member = m
+		ps.leases = &cfg
 	}
 	return ps, nil
 }
 
 // owned returns the partitions the worker owns (every one without leases).
 func (ps *partitionSet) owned() []int {
-	if ps.member == nil {
+	if ps.leases == nil {
 		out := make([]int, len(ps.units))
 		for k := range out {
 			out[k] = k
 		}
 		return out
 	}
-	return ps.member.Owned()
+	if m := ps.member.Load(); m != nil {
+		return m.Owned()
+	}
+	return nil
 }
 
 // guard returns the batch guard of partition k: its lease (always yes without leases).
 func (ps *partitionSet) guard(k int) projection.BatchGuard {
-	if ps.member == nil {
+	if ps.leases == nil {
 		return nil
 	}
-	return func() (func(), bool) { return ps.member.Use(k) }
+	return func() (func(), bool) {
+		if m := ps.member.Load(); m != nil {
+			return m.Use(k)
+		}
+		return nil, false
+	}
 }
 
 // Owned returns the partitions of the named projection this worker owns now, in order: every
@@ -106,6 +121,29 @@ func (w *Worker) Owned(name string) []int {
 	}
 	if _, ok := w.stats[name]; ok {
 		return []int{0}
+	}
+	return nil
+}
+
+// checkLeases reads the partition leases of each partitioned projection once, so that a
+// worker whose lease tables are missing (Leases.Schema not migrated) fails to start instead of
+// running without partitions: errors match projection.ErrNotMigrated then.
+func (w *Worker) checkLeases(ctx context.Context) error {
+	if w.cfg.Leases == nil {
+		return nil
+	}
+	for _, name := range w.names {
+		ps, ok := w.parts[name]
+		if !ok {
+			continue
+		}
+		if _, err := lease.Leases(ctx, w.cfg.Leases.DB, w.cfg.Leases.Schema, name, len(ps.units)); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+				err = fmt.Errorf("%w: %w", projection.ErrNotMigrated, err)
+			}
+			return fmt.Errorf("worker: partition leases of %s: %w", name, err)
+		}
 	}
 	return nil
 }
@@ -126,29 +164,67 @@ func (w *Worker) subscriptionNames() []string {
 // membership, and a consumer of each owned partition's subscription. When it returns, every
 // partition consumer has stopped and every lease has been given back (or ctx's grace is over).
 func (w *Worker) runPartitions(ctx context.Context) {
+	if len(w.parts) == 0 {
+		return
+	}
+	var db postgres.DB
+	if w.cfg.Leases != nil {
+		var closeDB func()
+		db, closeDB = w.leaseDB(ctx)
+		defer closeDB()
+	}
 	var wg sync.WaitGroup
 	for _, name := range w.names {
 		if ps, ok := w.parts[name]; ok {
-			wg.Go(func() { w.runPartitionSet(ctx, ps) })
+			wg.Go(func() { w.runPartitionSet(ctx, ps, db) })
 		}
 	}
 	wg.Wait()
 }
 
-func (w *Worker) runPartitionSet(ctx context.Context, ps *partitionSet) {
+// leaseDB returns the database handle of the lease rounds and its close function. Given a
+// pool (Leases.DB is a *pgxpool.Pool), it is a pool of two connections of its own, with the
+// same settings: renewals must never wait for a connection behind the partitions' batches,
+// which would let the leases lapse while their owner works (16 partitions' batches on a pool of
+// 4 did). Otherwise Leases.DB itself.
+func (w *Worker) leaseDB(ctx context.Context) (postgres.DB, func()) {
+	pool, ok := w.cfg.Leases.DB.(interface{ Config() *pgxpool.Config })
+	if !ok {
+		return w.cfg.Leases.DB, func() {}
+	}
+	cfg := pool.Config()
+	cfg.MaxConns, cfg.MinConns = 2, 0
+	own, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		w.logger.WarnContext(ctx, "partition leases: no pool of their own; renewing on Leases.DB", slog.Any("error", err))
+		return w.cfg.Leases.DB, func() {}
+	}
+	return own, own.Close
+}
+
+func (w *Worker) runPartitionSet(ctx context.Context, ps *partitionSet, db postgres.DB) {
 	log := w.logger.With(slog.String("projection", ps.name))
-	var membership sync.WaitGroup
-	if ps.member != nil {
+	var (
+		membership sync.WaitGroup
+		member     *lease.Member
+	)
+	if ps.leases != nil {
+		var err error
+		if member, err = lease.New(db, *ps.leases); err != nil { // the config was checked in New
+			log.ErrorContext(ctx, "partition leases", slog.Any("error", err))
+			return
+		}
+		ps.member.Store(member)
 		membership.Go(func() {
-			if err := ps.member.Run(ctx); err != nil && !errors.Is(err, lease.ErrClosed) && ctx.Err() == nil {
+			if err := member.Run(ctx); err != nil && !errors.Is(err, lease.ErrClosed) && ctx.Err() == nil {
 				log.ErrorContext(ctx, "partition leases stopped", slog.Any("error", err))
 			}
 		})
 	}
 	for {
 		var changed <-chan struct{}
-		if ps.member != nil {
-			changed = ps.member.Changed()
+		if member != nil {
+			changed = member.Changed()
 		}
 		w.syncPartitions(ctx, ps, log)
 		select {
@@ -167,10 +243,11 @@ func (w *Worker) runPartitionSet(ctx context.Context, ps *partitionSet) {
 	for _, r := range runs {
 		r.cancel()
 		<-r.done
+		w.stats[ps.name].givenBack.Add(1)
 	}
-	if ps.member != nil {
+	if member != nil {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.CloseTimeout)
-		if err := ps.member.Close(closeCtx); err != nil {
+		if err := member.Close(closeCtx); err != nil {
 			log.WarnContext(ctx, "could not give the partition leases back; they lapse after their TTL", slog.Any("error", err))
 		}
 		cancel()
@@ -196,6 +273,7 @@ func (w *Worker) syncPartitions(ctx context.Context, ps *partitionSet, log *slog
 			r.cancel()
 			<-r.done
 			delete(ps.runs, k)
+			w.stats[ps.name].givenBack.Add(1)
 			log.InfoContext(ctx, "partition given back", slog.String("unit", ps.units[k]))
 		}
 	}
@@ -206,6 +284,7 @@ func (w *Worker) syncPartitions(ctx context.Context, ps *partitionSet, log *slog
 		runCtx, cancel := context.WithCancel(ctx)
 		r := &partitionRun{cancel: cancel, done: make(chan struct{})}
 		ps.runs[k] = r
+		w.stats[ps.name].claimed.Add(1)
 		sub, err := ps.subscriber(w, k)
 		if err != nil {
 			// The partition stays owned (its lease keeps others off it): the safety net
@@ -285,6 +364,7 @@ func (w *Worker) unitHandler(ps *partitionSet, k int, log *slog.Logger) *project
 	p, _ := w.cfg.Runner.Projection(ps.name) // checked in New
 	guard := ps.guard(k)
 	return &projectionHandler{w: w, name: ps.units[k], types: p.Types(), c: w.stats[ps.name], log: log,
+		partition: eventstore.Partition{Index: k, Count: len(ps.units)},
 		run: func(ctx context.Context) (projection.Result, error) {
 			var opts []projection.CatchUpOption
 			if guard != nil {

@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -14,10 +15,13 @@ import (
 	"github.com/nudgeworks/nudge/channel"
 	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
 	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
+	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/lease"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/projection/projectiontest"
+	"github.com/nudgeworks/nudge/retry"
+	"github.com/nudgeworks/nudge/trigger"
 	"github.com/nudgeworks/nudge/worker"
 )
 
@@ -34,7 +38,14 @@ func (s *setup) streamModel(t testing.TB, name string, partitions int, hold func
 			_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (stream text, version int, times int NOT NULL, PRIMARY KEY (stream, version))`)
 			return err
 		},
+		ResetFunc: func(ctx context.Context, p projection.HookParams) error {
+			_, err := p.Tx.Exec(ctx, `DELETE FROM `+table)
+			return err
+		},
 	}, projection.On("A", func(ctx context.Context, tx pgx.Tx, e projection.Event[projectiontest.Payload]) error {
+		if e.StreamID == poisonStream && poisoned.Load() {
+			return errors.New("poison")
+		}
 		if hold != nil {
 			if wait := hold(e.Event); wait != nil {
 				select {
@@ -61,6 +72,11 @@ func (s *setup) streamModel(t testing.TB, name string, partitions int, hold func
 	return p
 }
 
+// poisonStream's events fail streamModel's handler while poisoned is set.
+const poisonStream = "s-007"
+
+var poisoned atomic.Bool
+
 // streamRows counts streamModel's rows and those applied more than once.
 func (s *setup) streamRows(t testing.TB, name string) (rows, twice int) {
 	t.Helper()
@@ -76,6 +92,17 @@ func (s *setup) appendStreams(t testing.TB, streams, first int) {
 	for i := range streams {
 		s.append(t, fmt.Sprintf("s-%03d", i), eventstore.EventData{Type: "A", Payload: []byte(fmt.Sprintf(`{"n":%d}`, first+i))})
 	}
+}
+
+// streamsOf returns the names appendStreams gives the streams of partition k.
+func (s *setup) streamsOf(streams, parts, k int) []string {
+	var out []string
+	for i := range streams {
+		if id := fmt.Sprintf("s-%03d", i); eventstore.PartitionOf(id, parts) == k {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // leaseOwners returns the owner of each partition of the named projection ("" for none).
@@ -142,12 +169,18 @@ func TestPartitionsSpreadOverWorkers(t *testing.T) {
 		for _, k := range w1.Owned(name) {
 			require.NotContains(t, w2.Owned(name), k)
 		}
+		require.Eventually(t, func() bool { // the consumers stop right after the leases move
+			st := w1.Stats(name)
+			return st.Partitions == parts/2 && st.PartitionsClaimed == parts && st.PartitionsGivenBack == parts/2
+		}, eventually, 10*time.Millisecond, "w1 gave two partitions to w2: %+v", w1.Stats(name))
 		s.appendStreams(t, streams, streams)
 		require.Eventually(t, func() bool { rows, _ := s.streamRows(t, name); return rows == 2*streams }, eventually, 10*time.Millisecond, "two workers applied the second round")
 
 		stop2() // graceful: its leases are given back at once, not after the TTL
 		require.Eventually(t, func() bool { return len(w1.Owned(name)) == parts }, eventually, 10*time.Millisecond, "w1 owns every partition again")
 		require.Equal(t, []string{"w1", "w1", "w1", "w1"}, s.leaseOwners(t, name, parts))
+		require.Eventually(t, func() bool { return w1.Stats(name).PartitionsClaimed == parts+parts/2 }, eventually, 10*time.Millisecond,
+			"and took them back")
 		s.appendStreams(t, streams, 2*streams)
 		require.Eventually(t, func() bool { rows, _ := s.streamRows(t, name); return rows == 3*streams }, eventually, 10*time.Millisecond, "one worker applied the third round")
 		rows, twice := s.streamRows(t, name)
@@ -205,4 +238,101 @@ func TestPartitionMovesOnlyBetweenBatches(t *testing.T) {
 	require.Eventually(t, func() bool { rows, _ := s.streamRows(t, name); return rows == 40 }, eventually, 10*time.Millisecond, "every event applied")
 	_, twice := s.streamRows(t, name)
 	require.Zero(t, twice)
+}
+
+// TestPartitionFailsAloneAndHeals: a poison event fails its partition alone — its trigger is
+// dead-lettered under the partition's unit name, listed under the projection's — while the
+// other partitions apply every event; replaying the projection's dead letters after the fix
+// heals the partition, and a rebuild requested of the projection rebuilds every partition.
+func TestPartitionFailsAloneAndHeals(t *testing.T) {
+	poisoned.Store(true)
+	t.Cleanup(func() { poisoned.Store(false) })
+	s := newSetup(t)
+	ch := s.newChannel(t, channels["amqp"])
+	const name, parts, streams = "poisoned", 4, 40
+	l := leases("w1")
+	l.DB = s.db.Pool
+	s.start(t, ch, worker.Config{Leases: l, SafetyNetInterval: -1,
+		Retry: retry.Policy{MaxAttempts: 2, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}}, s.streamModel(t, name, parts, nil))
+	s.appendStreams(t, streams, 0)
+	bad, err := projection.PartitionUnitName(name, eventstore.PartitionOf(poisonStream, parts), parts)
+	require.NoError(t, err)
+	waiting := s.streamsOf(streams, parts, eventstore.PartitionOf(poisonStream, parts)) // the failing partition's
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, s.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{name + "_streams"}.Sanitize()+
+			` WHERE stream <> ALL($1)`, waiting).Scan(&n))
+		return n == streams-len(waiting)
+	}, eventually, 10*time.Millisecond, "every stream of the other partitions")
+	recs := s.awaitDeadLetters(t, 1)
+	require.Equal(t, bad, recs[0].Projection, "dead-lettered under the failing partition's unit")
+	listed, err := s.dead.List(context.Background(), deadletter.Filter{Projection: name})
+	require.NoError(t, err)
+	require.Len(t, listed, 1, "listed under the projection")
+	st, err := s.runner.Status(context.Background(), name)
+	require.NoError(t, err)
+	require.Equal(t, bad, st.FailingPartition)
+
+	poisoned.Store(false)
+	res, err := deadletter.Replay(context.Background(), s.dead, ch, deadletter.ReplayFilter{Projection: name}, "ops", time.Now())
+	require.NoError(t, err)
+	require.Equal(t, []string{bad}, res.Projections, "the replay is addressed to the partition")
+	require.Eventually(t, func() bool { rows, _ := s.streamRows(t, name); return rows == streams }, eventually, 10*time.Millisecond, "healed")
+
+	before, err := s.runner.Status(context.Background(), name)
+	require.NoError(t, err)
+	require.NoError(t, ch.Publish(context.Background(), trigger.Trigger{Reason: trigger.ReasonRebuild, Projection: name, At: time.Now(),
+		Rebuild: &trigger.RebuildRequest{By: "ops"}}))
+	require.Eventually(t, func() bool {
+		st, err := s.runner.Status(context.Background(), name)
+		require.NoError(t, err)
+		rows, _ := s.streamRows(t, name)
+		return st.RebuildStartedAt.After(before.RebuildStartedAt) && st.Condition() == projection.ConditionCaughtUp && rows == streams
+	}, eventually, 10*time.Millisecond, "every partition rebuilt")
+	_, twice := s.streamRows(t, name)
+	require.Zero(t, twice)
+}
+
+// TestPartitionTriggerOfOtherStreamsCostsNoRead: a trigger lists the partition keys of its
+// streams, so on a partitioned projection only the partition of the appended stream catches
+// up; the other partitions' subscriptions ack it without a read, and the projection's own
+// subscription leaves append triggers to its partitions.
+func TestPartitionTriggerOfOtherStreamsCostsNoRead(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	dropping := &droppingChannel{Channel: s.newChannel(t, channels["gochannel"])} // silences the relay
+	const name, parts = "keyed", 4
+	w := s.start(t, dropping, worker.Config{SafetyNetInterval: -1}, s.streamModel(t, name, parts, nil))
+	// Each partition catches up when the worker takes it, and once more in the safety net's
+	// start-up round.
+	require.Eventually(t, func() bool { return w.Stats(name).CatchUps == 2*parts }, eventually, 5*time.Millisecond, "the start-up catch-ups")
+	res, err := s.store.Append(context.Background(), "s-000", eventstore.Any,
+		eventstore.EventData{Type: "A", Payload: []byte(`{"n":1}`)})
+	require.NoError(t, err)
+	before := w.Stats(name)
+	require.NoError(t, dropping.Channel.Publish(context.Background(), trigger.ForAppend(res, time.Now())))
+	require.Eventually(t, func() bool {
+		st := w.Stats(name)
+		return st.Received-before.Received == parts+1 && st.CatchUps-before.CatchUps == 1 && st.Redundant-before.Redundant == parts-1
+	}, eventually, 5*time.Millisecond, "one catch-up, in the stream's partition")
+	require.Eventually(t, func() bool { rows, _ := s.streamRows(t, name); return rows == 1 }, eventually, 5*time.Millisecond)
+	after := w.Stats(name)
+	require.Equal(t, int64(1), after.Ignored-before.Ignored, "the projection's own subscription leaves it to the partitions")
+}
+
+// TestLeasesNotMigrated: a worker whose lease tables do not exist (Leases.Schema never
+// migrated) fails to start with projection.ErrNotMigrated rather than run without partitions.
+func TestLeasesNotMigrated(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	runner, err := projection.NewRunner(s.backend, projection.RunnerConfig{Logger: s.logger}, s.streamModel(t, "unmigrated", 2, nil))
+	require.NoError(t, err)
+	ch := goChannel(t)
+	t.Cleanup(func() { require.NoError(t, ch.Close()) })
+	w, err := worker.New(worker.Config{Runner: runner, Channel: ch, Logger: s.logger, DeadLetters: s.dead,
+		Leases: &worker.Leases{DB: s.db.Pool, Schema: "elsewhere"}})
+	require.NoError(t, err)
+	err = w.Run(context.Background())
+	require.ErrorIs(t, err, projection.ErrNotMigrated)
+	require.ErrorContains(t, err, "partition leases of unmigrated")
 }

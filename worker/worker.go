@@ -33,6 +33,7 @@ import (
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/backoff"
+	"github.com/nudgeworks/nudge/lease"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/retry"
 	"github.com/nudgeworks/nudge/trigger"
@@ -184,6 +185,13 @@ func (cfg Config) WithDefaults() Config {
 	if cfg.TransientCauseFunc == nil {
 		cfg.TransientCauseFunc = TransientCause
 	}
+	if cfg.Leases != nil {
+		l := *cfg.Leases
+		if l.Owner == "" { // one owner id for every projection of the worker
+			l.Owner = lease.Config{}.WithDefaults().Owner
+		}
+		cfg.Leases = &l
+	}
 	return cfg
 }
 
@@ -268,10 +276,16 @@ type Stats struct {
 	Healed int64
 	// Stalls counts the stalls the safety net found (see Config.StallAfter).
 	Stalls int64
+	// Partitions is how many partitions of a partitioned projection the worker owns now (0 for
+	// an unpartitioned one); PartitionsClaimed and PartitionsGivenBack count the partitions it
+	// took and gave back (rebalances, takeovers, its own stop).
+	Partitions                             int
+	PartitionsClaimed, PartitionsGivenBack int64
 }
 
 type counters struct {
 	received, redundant, ignored, invalid, catchUps, failures, deadLettered, healed, stalls atomic.Int64
+	claimed, givenBack                                                                      atomic.Int64
 	// running counts catch-ups in flight; runningSince is when the count last left zero;
 	// triggered is when a trigger last started a catch-up (Unix nanoseconds).
 	running      atomic.Int32
@@ -285,9 +299,13 @@ func (w *Worker) Stats(name string) Stats {
 	if !ok {
 		return Stats{}
 	}
-	return Stats{Received: c.received.Load(), Redundant: c.redundant.Load(), Ignored: c.ignored.Load(),
+	st := Stats{Received: c.received.Load(), Redundant: c.redundant.Load(), Ignored: c.ignored.Load(),
 		Invalid: c.invalid.Load(), CatchUps: c.catchUps.Load(), Failures: c.failures.Load(), DeadLettered: c.deadLettered.Load(),
-		Healed: c.healed.Load(), Stalls: c.stalls.Load()}
+		Healed: c.healed.Load(), Stalls: c.stalls.Load(), PartitionsClaimed: c.claimed.Load(), PartitionsGivenBack: c.givenBack.Load()}
+	if ps, ok := w.parts[name]; ok {
+		st.Partitions = len(ps.owned())
+	}
+	return st
 }
 
 // Prepare does what must happen before the projections' handlers run, on a router of yours
@@ -303,6 +321,9 @@ func (w *Worker) Prepare(ctx context.Context) error {
 	}
 	if _, err := w.cfg.DeadLetters.List(ctx, deadletter.Filter{Limit: 1}); err != nil {
 		return fmt.Errorf("worker: read the dead letters: %w", err)
+	}
+	if err := w.checkLeases(ctx); err != nil {
+		return err
 	}
 	if err := w.cfg.Channel.Declare(ctx, w.subscriptionNames()...); err != nil {
 		return fmt.Errorf("worker: declare subscriptions: %w", err)
@@ -485,6 +506,8 @@ type projectionHandler struct {
 	run func(ctx context.Context) (projection.Result, error)
 	// parts is set on the own subscription of a partitioned projection.
 	parts *partitionSet
+	// partition is a partition unit's part of the log (zero: the whole log).
+	partition eventstore.Partition
 	// refreshed is when a backlog's redundant trigger last started a catch-up (refreshDue).
 	refreshed atomic.Int64
 }
@@ -544,7 +567,8 @@ func (h *projectionHandler) refreshDue(t trigger.Trigger) bool {
 }
 
 // passed reports (and counts) a trigger addressed to another projection, or one for a position
-// or event types the projection has already passed: such a trigger costs no read. redundant
+// or event types the projection has already passed, or (on a partition's subscription) for
+// streams of other partitions only: such a trigger costs no read. redundant
 // is true for the latter, append triggers.
 func (h *projectionHandler) passed(t trigger.Trigger) (passed, redundant bool) {
 	if (t.Projection != "" && t.Projection != h.name) || (t.Projection == "" && h.parts != nil) {
@@ -554,7 +578,7 @@ func (h *projectionHandler) passed(t trigger.Trigger) (passed, redundant bool) {
 		return true, false
 	}
 	if t.Reason == trigger.ReasonAppend && !t.Position.IsZero() &&
-		(!h.w.cfg.Runner.CommittedPosition(h.name).Less(t.Position) || !t.Concerns(h.types)) {
+		(!h.w.cfg.Runner.CommittedPosition(h.name).Less(t.Position) || !t.Concerns(h.types) || !t.ConcernsPartition(h.partition)) {
 		h.c.redundant.Add(1)
 		return true, true
 	}

@@ -21,7 +21,9 @@ import (
 	"github.com/nudgeworks/nudge/deadletter"
 	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/lease"
 	"github.com/nudgeworks/nudge/name"
+	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
 	pjpg "github.com/nudgeworks/nudge/projection/postgres"
 )
@@ -38,6 +40,16 @@ The lag counts the event types the projection handled when its worker last start
 records them in nudge_projections); a projection registered by an older nudge counts every
 type until its worker restarts.
 
+A partitioned projection (Config.Partitions) is one row, its partitions folded as
+Runner.Status folds them: the worst state, the lowest position, the lags and dead letters
+summed, the first failing partition's failing event. Its note counts its partitions and the
+workers that hold their leases ("16 partitions, 3 owners, 1 unowned") and names the failing
+partition. --partitions adds a line for each partition under it, indented: its unit name
+(orders.p03), state, position, lag, failing event, dead letters and a note that starts with
+its owner, the worker holding its lease ("owner host-4121-9f3a2c"), or "unowned" when no live
+worker holds it (a worker without leases runs every partition without one). A partition's
+unit name as PROJECTION shows that partition alone.
+
 --json prints a JSON array sorted by name, one object per projection, with the fields
   name, state (the stored one: running, failing, paused, rebuilding), condition (the one
   state shown in the table), position, head, lag_events, lag_seconds, events_processed, held_by_horizon,
@@ -51,7 +63,13 @@ type until its worker restarts.
   while rebuilding, else null), last_skip ({event_id, type, stream_id, position, by, reason,
   forced, at} or null), parked_streams (streams parked by OnFailure park; 'nudge parked
   list' lists them), oldest_parked_at (null when none is parked), version, active_version,
-  version_state (active, building or retired) and retired_at (see Config.Version).
+  version_state (active, building or retired) and retired_at (see Config.Version),
+  partition_count (1 unless partitioned), owners (the workers holding the leases of a
+  partitioned projection's partitions, sorted; null for other rows and without the lease table),
+  failing_partition, and partitions: null unless partitioned, else one object per partition
+  in index order, with the fields above and partition_of, partition (its index), owner (the
+  worker holding its lease, null when none does) and lease_expires_at. --json always has the
+  partitions; --partitions changes the table only.
 Positions are "transaction/global" strings and times RFC 3339. Fields may be added, never
 removed or renamed.
 
@@ -71,9 +89,10 @@ const (
 )
 
 func (c *cli) status(ctx context.Context, args []string) error {
-	cmd := command{name: "status", synopsis: "[PROJECTION...] [--json] [--watch] [--interval 2s]", doc: statusDoc}
+	cmd := command{name: "status", synopsis: "[PROJECTION...] [--partitions] [--json] [--watch] [--interval 2s]", doc: statusDoc}
 	fs := newFlagSet(cmd.name)
 	asJSON := fs.Bool("json", false, "print a JSON array instead of a table")
+	expand := fs.Bool("partitions", false, "show each partition of a partitioned projection on a line of its own, with its owner")
 	watch := fs.Bool("watch", false, "print the status again every --interval until Ctrl-C")
 	interval := fs.Duration("interval", intervalDefault, "how often --watch redraws")
 	names, err := c.parse(fs, cmd, args)
@@ -112,9 +131,10 @@ func (c *cli) status(ctx context.Context, args []string) error {
 	if err != nil {
 		return usageErrorf("--schema: %v", err)
 	}
-	noted := false
+	src := statusSource{backend: backend, dead: dead, db: pool, schema: c.g.schema}
+	noted, leasesNoted := false, false
 	show := func(ctx context.Context, w io.Writer) error {
-		rows, err := statusRows(ctx, backend, dead, names)
+		rows, err := statusRows(ctx, src, names)
 		if err != nil {
 			return err
 		}
@@ -122,10 +142,14 @@ func (c *cli) status(ctx context.Context, args []string) error {
 			noted = true
 			fmt.Fprintln(c.stderr, "note: no dead-letter table (nudge_dead_letters) here, so no dead-letter counts; 'nudge migrate' creates it")
 		}
+		if !leasesNoted && ownersUnknown(rows) {
+			leasesNoted = true
+			fmt.Fprintln(c.stderr, "note: no lease table (nudge_partition_leases) here, so no partition owners; 'nudge migrate' creates it")
+		}
 		if *asJSON {
 			return writeStatusJSON(w, rows, !*watch)
 		}
-		return writeStatusTable(w, rows)
+		return writeStatusTable(w, rows, *expand)
 	}
 	if !*watch {
 		return show(ctx, c.stdout)
@@ -169,36 +193,41 @@ func (c *cli) watchStatus(ctx context.Context, interval time.Duration, asJSON bo
 	}
 }
 
-// statusRow is one projection's status and its count of failed dead letters (nil: unknown).
+// statusRow is one projection's status (folded, for a partitioned projection) and its count
+// of failed dead letters (nil: unknown).
 type statusRow struct {
 	projection.Status
 	deadLetters *int
+	// partitions are the rows of a partitioned projection's partitions, in index order; nil
+	// for other rows.
+	partitions []statusRow
+	// lease is a partition's lease (Owner "" when no live worker holds it); nil for other
+	// rows, and when there is no lease table (the owner is unknown).
+	lease *lease.Lease
 }
 
-// statusRows reads the status of the named projections (all when names is empty) and their
-// failed dead letters (unknown, nil, when there is no dead-letter table).
-func statusRows(ctx context.Context, backend *pjpg.Backend, dead *dlpg.Store, names []string) ([]statusRow, error) {
-	all, err := backend.Statuses(ctx)
+// statusSource is where status reads from: the projections' status rows, the dead letters and
+// the partition leases (in db's schema).
+type statusSource struct {
+	backend *pjpg.Backend
+	dead    *dlpg.Store
+	db      postgres.DB
+	schema  string
+}
+
+// statusRows reads the status of the named projections (all when names is empty; a partition's
+// unit name shows that partition alone), their failed dead letters (unknown, nil, when there
+// is no dead-letter table) and the owners of their partitions.
+func statusRows(ctx context.Context, src statusSource, names []string) ([]statusRow, error) {
+	all, err := src.backend.Statuses(ctx)
 	if err != nil {
 		return nil, projectionTableError(err)
 	}
-	statuses := all
-	if len(names) > 0 {
-		statuses = statuses[:0:0]
-		var unknown []string
-		for _, name := range names {
-			i := slices.IndexFunc(all, func(st projection.Status) bool { return st.Name == name })
-			if i < 0 {
-				unknown = append(unknown, name)
-				continue
-			}
-			statuses = append(statuses, all[i])
-		}
-		if len(unknown) > 0 {
-			return nil, unknownProjections(unknown, all)
-		}
+	statuses, err := pickStatuses(foldPartitioned(all), names)
+	if err != nil {
+		return nil, err
 	}
-	counts, err := failedDeadLetters(ctx, dead)
+	counts, err := failedDeadLetters(ctx, src.dead)
 	switch {
 	case isUndefinedTable(err):
 		counts = nil // the counts are unknown
@@ -207,12 +236,11 @@ func statusRows(ctx context.Context, backend *pjpg.Backend, dead *dlpg.Store, na
 	}
 	rows := make([]statusRow, 0, len(statuses))
 	for _, st := range statuses {
-		row := statusRow{Status: st}
-		if counts != nil {
-			n := counts[st.Name]
-			row.deadLetters = &n
+		leases, err := partitionLeases(ctx, src.db, src.schema, st)
+		if err != nil {
+			return nil, err
 		}
-		rows = append(rows, row)
+		rows = append(rows, newStatusRow(st, counts, leases))
 	}
 	return rows, nil
 }
@@ -267,7 +295,9 @@ func isUndefinedTable(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
 }
 
-func writeStatusTable(w io.Writer, rows []statusRow) error {
+// writeStatusTable prints rows as a table, a partitioned projection on one line; expand adds a
+// line for each of its partitions under it, indented.
+func writeStatusTable(w io.Writer, rows []statusRow, expand bool) error {
 	if len(rows) == 0 {
 		_, err := fmt.Fprintln(w, "No projections are registered in this database (a worker registers its projections when it starts).")
 		return err
@@ -275,18 +305,34 @@ func writeStatusTable(w io.Writer, rows []statusRow) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PROJECTION\tSTATE\tPOSITION\tHEAD\tLAG\tLAG TIME\tFAILING EVENT\tDEAD LETTERS\tNOTE")
 	for _, r := range rows {
-		failing := "-"
-		if e := r.FailingEvent; e != nil {
-			failing = fmt.Sprintf("%s %s at %s", e.ID, terminalSafe(e.Type), e.Position)
+		writeStatusLine(tw, "", r)
+		if expand {
+			for _, p := range r.partitions {
+				writeStatusLine(tw, "  ", p)
+			}
 		}
-		dead := "?"
-		if r.deadLetters != nil {
-			dead = strconv.Itoa(*r.deadLetters)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Condition(), r.Position, r.Head, lagText(r.Status),
-			humanDuration(r.LagTime), failing, dead, terminalSafe(statusNote(r.Status)))
 	}
 	return tw.Flush()
+}
+
+// writeStatusLine prints r's line of the table, its name after indent.
+func writeStatusLine(tw io.Writer, indent string, r statusRow) {
+	failing := "-"
+	if e := r.FailingEvent; e != nil {
+		failing = fmt.Sprintf("%s %s at %s", e.ID, terminalSafe(e.Type), e.Position)
+	}
+	dead := "?"
+	if r.deadLetters != nil {
+		dead = strconv.Itoa(*r.deadLetters)
+	}
+	note := statusNote(r.Status)
+	if owners := ownerNote(r); owners != "" && note == "-" {
+		note = owners
+	} else if owners != "" {
+		note = owners + "; " + note
+	}
+	fmt.Fprintf(tw, "%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", indent, r.Name, r.Condition(), r.Position, r.Head, lagText(r.Status),
+		humanDuration(r.LagTime), failing, dead, terminalSafe(note))
 }
 
 // lagText is the lag in events, with a ~ when it is an estimate.
@@ -318,7 +364,11 @@ func statusNote(st projection.Status) string {
 		notes = append(notes, note)
 	}
 	if st.State == projection.StateFailing && st.LastError != "" {
-		notes = append(notes, fmt.Sprintf("attempt %d: %s", st.Attempts, truncate(st.LastError, noteErrorWidth)))
+		note := fmt.Sprintf("attempt %d: %s", st.Attempts, truncate(st.LastError, noteErrorWidth))
+		if st.FailingPartition != "" {
+			note = st.FailingPartition + " " + note
+		}
+		notes = append(notes, note)
 	}
 	if st.ParkedStreams > 0 {
 		notes = append(notes, fmt.Sprintf("%d parked streams, oldest since %s (nudge parked list %s)",
@@ -431,6 +481,14 @@ type statusJSON struct {
 	ActiveVersion                int           `json:"active_version"`
 	VersionState                 string        `json:"version_state,omitempty"`
 	RetiredAt                    *time.Time    `json:"retired_at"`
+	PartitionCount               int           `json:"partition_count"`
+	PartitionOf                  string        `json:"partition_of"`
+	Partition                    *int          `json:"partition"`
+	Owner                        *string       `json:"owner"`
+	LeaseExpiresAt               *time.Time    `json:"lease_expires_at"`
+	Owners                       []string      `json:"owners"`
+	FailingPartition             string        `json:"failing_partition"`
+	Partitions                   []statusJSON  `json:"partitions"`
 }
 
 // holderJSON is an eventstore.HorizonHolder as --json prints it.
@@ -501,6 +559,7 @@ func toStatusJSON(r statusRow) statusJSON {
 	if st.Holder != nil {
 		out.OldestOpenTransactionSeconds = st.Holder.Age.Seconds()
 	}
+	partitionsJSON(&out, r)
 	if st.State == projection.StateRebuilding {
 		done, total := st.Progress()
 		p := 100.0

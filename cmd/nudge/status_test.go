@@ -22,6 +22,7 @@ import (
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/eventstore/storetest"
 	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/lease"
 	"github.com/nudgeworks/nudge/projection"
 	pjpg "github.com/nudgeworks/nudge/projection/postgres"
 )
@@ -505,4 +506,204 @@ func TestVersionNotesAndETA(t *testing.T) {
 	st.State, st.EventsProcessed = projection.StateRunning, 1000
 	_, ok = rebuildETA(st, now)
 	require.False(t, ok, "not rebuilding")
+}
+
+// partitionedFixture is newFixture's database with the projection orders split into 4
+// partitions, caught up over eight streams but failing in the partition of the stream
+// order-bad, and the leases of two live workers, w-a and w-b, with one partition no one owns
+// (its worker, w-c, left). One failed dead letter is recorded under the failing partition's
+// unit name, beside newFixture's two under orders.
+type partitionedFixture struct {
+	*fixture
+	status projection.Status // the runner's status of orders, its partitions folded
+	bad    string            // the failing partition's unit name
+	owners []string          // the owner of each partition, "" for the unowned one
+}
+
+func newPartitionedFixture(t *testing.T) *partitionedFixture {
+	t.Helper()
+	f := newFixture(t)
+	ctx := context.Background()
+	store, err := espg.New(f.db.Pool, espg.Config{})
+	require.NoError(t, err)
+	var last eventstore.AppendResult
+	for _, s := range []string{"order-1", "order-2", "order-3", "order-4", "order-5", "order-6", "order-bad", "order-7", "order-8"} {
+		last, err = store.Append(ctx, s, eventstore.Any, eventstore.EventData{Type: "A", Payload: json.RawMessage(`{}`)})
+		require.NoError(t, err)
+	}
+	storetest.Settle(t, store, last.Last())
+	backend, err := pjpg.New(store)
+	require.NoError(t, err)
+	orders, err := projection.New("orders", projection.Config{Partitions: 4}, projection.OnIdempotent("A",
+		func(_ context.Context, e projection.Event[json.RawMessage]) error {
+			if e.StreamID == "order-bad" {
+				return errors.New("cannot take order-bad")
+			}
+			return nil
+		}))
+	require.NoError(t, err)
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, orders)
+	require.NoError(t, err)
+	require.NoError(t, runner.Init(ctx))
+	_, err = runner.CatchUp(ctx, "orders")
+	require.ErrorIs(t, err, projection.ErrHandler)
+	st, err := runner.Status(ctx, "orders")
+	require.NoError(t, err)
+	require.NotEmpty(t, st.FailingPartition)
+	_, err = f.store.Add(ctx, deadletter.Entry{Projection: st.FailingPartition, MessageUUID: "m-part", Payload: []byte(`{}`),
+		Error: "cannot take order-bad", Attempts: 1, At: time.Now()})
+	require.NoError(t, err)
+	return &partitionedFixture{fixture: f, status: st, bad: st.FailingPartition, owners: leaseOrders(t, f)}
+}
+
+// leaseOrders lets three workers share orders' 4 partitions, stops their renewals (their
+// leases stay live for a long TTL), lets w-c leave, and returns each partition's owner.
+func leaseOrders(t *testing.T, f *fixture) []string {
+	t.Helper()
+	ctx := context.Background()
+	members := map[string]*lease.Member{}
+	var stops []func()
+	for _, owner := range []string{"w-a", "w-b", "w-c"} {
+		m, err := lease.New(f.db.Pool, lease.Config{Group: "orders", Partitions: 4, Owner: owner, TTL: time.Hour,
+			Renew: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- m.Run(runCtx) }()
+		stops = append(stops, func() {
+			cancel()
+			require.ErrorIs(t, <-done, context.Canceled)
+		})
+		members[owner] = m
+	}
+	// Three members of 4 partitions: w-a holds 2, w-b and w-c one each.
+	require.Eventually(t, func() bool {
+		return len(members["w-a"].Owned()) == 2 && len(members["w-b"].Owned()) == 1 && len(members["w-c"].Owned()) == 1
+	}, waitCLI, 10*time.Millisecond, "the three workers share the partitions")
+	for _, stop := range stops {
+		stop()
+	}
+	require.NoError(t, members["w-c"].Close(ctx))
+	ls, err := lease.Leases(ctx, f.db.Pool, "", "orders", 4)
+	require.NoError(t, err)
+	owners := make([]string, len(ls))
+	for k, l := range ls {
+		owners[k] = l.Owner
+	}
+	require.ElementsMatch(t, []string{"w-a", "w-a", "w-b", ""}, owners)
+	return owners
+}
+
+// TestStatusPartitions: a partitioned projection is one folded line whose note counts its
+// partitions and owners and names the failing partition; --partitions adds a line per
+// partition with its owner; --json has the partitions and their owners.
+func TestStatusPartitions(t *testing.T) {
+	t.Parallel()
+	f := newPartitionedFixture(t)
+	st := f.status
+	head := regexp.QuoteMeta(st.Head.String())
+	e := st.FailingEvent
+	require.NotNil(t, e)
+	failing := regexp.QuoteMeta(fmt.Sprintf("%s A at %s", e.ID, e.Position))
+
+	res := runCLI(t, f.env, "status")
+	require.Equal(t, 0, res.code, res.stderr)
+	lines := strings.Split(strings.TrimRight(res.stdout, "\n"), "\n")
+	require.Len(t, lines, 2, "one line for the 4 partitions: %s", res.stdout)
+	require.Regexp(t, `^orders\s+failing\s+`+regexp.QuoteMeta(st.Position.String())+`\s+`+head+`\s+`+strconv.FormatInt(st.LagEvents, 10)+
+		`\s+\S+\s+`+failing+`\s+3\s+4 partitions, 2 owners, 1 unowned; `+regexp.QuoteMeta(f.bad)+` attempt 1: cannot take order-bad$`, lines[1])
+
+	res = runCLI(t, f.env, "status", "--partitions")
+	require.Equal(t, 0, res.code, res.stderr)
+	lines = strings.Split(strings.TrimRight(res.stdout, "\n"), "\n")
+	require.Len(t, lines, 6, res.stdout)
+	require.Regexp(t, `^orders\s+failing\s`, lines[1])
+	for k, p := range st.Partitions {
+		owner := "owner " + f.owners[k]
+		if f.owners[k] == "" {
+			owner = "unowned"
+		}
+		want := `^  ` + regexp.QuoteMeta(fmt.Sprintf("orders.p%d", k)) + `\s+caught_up\s+` + regexp.QuoteMeta(p.Position.String()) +
+			`\s+\S+\s+0\s+0s\s+-\s+0\s+` + owner + `$`
+		if p.Name == f.bad {
+			want = `^  ` + regexp.QuoteMeta(f.bad) + `\s+failing\s+` + regexp.QuoteMeta(p.Position.String()) + `\s+\S+\s+[1-9]\d*\s+\S+\s+` + failing +
+				`\s+1\s+` + owner + `; attempt 1: cannot take order-bad$`
+		}
+		require.Regexp(t, want, lines[2+k])
+	}
+
+	// A partition's unit name shows it alone.
+	res = runCLI(t, f.env, "status", "orders.p1")
+	require.Equal(t, 0, res.code, res.stderr)
+	lines = strings.Split(strings.TrimRight(res.stdout, "\n"), "\n")
+	require.Len(t, lines, 2, res.stdout)
+	require.Regexp(t, `^orders\.p1\s.*\s(owner `+f.owners[1]+`|unowned)(; .*)?$`, lines[1])
+
+	res = runCLI(t, f.env, "status", "--json")
+	require.Equal(t, 0, res.code, res.stderr)
+	var got []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &got), res.stdout)
+	require.Len(t, got, 1)
+	o := got[0]
+	require.Equal(t, []any{"orders", "failing", 4.0, []any{"w-a", "w-b"}, f.bad, 3.0, st.Position.String(), "", nil, nil},
+		[]any{o["name"], o["condition"], o["partition_count"], o["owners"], o["failing_partition"], o["dead_letters"], o["position"],
+			o["partition_of"], o["partition"], o["owner"]})
+	parts := o["partitions"].([]any)
+	require.Len(t, parts, 4)
+	for k, raw := range parts {
+		p := raw.(map[string]any)
+		name := fmt.Sprintf("orders.p%d", k)
+		require.Equal(t, []any{name, "orders", float64(k), 4.0, st.Partitions[k].Position.String(), nil, nil},
+			[]any{p["name"], p["partition_of"], p["partition"], p["partition_count"], p["position"], p["partitions"], p["owners"]})
+		if f.owners[k] == "" {
+			require.Nil(t, p["owner"], "unowned")
+			require.Nil(t, p["lease_expires_at"])
+		} else {
+			require.Equal(t, f.owners[k], p["owner"])
+			require.NotNil(t, p["lease_expires_at"])
+		}
+		wantDead, wantCondition := 0.0, "caught_up"
+		if name == f.bad {
+			wantDead, wantCondition = 1, "failing"
+		}
+		require.Equal(t, []any{wantDead, wantCondition}, []any{p["dead_letters"], p["condition"]}, name)
+	}
+}
+
+// TestStatusPartitionsWithoutLeaseTable: without the lease table the owners are unknown ("?",
+// null), said once, and the rest is shown.
+func TestStatusPartitionsWithoutLeaseTable(t *testing.T) {
+	t.Parallel()
+	f := newPartitionedFixture(t)
+	_, err := f.db.Pool.Exec(context.Background(), `DROP TABLE nudge_partition_leases`)
+	require.NoError(t, err)
+
+	res := runCLI(t, f.env, "status", "--partitions")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Equal(t, 1, strings.Count(res.stderr, "no lease table"), res.stderr)
+	require.Regexp(t, `(?m)^orders\s+failing\s.*\s3\s+4 partitions; `+regexp.QuoteMeta(f.bad)+` attempt 1`, res.stdout)
+	require.Regexp(t, `(?m)^  orders\.p\d\s.*\sowner \?$`, res.stdout)
+
+	res = runCLI(t, f.env, "status", "--json")
+	require.Equal(t, 0, res.code, res.stderr)
+	var got []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &got), res.stdout)
+	require.Contains(t, got[0], "owners")
+	require.Nil(t, got[0]["owners"], "unknown")
+}
+
+// TestStatusOwnerIsTerminalSafe: an owner id comes from the database; the table escapes it.
+func TestStatusOwnerIsTerminalSafe(t *testing.T) {
+	t.Parallel()
+	part := projection.Status{Name: "orders.p0", PartitionOf: "orders", Partition: eventstore.Partition{Index: 0, Count: 2}}
+	other := part
+	other.Name, other.Partition.Index = "orders.p1", 1
+	rows := []statusRow{newStatusRow(projection.FoldPartitions("orders", []projection.Status{part, other}), map[string]int{},
+		[]lease.Lease{{Partition: 0, Owner: "evil\x1b[2J"}, {Partition: 1}})}
+	var out bytes.Buffer
+	require.NoError(t, writeStatusTable(&out, rows, true))
+	require.NotContains(t, out.String(), "\x1b")
+	require.Contains(t, out.String(), `owner evil\x1b[2J`)
+	require.Regexp(t, `(?m)^orders\s.*\s2 partitions, 1 owner, 1 unowned$`, out.String())
+	require.Regexp(t, `(?m)^  orders\.p1\s.*\sunowned$`, out.String())
 }

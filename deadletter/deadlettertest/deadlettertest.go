@@ -40,6 +40,7 @@ func Run(t *testing.T, newStore NewStoreFunc) {
 		{"NewRecordAfterResolve", testNewRecordAfterResolve},
 		{"InvalidTriggersFoldByMessageUUID", testInvalidTriggersFold},
 		{"ListFiltersAndPaging", testList},
+		{"ListByProjectionIncludesItsPartitions", testListPartitions},
 		{"NotFound", testNotFound},
 		{"MarkReplayedChangesOnlyNamedEligibleRecords", testMarkReplayed},
 		{"Resolve", testResolve},
@@ -417,6 +418,25 @@ func testInvalidTriggersFold(t *testing.T, s deadletter.Store) {
 	n2 := add(t, s, InvalidEntry("tickets", "", Base()))
 	require.Equal(t, n1.ID, n2.ID)
 	require.Equal(t, 2, n2.Count)
+}
+
+// testListPartitions: a projection's filter selects its partitions' records (unit names
+// "<projection>.pNN") and no other projection's, however alike the names.
+func testListPartitions(t *testing.T, s deadletter.Store) {
+	ctx := context.Background()
+	var want []int64
+	for _, p := range []string{"orders", "orders.p0", "orders.p13", "orders.pa", "orders.p", "orders.p1x", "orders2.p1", "orders-p1", "order.p1", "xorders.p1"} {
+		rec := add(t, s, EventEntry(p, uuid.New(), Base()))
+		if p == "orders" || p == "orders.p0" || p == "orders.p13" {
+			want = append(want, rec.ID)
+		}
+	}
+	got, err := s.List(ctx, deadletter.Filter{Projection: "orders"})
+	require.NoError(t, err)
+	require.Equal(t, want, ids(got))
+	got, err = s.List(ctx, deadletter.Filter{Projection: "orders.p13"})
+	require.NoError(t, err)
+	require.Equal(t, want[2:], ids(got), "a partition's own filter selects it alone")
 }
 
 func testList(t *testing.T, s deadletter.Store) {

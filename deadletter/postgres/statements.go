@@ -85,7 +85,10 @@ func newStatements(schema string) statements {
 		where, n := []string{"id > $1"}, 2
 		if i&listByProjection != 0 {
 			n++
-			where = append(where, fmt.Sprintf("projection = $%d", n))
+			// The projection's records and its partitions' (projection.pNN): an index range
+			// for the latter, checked exactly.
+			where = append(where, fmt.Sprintf(`(projection = $%[1]d OR (projection >= $%[1]d || '.p0' AND projection <= $%[1]d || '.p9~'
+				AND left(projection, length($%[1]d) + 2) = $%[1]d || '.p' AND substr(projection, length($%[1]d) + 3) ~ '^[0-9]+$'))`, n))
 		}
 		if i&listByStatus != 0 {
 			n++

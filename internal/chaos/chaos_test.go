@@ -252,7 +252,7 @@ func TestSelectScenarios(t *testing.T) {
 	all := scenarios()
 	got, err := selectScenarios(all, "all")
 	require.NoError(t, err)
-	require.Len(t, got, 13)
+	require.Len(t, got, 14)
 	require.Equal(t, "security", got[len(got)-1].name, "security runs last: it searches the others' outputs")
 	got, err = selectScenarios(all, "poison, sigkill")
 	require.NoError(t, err)

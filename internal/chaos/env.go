@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -11,6 +12,7 @@ import (
 	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -96,6 +98,7 @@ type env struct {
 	secrets           []string             // security: passwords that must appear nowhere
 	droppedBefore     int64                // dropped-triggers: triggers dropped before all were
 	relayDown         time.Duration        // relay-kill: the relay's longest absence, kill to ready
+	scaleStart        time.Time            // scale: when the writers started
 
 	relayCancel context.CancelFunc
 	relayDone   chan struct{}
@@ -131,6 +134,25 @@ type scenarioSettings struct {
 	// long version 2's cut-over waits in its ActivateFunc.
 	rebuild  bool
 	flipHold time.Duration
+	// partitions splits the exactly-once projection into that many partitions, which the
+	// workers spread with leases (chaosworker -partitions); exactOnly runs (and verifies) the
+	// exactly-once projection alone.
+	partitions int
+	exactOnly  bool
+	// workers, writers, rate and perAppend replace the defaults: 2 worker processes, 4
+	// writers, the run's -rate, 1 to perAppendDefault events per append.
+	workers, writers, rate, perAppend int
+	// keepRate makes the writers keep the rate when appends slow down (load.keepRate).
+	keepRate bool
+}
+
+// modelNames are the read models the scenario's workers run and verify compares, in the order
+// of the results.
+func (set scenarioSettings) modelNames() []string {
+	if set.exactOnly {
+		return []string{chaosmodel.ExactProjection}
+	}
+	return []string{chaosmodel.ExactProjection, chaosmodel.IdempotentProjection, chaosmodel.FileProjection}
 }
 
 func randomHex(n int) string {
@@ -223,14 +245,19 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 	} else if err := e.startRelay(ctx); err != nil {
 		return nil, err
 	}
-	e.workers = newPool(workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: e.broker.url, prefix: e.prefix,
-		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet, park: set.park, flipHold: set.flipHold}, 2)
+	ws := workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: e.broker.url, prefix: e.prefix,
+		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet, park: set.park, flipHold: set.flipHold, partitions: set.partitions}
+	if set.exactOnly {
+		ws.projections = chaosmodel.ExactProjection
+	}
+	e.workers = newPool(ws, cmp.Or(set.workers, 2))
 	if set.rebuild {
 		for _, slot := range e.workers.slots {
 			slot.deploy(1)
 		}
 	}
-	e.load = newLoad(e.store, e.log, 4, s.rate, s.seed^hashName(name))
+	e.load = newLoad(e.store, e.log, cmp.Or(set.writers, 4), cmp.Or(set.rate, s.rate), set.perAppend, s.seed^hashName(name))
+	e.load.keepRate = set.keepRate
 	return e, nil
 }
 
@@ -238,8 +265,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 // rebuild-kill) in a runner that only reads their status. Its models never handle an event:
 // their file sinks stay empty.
 func (e *env) newStatusRunner() error {
-	cfg := chaosmodel.Config{DB: e.pool, SinkPath: filepath.Join(e.logDir, "status-only.sink")}
-	e.units = chaosmodel.Names()
+	cfg := chaosmodel.Config{DB: e.pool, SinkPath: filepath.Join(e.logDir, "status-only.sink"), Partitions: e.settings.partitions}
 	if e.settings.rebuild {
 		cfg.ExactVersion = 1
 	}
@@ -247,7 +273,18 @@ func (e *env) newStatusRunner() error {
 	if e.models, err = chaosmodel.New(cfg); err != nil {
 		return err
 	}
-	projections := e.models.Projections
+	var projections []*projection.Projection
+	for _, p := range e.models.Projections {
+		if slices.Contains(e.settings.modelNames(), p.Name()) {
+			projections = append(projections, p)
+			e.units = append(e.units, p.Name())
+			if p.Partitioned() {
+				for _, u := range p.Units() {
+					e.units = append(e.units, u.Name()) // the partitions' own queues
+				}
+			}
+		}
+	}
 	if e.settings.rebuild {
 		cfg.ExactVersion, cfg.SinkPath = 2, filepath.Join(e.logDir, "status-only-v2.sink")
 		if e.next, err = chaosmodel.New(cfg); err != nil {
@@ -325,14 +362,30 @@ func (e *env) statuses(ctx context.Context) ([]projection.Status, error) {
 	return e.status.Statuses(ctx)
 }
 
-// caughtUpTo reports whether every projection has committed a position at or past pos.
+// caughtUpTo reports whether every projection has handled every event up to pos: committed a
+// position at or past it, or, for each partition of a partitioned projection, whose position
+// stays at its own last event, no lag left against a head at or past pos.
 func (e *env) caughtUpTo(ctx context.Context, pos eventstore.Position) bool {
 	sts, err := e.statuses(ctx)
 	if err != nil {
 		return false
 	}
 	for _, st := range sts {
-		if st.VersionState != projection.VersionRetired && st.Position.Less(pos) {
+		if st.VersionState != projection.VersionRetired && !unitsCaughtUpTo(st, pos) {
+			return false
+		}
+	}
+	return true
+}
+
+// unitsCaughtUpTo reports whether the units of st (its partitions, or st itself) have handled
+// every event up to pos.
+func unitsCaughtUpTo(st projection.Status, pos eventstore.Position) bool {
+	if len(st.Partitions) == 0 {
+		return !st.Position.Less(pos)
+	}
+	for _, part := range st.Partitions {
+		if part.Position.Less(pos) && (part.LagEvents > 0 || part.Head.Less(pos)) {
 			return false
 		}
 	}
@@ -346,7 +399,7 @@ func (e *env) faultsOver() { e.faultEnd = time.Now() }
 // verify read; -1 when a model misses an event it needs.
 func (e *env) recovery() time.Duration {
 	var models []map[uuid.UUID]sighting
-	for _, name := range chaosmodel.Names() {
+	for _, name := range e.settings.modelNames() {
 		models = append(models, e.verified.seen[name])
 	}
 	d, ok := recoveryTime(e.verified.appended, models, e.faultEnd)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,6 +35,11 @@ type load struct {
 	pause time.Duration
 	// perAppend is the most events per append (1 to perAppend, random).
 	perAppend int
+	// keepRate makes a writer that fell behind its share of the rate (its appends took longer
+	// than the pause) append the events it owes in its next appends, up to keepRateMax each,
+	// instead of losing the missed ticks; perWriter is that share, in events a second.
+	keepRate  bool
+	perWriter float64
 	seed      uint64
 
 	mu      sync.Mutex
@@ -48,12 +54,20 @@ type load struct {
 	stopped bool
 }
 
-// newLoad returns writers appending about rate events a second in all.
-func newLoad(store appender, log *slog.Logger, writers int, rate int, seed uint64) *load {
-	const perAppend = 3
+// perAppendDefault is the most events per append unless a scenario says otherwise.
+const perAppendDefault = 3
+
+// keepRateMax bounds the appends of a writer that catches up with its rate (load.keepRate).
+const keepRateMax = 50
+
+// newLoad returns writers appending about rate events a second in all, 1 to perAppend events
+// per append (perAppendDefault for 0).
+func newLoad(store appender, log *slog.Logger, writers, rate, perAppend int, seed uint64) *load {
+	perAppend = cmp.Or(perAppend, perAppendDefault)
 	l := &load{store: store, log: log, writers: writers, perAppend: perAppend, seed: seed, seq: make([]int, writers)}
 	if rate > 0 {
-		appendsPerWriter := float64(rate) / float64(writers) / ((1 + perAppend) / 2.0)
+		l.perWriter = float64(rate) / float64(writers)
+		appendsPerWriter := float64(rate) / float64(writers) / (float64(1+perAppend) / 2)
 		l.pause = time.Duration(float64(time.Second) / appendsPerWriter)
 	}
 	return l
@@ -122,8 +136,15 @@ func (l *load) write(ctx context.Context, w int, stop <-chan struct{}) {
 		defer ticker.Stop()
 		tick = ticker.C
 	}
+	began, written := time.Now(), 0
 	for {
-		if err := l.appendBatch(ctx, w, 1+rng.IntN(l.perAppend), false); err != nil {
+		k := 1 + rng.IntN(l.perAppend)
+		if l.keepRate && l.perWriter > 0 {
+			owed := int(time.Since(began).Seconds()*l.perWriter) - written
+			k = max(k, min(owed, keepRateMax))
+		}
+		written += k
+		if err := l.appendBatch(ctx, w, k, false); err != nil {
 			if ctx.Err() == nil {
 				l.failed.Store(true)
 				l.log.Error("writer stopped", slog.Int("writer", w), slog.Any("error", err))

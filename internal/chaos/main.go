@@ -58,7 +58,7 @@ func run() int {
 		which   = flag.String("scenario", "all", "`name`s of the scenarios to run, comma-separated, or all")
 		budget  = flag.Duration("budget", budgetDefault, "bound on the whole run; scenarios still running when it ends fail")
 		seed    = flag.Uint64("seed", 0, "seed of the random choices (kill moments, dropped triggers, garbage); 0 picks one")
-		rate    = flag.Int("rate", 300, "events appended per second by the writers, in all")
+		rate    = flag.Int("rate", 300, "events appended per second by the writers, in all (scale appends its own 2,000)")
 		results = flag.String("results", "chaos-results", "`directory` for results.json and the logs")
 		verbose = flag.Bool("v", false, "print progress to stderr")
 		list    = flag.Bool("list", false, "list the scenarios and exit")

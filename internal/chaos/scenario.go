@@ -119,32 +119,33 @@ func (s *suite) verify(ctx context.Context, e *env, r *result) error {
 		}
 	}
 	r.addCheck("acknowledged appends are in the store", lost == 0, "%d of %d missing from the store", lost, r.Acked)
-	exact, err := readExact(ctx, e.pool)
-	if err != nil {
-		return err
+	e.verified = verified{appended: appended, seen: map[string]map[uuid.UUID]sighting{}}
+	for _, name := range e.settings.modelNames() {
+		seen, torn, err := e.readModel(ctx, name)
+		if err != nil {
+			return err
+		}
+		m := compare(name, name == chaosmodel.ExactProjection, appended, seen)
+		m.Torn = torn
+		m.Mismatched, m.OutOfOrder = checkContent(contents, seen)
+		r.Models = append(r.Models, m)
+		e.verified.seen[name] = seen
 	}
-	idem, err := readIdempotent(ctx, e.pool)
-	if err != nil {
-		return err
-	}
-	file, torn, err := readSinks(e.sinkDir)
-	if err != nil {
-		return err
-	}
-	fm := compare(chaosmodel.FileProjection, false, appended, file)
-	fm.Torn = torn
-	r.Models = []modelResult{
-		compare(chaosmodel.ExactProjection, true, appended, exact),
-		compare(chaosmodel.IdempotentProjection, false, appended, idem),
-		fm,
-	}
-	for i, seen := range []map[uuid.UUID]sighting{exact, idem, file} {
-		r.Models[i].Mismatched, r.Models[i].OutOfOrder = checkContent(contents, seen)
-	}
-	e.verified = verified{appended: appended, seen: map[string]map[uuid.UUID]sighting{
-		chaosmodel.ExactProjection: exact, chaosmodel.IdempotentProjection: idem, chaosmodel.FileProjection: file,
-	}}
 	return nil
+}
+
+// readModel reads what the named read model holds, and the torn lines of the file model.
+func (e *env) readModel(ctx context.Context, name string) (map[uuid.UUID]sighting, int, error) {
+	switch name {
+	case chaosmodel.ExactProjection:
+		seen, err := readExact(ctx, e.pool)
+		return seen, 0, err
+	case chaosmodel.IdempotentProjection:
+		seen, err := readIdempotent(ctx, e.pool)
+		return seen, 0, err
+	default:
+		return readSinks(e.sinkDir)
+	}
 }
 
 // summariseDeadLetters copies the scenario's dead letters into the result.

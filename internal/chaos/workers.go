@@ -35,6 +35,11 @@ type workerSettings struct {
 	// flipHold is how long the exactly-once projection's cut-over waits in its ActivateFunc
 	// (chaosworker -flip-hold).
 	flipHold time.Duration
+	// partitions splits the exactly-once projection (chaosworker -partitions); each
+	// incarnation then holds leases under its own id (<slot>.<incarnation>) as owner.
+	partitions int
+	// projections are the projections the workers run (chaosworker -projections); "" for all.
+	projections string
 }
 
 // workerSlot is one of a scenario's worker processes, restarted under the same name after
@@ -64,7 +69,9 @@ type workerProc struct {
 	ready chan struct{} // closed when the process printed "ready"
 	done  chan struct{} // closed when the process has been waited for
 	err   error         // Wait's result, set before done is closed
-	id    string        // <slot>.<incarnation>, the name of its log
+	id    string        // <slot>.<incarnation>, the name of its log (and its lease owner)
+	// started is when the process was started.
+	started time.Time
 	// flipping is closed when the process printed "flip-hold" (it is inside the cut-over of
 	// its exactly-once projection's version); inFlip is true from then until "flip-hold-end".
 	flipping chan struct{}
@@ -93,6 +100,12 @@ func (s *workerSlot) start() (*workerProc, error) {
 	if s.set.exactVersion > 0 {
 		args = append(args, "-exact-version", strconv.Itoa(s.set.exactVersion), "-flip-hold", s.set.flipHold.String())
 	}
+	if s.set.partitions > 1 {
+		args = append(args, "-partitions", strconv.Itoa(s.set.partitions), "-owner", id)
+	}
+	if s.set.projections != "" {
+		args = append(args, "-projections", s.set.projections)
+	}
 	if s.set.debug {
 		args = append(args, "-debug")
 	}
@@ -109,7 +122,7 @@ func (s *workerSlot) start() (*workerProc, error) {
 		_ = logFile.Close()
 		return nil, fmt.Errorf("start worker %s: %w", id, err)
 	}
-	p := &workerProc{cmd: cmd, ready: make(chan struct{}), done: make(chan struct{}), id: id, flipping: make(chan struct{})}
+	p := &workerProc{cmd: cmd, ready: make(chan struct{}), done: make(chan struct{}), id: id, flipping: make(chan struct{}), started: time.Now()}
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		ready, flipping := false, false
@@ -187,6 +200,20 @@ func (s *workerSlot) kill() bool {
 	}
 	<-p.done
 	return true
+}
+
+// alive reports whether the process runs and the suite has not signalled it: from the
+// signal on it counts as gone, though it may take a moment to die (or, after SIGTERM, to stop).
+func (p *workerProc) alive() bool {
+	if p.signalled.Load() {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
 }
 
 // exitText describes a Wait result.

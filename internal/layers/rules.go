@@ -26,7 +26,8 @@ var noRunnerNoPgx = []string{pgx, postgresPackages, postgresDriver, runner, rela
 //	postgres                          the PostgreSQL driver core (DB, schema, migrations): no
 //	                                    component, runner, broker, relay or worker
 //	projection                        the runner: no broker, relay, worker or dead letters
-//	worker                            the handlers: no relay, no PostgreSQL backend
+//	worker                            the handlers: no relay, no PostgreSQL backend (the
+//	                                    driver core through lease, for partition leases)
 //	relay, */postgres, …              may use all of the above
 //	nudge (the root)                  the client: everything; nothing in the module imports it
 var Rules = []Rule{
@@ -51,6 +52,8 @@ var Rules = []Rule{
 	// The runner knows no broker and nothing built on it.
 	{Package: "projection", Forbid: []string{Module + "/channel/...", relay, worker, Module + "/deadletter/...", Module + "/retry"}},
 
-	// The worker runs handlers on any backend: it is given them.
-	{Package: "worker", Forbid: []string{relay, postgresPackages, postgresDriver}},
+	// The worker runs handlers on any backend: it is given them. It reaches the driver core
+	// through package lease alone (the partition leases are rows in PostgreSQL, used only when
+	// Config.Leases is set), never a PostgreSQL backend.
+	{Package: "worker", Forbid: []string{relay, postgresPackages}},
 }

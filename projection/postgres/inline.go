@@ -25,7 +25,11 @@ type Inline struct {
 	projections []*projection.Projection
 }
 
-// NewInline returns an Inline that appends to store and applies projections.
+// NewInline returns an Inline that appends to store and applies projections. A partitioned
+// projection (Config.Partitions > 1) is refused with an error matching
+// projection.ErrInvalidConfig: an inline projection runs in the append's transaction as one
+// unit, with no position of its own, so there is nothing to split; run it through a Runner, or
+// define it without Partitions.
 func NewInline(store *espg.Store, projections ...*projection.Projection) (*Inline, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: NewInline needs an event store", projection.ErrInvalidConfig)
@@ -37,6 +41,11 @@ func NewInline(store *espg.Store, projections ...*projection.Projection) (*Inlin
 		}
 		if seen[p.Name()] {
 			return nil, fmt.Errorf("%w: two inline projections are named %s", projection.ErrInvalidConfig, p.Name())
+		}
+		if p.Partitioned() {
+			return nil, fmt.Errorf("%w: inline projection %s has Partitions %d: an inline projection runs in the append's transaction "+
+				"as one unit, so it cannot be partitioned; leave Partitions at 1, or run the projection through a Runner",
+				projection.ErrInvalidConfig, p.Name(), p.Partitions())
 		}
 		seen[p.Name()] = true
 	}

@@ -366,6 +366,25 @@ func TestInline(t *testing.T) {
 	require.ErrorIs(t, err, projection.ErrInvalidConfig)
 }
 
+// TestInlineRefusesPartitions: an inline projection runs in the append's transaction as one
+// unit; a partitioned one is refused with a config error that names it and says what to do.
+func TestInlineRefusesPartitions(t *testing.T) {
+	t.Parallel()
+	store := newEnv(t).store
+	ok := func(context.Context, pgx.Tx, projection.Event[projectiontest.Payload]) error { return nil }
+	split, err := projection.New("split-tickets", projection.Config{Partitions: 4}, projection.On("A", ok))
+	require.NoError(t, err)
+	_, err = postgres.NewInline(store, mustNew(t, "whole-tickets", projection.On("A", ok)), split)
+	require.ErrorIs(t, err, projection.ErrInvalidConfig)
+	require.ErrorContains(t, err, "inline projection split-tickets has Partitions 4")
+	require.ErrorContains(t, err, "leave Partitions at 1, or run the projection through a Runner")
+
+	one, err := projection.New("one-tickets", projection.Config{Partitions: 1}, projection.On("A", ok))
+	require.NoError(t, err)
+	_, err = postgres.NewInline(store, one)
+	require.NoError(t, err, "Partitions 1 is one unit")
+}
+
 // TestPoller: the poller catches new events up without any broker and, while idle, waits longer
 // and longer.
 func TestPoller(t *testing.T) {

@@ -116,8 +116,23 @@ func NormalizeFilter(f deadletter.Filter) (deadletter.Filter, error) {
 
 // Matches reports whether f's projection and statuses (not its paging fields) select r.
 func Matches(f deadletter.Filter, r deadletter.Record) bool {
-	return (f.Projection == "" || f.Projection == r.Projection) &&
+	return (f.Projection == "" || f.Projection == r.Projection || IsPartitionOf(r.Projection, f.Projection)) &&
 		(len(f.Status) == 0 || slices.Contains(f.Status, r.Status))
+}
+
+// IsPartitionOf reports whether unit is the unit name of a partition of projection:
+// projection + ".p" + digits (projection.PartitionUnitName).
+func IsPartitionOf(unit, projection string) bool {
+	digits, ok := strings.CutPrefix(unit, projection+".p")
+	if !ok || digits == "" {
+		return false
+	}
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // NormalizeActor checks the name of who replays or resolves (field names the argument in the

@@ -93,6 +93,11 @@ type Config struct {
 	ExactVersion int
 	// ActivateFunc, if set, runs in ExactProjection's cut-over (projection.Config.ActivateFunc).
 	ActivateFunc func(ctx context.Context) error
+	// Partitions, when above 1, splits ExactProjection into that many partitions by stream
+	// (projection.Config.Partitions): each partition is a unit of its own (ExactProjection.pNN)
+	// with its own position, and the workers spread them with leases. It cannot be combined
+	// with ExactVersion. The other projections stay unpartitioned.
+	Partitions int
 }
 
 // ExactTable is the table of ExactProjection's version version: "chaos_exact_v<version>".
@@ -175,7 +180,7 @@ func New(cfg Config) (*Models, error) {
 // its version's table behind the view.
 func (m *Models) exact(cfg Config, onFailure projection.OnFailure) (*projection.Projection, error) {
 	table := ExactProjection
-	pc := projection.Config{BatchSize: cfg.BatchSize, OnFailure: onFailure, ParkAfterAttempts: cfg.ParkAfter}
+	pc := projection.Config{BatchSize: cfg.BatchSize, OnFailure: onFailure, ParkAfterAttempts: cfg.ParkAfter, Partitions: cfg.Partitions}
 	if cfg.ExactVersion > 0 {
 		table = ExactTable(cfg.ExactVersion)
 		pc.Version, pc.Tables = cfg.ExactVersion, []string{ExactProjection}

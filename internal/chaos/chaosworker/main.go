@@ -1,6 +1,8 @@
 // Command chaosworker is the worker process of the fault-injection suite (internal/chaos): it
-// runs the three chaosmodel projections with a worker.Worker on RabbitMQ triggers, dead letters
-// in PostgreSQL, until SIGTERM or SIGINT. The suite builds it once and starts, kills and
+// runs the three chaosmodel projections (or those -projections names) with a worker.Worker on
+// RabbitMQ triggers, dead letters in PostgreSQL, until SIGTERM or SIGINT. With -partitions the
+// exactly-once projection is partitioned and the worker runs the partitions it holds leases on
+// (worker.Config.Leases), sharing them with the other workers of the scenario. The suite builds it once and starts, kills and
 // restarts it many times.
 //
 // Secrets come from the environment, never from flags (which anyone can read in ps):
@@ -13,6 +15,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -20,6 +23,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -55,6 +60,11 @@ type options struct {
 	park         bool
 	exactVersion int
 	flipHold     time.Duration
+	partitions   int
+	projections  string
+	owner        string
+	leaseTTL     time.Duration
+	leaseRenew   time.Duration
 }
 
 func main() {
@@ -72,6 +82,12 @@ func main() {
 	flag.IntVar(&o.exactVersion, "exact-version", 0, "`version` of the exactly-once projection (0: unversioned)")
 	flag.DurationVar(&o.flipHold, "flip-hold", 0,
 		"how long the exactly-once projection's cut-over waits in its ActivateFunc, between the lines \"flip-hold\" and \"flip-hold-end\" on stdout")
+	flag.IntVar(&o.partitions, "partitions", 0,
+		"split the exactly-once projection into `n` partitions, spread over the workers with leases (0 or 1: unpartitioned)")
+	flag.StringVar(&o.projections, "projections", "all", "`names` of the projections to run, comma-separated, or all")
+	flag.StringVar(&o.owner, "owner", "", "lease `owner` of this process with -partitions (defaults to -name)")
+	flag.DurationVar(&o.leaseTTL, "lease-ttl", 0, "lease `TTL` with -partitions (0: lease.TTLDefault)")
+	flag.DurationVar(&o.leaseRenew, "lease-renew", 0, "lease renewal `interval` with -partitions (0: lease.RenewDefault)")
 	flag.Parse()
 
 	level := slog.LevelInfo
@@ -118,12 +134,16 @@ func run(ctx context.Context, o options, logger *slog.Logger) error {
 	}
 	defer idemPool.Close()
 	models, err := chaosmodel.New(chaosmodel.Config{DB: idemPool, SinkPath: o.sink, BatchSize: o.batchSize, ParkAfter: parkAfter(o),
-		ExactVersion: o.exactVersion, ActivateFunc: flipHold(o.flipHold)})
+		ExactVersion: o.exactVersion, ActivateFunc: flipHold(o.flipHold), Partitions: o.partitions})
 	if err != nil {
 		return err
 	}
 	defer func() { _ = models.Close() }()
-	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: logger}, models.Projections...)
+	projections, err := selectProjections(models.Projections, o.projections)
+	if err != nil {
+		return err
+	}
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: logger}, projections...)
 	if err != nil {
 		return err
 	}
@@ -145,6 +165,7 @@ func run(ctx context.Context, o options, logger *slog.Logger) error {
 		Retry:             retry.Policy{MaxAttempts: o.attempts, InitialInterval: o.retryInitial},
 		CloseTimeout:      5 * time.Second,
 		Horizon:           store,
+		Leases:            leases(o, pool),
 	})
 	if err != nil {
 		return err
@@ -157,6 +178,31 @@ func run(ctx context.Context, o options, logger *slog.Logger) error {
 		}
 	}()
 	return w.Run(ctx)
+}
+
+// selectProjections returns the projections named in which ("all" or a comma-separated list).
+func selectProjections(all []*projection.Projection, which string) ([]*projection.Projection, error) {
+	if which == "all" {
+		return all, nil
+	}
+	var out []*projection.Projection
+	for _, name := range strings.Split(which, ",") {
+		i := slices.IndexFunc(all, func(p *projection.Projection) bool { return p.Name() == strings.TrimSpace(name) })
+		if i < 0 {
+			return nil, fmt.Errorf("-projections: unknown projection %q; use all or some of %s", name, strings.Join(chaosmodel.Names(), ", "))
+		}
+		out = append(out, all[i])
+	}
+	return out, nil
+}
+
+// leases is the worker's Config.Leases: with -partitions, leases in the scenario's database
+// under the owner -owner (or -name); nil otherwise.
+func leases(o options, pool *pgxpool.Pool) *worker.Leases {
+	if o.partitions <= 1 {
+		return nil
+	}
+	return &worker.Leases{DB: pool, Owner: cmp.Or(o.owner, o.name), TTL: o.leaseTTL, Renew: o.leaseRenew}
 }
 
 // connect opens the pool and waits, up to timeout, for the server to answer.
