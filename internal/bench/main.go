@@ -3,7 +3,7 @@
 // (PASS/MISS with the gap). It also writes the results as JSON, with the machine they were
 // measured on, to -out.
 //
-//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|bluegreen|status|horizon|partitions|cqrs]
+//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|bluegreen|status|horizon|partitions|cqrs|scaleout]
 //	                        [-out bench-results] [-cpuprofile] [-pprof-dir DIR]
 //
 // Scenarios (several may be given, comma-separated):
@@ -45,6 +45,12 @@
 //     watermill-sql's PostgreSQL queue, writing the same read model: live latency, events
 //     applied twice and lost when a consumer (a child process) is SIGKILLed between its write
 //     and its ack, and events lost when the publish after the store's commit fails.
+//   - scaleout: a backlog (100,000 events over 1,000 streams) caught up by a projection whose
+//     handler waits 2 ms per event (a remote call: CPU-bound handlers cannot scale on two
+//     cores), unpartitioned on one worker and in 16 partitions on 1, 2, 4 and 8 workers in
+//     this process (each its own runner, pool and lease membership), timed from the workers'
+//     start, lease convergence included; and what partitioning itself costs: the same backlog
+//     without the wait, unpartitioned and in 16 partitions on one worker.
 //
 // Each scenario step runs on a database of its own (created and dropped, named like
 // internal/pgtest's) and a RabbitMQ prefix of its own (named like internal/amqptest's). The
@@ -126,6 +132,7 @@ var scenarios = []scenario{
 	{"horizon", "the read horizon under many connections", runHorizon, []Target{targetHorizonReads}},
 	{"partitions", "reading the log as 16 partitions beside reading it whole", runPartitions, []Target{targetPartitionTuples, targetPartitionBlocks}},
 	{"cqrs", "beside Watermill's CQRS event processor", runCQRS, []Target{targetCQRSFaults}},
+	{"scaleout", "a partitioned projection's catch-up on 1 to 8 workers", runScaleOut, []Target{targetScaleOut, targetPartitionCost}},
 }
 
 func scenarioNames() []string {
@@ -330,7 +337,7 @@ func startCPUProfile(dir, name string, at time.Time) (stop func(), path string, 
 }
 
 // postgresOnly are the scenarios that do not use RabbitMQ.
-var postgresOnly = []string{"rebuild", "status", "horizon", "partitions"}
+var postgresOnly = []string{"rebuild", "status", "horizon", "partitions", "scaleout"}
 
 // needsAMQP reports whether any of the scenarios uses RabbitMQ.
 func needsAMQP(names []string) bool {
@@ -395,6 +402,10 @@ type sizes struct {
 	partitionRounds int // measured reads of the whole log, each way
 
 	blueGreenEvents int // the history a new version builds beside the live one
+
+	scaleOutEvents  int   // the backlog the scale-out cases catch up
+	scaleOutWorkers []int // the worker counts of the partitioned cases
+	scaleOutRounds  int   // rounds of the partitioning cost's catch-ups, each way
 }
 
 // sizesFor returns the default sizes (about 10 minutes on 2 cores) or the quick ones (about 2).
@@ -411,6 +422,7 @@ func sizesFor(quick bool) sizes {
 		horizonEvents: 200_000, horizonConnections: 200, horizonWriters: 50, horizonRounds: 5, horizonCalls: 2000,
 		partitionEvents: 200_000, partitionRounds: 3,
 		blueGreenEvents: 1_000_000,
+		scaleOutEvents:  100_000, scaleOutWorkers: []int{1, 2, 4, 8}, scaleOutRounds: 5,
 	}
 	if quick {
 		s.rebuildEvents, s.naiveEvents, s.batchSizes = 50_000, 2_000, []int{500, 1000}
@@ -423,6 +435,7 @@ func sizesFor(quick bool) sizes {
 		s.horizonEvents, s.horizonRounds = 25_000, 1
 		s.partitionEvents, s.partitionRounds = 20_000, 1
 		s.blueGreenEvents = 20_000
+		s.scaleOutEvents = 10_000
 	}
 	return s
 }

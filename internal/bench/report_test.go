@@ -246,7 +246,7 @@ func TestParseFlags(t *testing.T) {
 	require.True(t, o.cpuProfile, "-pprof-dir implies -cpuprofile")
 
 	_, err = parseFlags([]string{"-scenario", "speed"}, io.Discard)
-	require.ErrorContains(t, err, `-scenario "speed": use all or rebuild, latency, append, idle, fanout, recovery, park, bluegreen, status, horizon, partitions`)
+	require.ErrorContains(t, err, `-scenario "speed": use all or rebuild, latency, append, idle, fanout, recovery, park, bluegreen, status, horizon, partitions, cqrs, scaleout`)
 	_, err = parseFlags([]string{"-log-level", "loud"}, io.Discard)
 	require.ErrorContains(t, err, "-log-level")
 	_, err = parseFlags([]string{"extra"}, io.Discard)
@@ -262,7 +262,10 @@ func TestParseFlags(t *testing.T) {
 	require.Less(t, sizesFor(true).statusEvents, sizesFor(false).statusEvents)
 	require.Less(t, sizesFor(true).horizonEvents, sizesFor(false).horizonEvents)
 	require.Less(t, sizesFor(true).partitionEvents, sizesFor(false).partitionEvents)
-	require.False(t, needsAMQP([]string{"rebuild", "status", "horizon", "partitions"}))
+	require.Less(t, sizesFor(true).scaleOutEvents, sizesFor(false).scaleOutEvents)
+	require.Contains(t, sizesFor(true).scaleOutWorkers, 4, "the scale-out target is checked at 4 workers")
+	require.Contains(t, sizesFor(false).scaleOutWorkers, 4, "the scale-out target is checked at 4 workers")
+	require.False(t, needsAMQP([]string{"rebuild", "status", "horizon", "partitions", "scaleout"}))
 	require.True(t, needsAMQP([]string{"status", "latency"}))
 }
 
