@@ -99,15 +99,31 @@ func (ps *partitionSet) owned() []int {
 	return nil
 }
 
-// guard returns the batch guard of partition k: its lease (always yes without leases).
-func (ps *partitionSet) guard(k int) projection.BatchGuard {
-	if ps.leases == nil {
+// guard returns the batch guard of partition k for a catch-up under ctx: a slot of the
+// worker's MaxConcurrentPartitions, if set (waited for), then the partition's lease, if leased.
+func (w *Worker) guard(ctx context.Context, ps *partitionSet, k int) projection.BatchGuard {
+	if ps.leases == nil && w.slots == nil {
 		return nil
 	}
 	return func() (func(), bool) {
-		if m := ps.member.Load(); m != nil {
-			return m.Use(k)
+		freeSlot := func() {}
+		if w.slots != nil {
+			select {
+			case w.slots <- struct{}{}:
+				freeSlot = func() { <-w.slots }
+			case <-ctx.Done():
+				return nil, false
+			}
 		}
+		if ps.leases == nil {
+			return freeSlot, true
+		}
+		if m := ps.member.Load(); m != nil {
+			if done, ok := m.Use(k); ok {
+				return func() { done(); freeSlot() }, true
+			}
+		}
+		freeSlot()
 		return nil, false
 	}
 }
@@ -362,12 +378,11 @@ func (w *Worker) consumeUnit(ctx context.Context, unit string, msgs <-chan *mess
 // catch-ups run that partition alone, batch by batch under its lease.
 func (w *Worker) unitHandler(ps *partitionSet, k int, log *slog.Logger) *projectionHandler {
 	p, _ := w.cfg.Runner.Projection(ps.name) // checked in New
-	guard := ps.guard(k)
 	return &projectionHandler{w: w, name: ps.units[k], types: p.Types(), c: w.stats[ps.name], log: log,
 		partition: eventstore.Partition{Index: k, Count: len(ps.units)},
 		run: func(ctx context.Context) (projection.Result, error) {
 			var opts []projection.CatchUpOption
-			if guard != nil {
+			if guard := w.guard(ctx, ps, k); guard != nil {
 				opts = append(opts, projection.WithBatchGuard(guard))
 			}
 			return w.cfg.Runner.CatchUpPartition(ctx, ps.name, k, opts...)

@@ -336,3 +336,40 @@ func TestLeasesNotMigrated(t *testing.T) {
 	require.ErrorIs(t, err, projection.ErrNotMigrated)
 	require.ErrorContains(t, err, "partition leases of unmigrated")
 }
+
+// TestMaxConcurrentPartitions: with MaxConcurrentPartitions 1, the worker's partitions take
+// turns batch by batch — no two partitions' handlers ever run at once (each handler is a round
+// trip to the database, so unbounded partitions overlap all the time) — and every event is
+// still applied once.
+func TestMaxConcurrentPartitions(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	const name, parts, streams = "bounded", 4, 80
+	var inFlight, most atomic.Int32
+	table := pgx.Identifier{name + "_rows"}.Sanitize()
+	p, err := projection.New(name, projection.Config{Partitions: parts, BatchSize: 5,
+		InitFunc: func(ctx context.Context, p projection.HookParams) error {
+			_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (stream text PRIMARY KEY)`)
+			return err
+		},
+	}, projection.On("A", func(ctx context.Context, tx pgx.Tx, e projection.Event[projectiontest.Payload]) error {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, e.StreamID)
+		return err
+	}))
+	require.NoError(t, err)
+	s.appendStreams(t, streams, 0) // a backlog: the four partitions' start-up catch-ups begin together
+	w := s.start(t, s.newChannel(t, channels["gochannel"]), worker.Config{SafetyNetInterval: -1, MaxConcurrentPartitions: 1}, p)
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, s.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&n))
+		return n == streams
+	}, eventually, 10*time.Millisecond, "every event applied once (the primary key refuses a second)")
+	require.Equal(t, int32(1), most.Load(), "one partition's handler at a time")
+	require.Len(t, w.Owned(name), parts)
+	_, err = worker.New(worker.Config{Runner: s.runner, Channel: goChannel(t), DeadLetters: s.dead, MaxConcurrentPartitions: -1})
+	require.ErrorIs(t, err, worker.ErrInvalidConfig)
+}

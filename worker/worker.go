@@ -139,6 +139,12 @@ type Config struct {
 	// them itself — right for one worker; with several, each partition's batch lock still
 	// keeps its read model exactly-once, but nothing spreads the work.
 	Leases *Leases
+	// MaxConcurrentPartitions bounds the batches of partitions this worker runs at once (each
+	// holds a database connection while it runs): a partition's batch waits for a slot, and a
+	// slot is taken and freed per batch, so every owned partition gets its turn. 0 (the
+	// default): one per owned partition. Set it to what the runner's pool can give, minus the
+	// relay's and the appends' needs.
+	MaxConcurrentPartitions int
 }
 
 // ErrRunTwice is returned by a second Run of one Worker: its Running signal fires once.
@@ -166,6 +172,8 @@ type Worker struct {
 	routers   []*message.Router
 	// parts holds the partitioned projections' partition sets, by projection name.
 	parts map[string]*partitionSet
+	// slots holds a token per partition batch running (MaxConcurrentPartitions); nil: no bound.
+	slots chan struct{}
 }
 
 // ErrInvalidConfig is matched (errors.Is) by every error New returns for a Config it cannot use.
@@ -209,6 +217,9 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("%w: CloseTimeout (%s), StallAfter (%s), HorizonWarnAfter (%s) and HorizonWait (%s) must not be negative",
 			ErrInvalidConfig, cfg.CloseTimeout, cfg.StallAfter, cfg.HorizonWarnAfter, cfg.HorizonWait)
 	}
+	if cfg.MaxConcurrentPartitions < 0 {
+		return fmt.Errorf("%w: MaxConcurrentPartitions (%d) must not be negative", ErrInvalidConfig, cfg.MaxConcurrentPartitions)
+	}
 	if cfg.Leases != nil && cfg.Leases.DB == nil {
 		return fmt.Errorf("%w: Leases needs a DB (the database of the lease tables)", ErrInvalidConfig)
 	}
@@ -235,6 +246,9 @@ func New(cfg Config) (*Worker, error) {
 	}
 	w := &Worker{cfg: cfg, names: slices.Clone(names), logger: cfg.Logger, stats: make(map[string]*counters, len(names)),
 		running: make(chan struct{}), parts: map[string]*partitionSet{}}
+	if cfg.MaxConcurrentPartitions > 0 {
+		w.slots = make(chan struct{}, cfg.MaxConcurrentPartitions)
+	}
 	for _, name := range names {
 		c := &counters{}
 		w.stats[name] = c

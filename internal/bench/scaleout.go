@@ -37,7 +37,7 @@ const (
 	// scaleOutWait is the handler's wait per event: a remote call.
 	scaleOutWait = 2 * time.Millisecond
 	// scaleOutRenew and scaleOutTTL are the workers' lease timings: shorter than the defaults
-	// (2 s, 8 s), so that workers starting together converge on their fair shares in a few
+	// (1.5 s, 6 s), so that workers starting together converge on their fair shares in a few
 	// hundred milliseconds.
 	scaleOutRenew = 200 * time.Millisecond
 	scaleOutTTL   = 2 * time.Second
@@ -48,6 +48,7 @@ type scaleOutCase struct {
 	partitions int           // Config.Partitions
 	workers    int           // workers in this process; 0: Runner.CatchUp in the caller's goroutine
 	wait       time.Duration // the handler's wait per event
+	atOnce     int           // each worker's MaxConcurrentPartitions (0: every partition it owns)
 }
 
 func (c scaleOutCase) label() string {
@@ -66,6 +67,9 @@ func (c scaleOutCase) label() string {
 		s += ", 1 worker"
 	default:
 		s += fmt.Sprintf(", %d workers", c.workers)
+	}
+	if c.atOnce > 0 {
+		s += fmt.Sprintf(", each %d partitions at once", c.atOnce)
 	}
 	return s
 }
@@ -243,9 +247,48 @@ func (r *scaleOutRun) measureScale(ctx context.Context, sec *Section, table *Tab
 		"the first worker to run claims every partition and gives the others theirs only between batches (%d events, about %.1f s each here): "+
 		"the times include this convergence", scaleOutRenew, scaleOutTTL, projection.BatchSizeDefault,
 		(time.Duration(projection.BatchSizeDefault) * perEvent).Seconds())
-	sec.Note("each worker: a pool of its fair share of the partitions + 3 connections for its runner, and one of 2 for its lease renewals " +
-		"(Leases.DB): on the runner's pool, the first worker's renewals waited behind its batches for every partition and its leases lapsed " +
-		"after their TTL, all moving at once")
+	sec.Note("each worker: a pool of its fair share of the partitions (or of its %d at once) + 3 connections for its runner; the worker renews "+
+		"its leases on a pool of 2 of its own (on the runner's pool, the first worker's renewals waited behind its batches for every partition "+
+		"and its leases lapsed after their TTL, all moving at once)", scaleOutAtOnce)
+	return r.measureBounded(ctx, sec, table, base, baseCase)
+}
+
+// scaleOutAtOnce is each worker's MaxConcurrentPartitions in the bounded cases: the
+// connections a worker of pgxpool's default size (4 on a 2-core machine) can give its batches.
+const scaleOutAtOnce = 4
+
+// measureBounded catches the backlog up with workers that each run at most scaleOutAtOnce
+// partitions' batches at once (worker.Config.MaxConcurrentPartitions), 1, 2 and 4 of them: where
+// one worker's connections bind, more workers add parallelism.
+func (r *scaleOutRun) measureBounded(ctx context.Context, sec *Section, table *Table, base scaleOutResult, baseCase string) error {
+	var one scaleOutResult
+	for _, n := range r.h.sizes.scaleOutWorkers {
+		if n > scaleOutPartitions/scaleOutAtOnce {
+			continue // more workers than it takes to run every partition at once
+		}
+		c := scaleOutCase{partitions: scaleOutPartitions, workers: n, wait: scaleOutWait, atOnce: scaleOutAtOnce}
+		res, err := r.catchUp(ctx, c)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.label(), err)
+		}
+		label := "2 ms/event: " + c.label()
+		m := Metric{Case: label, Name: "events_per_s", Unit: "events/s", Value: res.rate(),
+			Extra: map[string]float64{"seconds": res.took.Seconds(), "workers": float64(n), "fair_shares_s": res.converged.Seconds()}}.WithBaseline(baseCase, base.rate())
+		vsOne := ""
+		if n == 1 {
+			one = res
+		} else {
+			m.Extra["vs_1_worker"] = Ratio(res.rate(), one.rate())
+			vsOne = FormatValue(m.Extra["vs_1_worker"], "×")
+		}
+		sec.AddMetric(m)
+		table.Add(label, FormatValue(res.rate(), ""), FormatValue(res.took.Seconds(), "s"), FormatValue(m.Ratio, "×"), vsOne,
+			FormatValue(res.converged.Seconds(), "s"))
+		r.h.log.InfoContext(ctx, "scaleout: bounded done", slog.Int("workers", n), slog.Float64("events_per_s", res.rate()))
+	}
+	sec.Note("each %d partitions at once: worker.Config.MaxConcurrentPartitions %d (a slot per batch, so every owned partition takes its turn); "+
+		"vs 1 worker is the scale-out where one worker's connections bind: 1 worker runs 4 of the 16 partitions at a time, 4 workers all 16, "+
+		"up to the largest partition's floor", scaleOutAtOnce, scaleOutAtOnce)
 	return nil
 }
 
@@ -307,7 +350,6 @@ func (r *scaleOutRun) catchUpInline(ctx context.Context, name string, c scaleOut
 type scaleOutMember struct {
 	owner  string
 	pool   *pgxpool.Pool
-	leases *pgxpool.Pool // the lease renewals' own connections
 	runner *projection.Runner
 	wk     *worker.Worker
 	stop   func() error
@@ -326,7 +368,6 @@ func (r *scaleOutRun) catchUpWorkers(ctx context.Context, name string, c scaleOu
 			}
 			// The server's connections are few: a case's pools do not outlive it.
 			m.pool.Close()
-			m.leases.Close()
 		}
 	}()
 	for i := range c.workers {
@@ -338,7 +379,7 @@ func (r *scaleOutRun) catchUpWorkers(ctx context.Context, name string, c scaleOu
 		members = append(members, m)
 	}
 	started := time.Now()
-	if err := r.startMembers(ctx, members); err != nil {
+	if err := r.startMembers(ctx, members, c); err != nil {
 		return scaleOutResult{}, err
 	}
 	var converged time.Duration
@@ -382,22 +423,19 @@ func (r *scaleOutRun) newMember(ctx context.Context, name string, c scaleOutCase
 	}
 	// The partitions this worker catches up at once, each a connection, and a few more.
 	owned := (c.partitions + c.workers - 1) / c.workers
+	if c.atOnce > 0 {
+		owned = min(owned, c.atOnce)
+	}
 	pool, err := r.f.db.newPool(ctx, int32(owned+3))
 	if err != nil {
 		return nil, err
 	}
-	leases, err := r.f.db.newPool(ctx, 2)
-	if err != nil {
-		pool.Close()
-		return nil, err
-	}
-	m := &scaleOutMember{pool: pool, leases: leases}
+	m := &scaleOutMember{pool: pool}
 	if m.runner, err = newMemberRunner(pool, p, handled, r.h.libLog); err == nil {
 		err = m.runner.Init(ctx)
 	}
 	if err != nil {
 		pool.Close()
-		leases.Close()
 		return nil, err
 	}
 	return m, nil
@@ -440,15 +478,17 @@ func fairShares(members []*scaleOutMember, name string, partitions int) bool {
 }
 
 // startMembers starts every member's worker at once and returns when all of them run.
-func (r *scaleOutRun) startMembers(ctx context.Context, members []*scaleOutMember) error {
+func (r *scaleOutRun) startMembers(ctx context.Context, members []*scaleOutMember, c scaleOutCase) error {
 	var (
 		wg   sync.WaitGroup
 		errs = make([]error, len(members))
 	)
 	for i, m := range members {
 		wg.Go(func() {
-			cfg := worker.Config{SafetyNetInterval: -1,
-				Leases: &worker.Leases{DB: m.leases, Owner: m.owner, TTL: scaleOutTTL, Renew: scaleOutRenew}}
+			// The worker renews its leases on a pool of two connections it makes from this
+			// one's settings, so renewals never wait behind the batches.
+			cfg := worker.Config{SafetyNetInterval: -1, MaxConcurrentPartitions: c.atOnce,
+				Leases: &worker.Leases{DB: m.pool, Owner: m.owner, TTL: scaleOutTTL, Renew: scaleOutRenew}}
 			m.wk, m.stop, errs[i] = r.h.startWorker(ctx, r.f, r.w, m.runner, cfg)
 		})
 	}
