@@ -140,8 +140,11 @@ func (s *setup) secondChannel(t testing.TB, ch channel.Channel) channel.Channel 
 	return other
 }
 
-func leases(owner string) *worker.Leases {
-	return &worker.Leases{Owner: owner, TTL: 4 * time.Second, Renew: 100 * time.Millisecond}
+// leased is the config of a worker called owner that shares partitions by leases on the
+// test's database, renewed every 100 ms, without the safety net.
+func (s *setup) leased(owner string) worker.Config {
+	return worker.Config{Leases: &worker.Leases{DB: s.db.Pool, Owner: owner, TTL: 4 * time.Second, Renew: 100 * time.Millisecond},
+		SafetyNetInterval: -1}
 }
 
 // TestPartitionsSpreadOverWorkers: a projection of 4 partitions runs on one worker (every
@@ -151,18 +154,13 @@ func leases(owner string) *worker.Leases {
 func TestPartitionsSpreadOverWorkers(t *testing.T) {
 	eachChannel(t, func(t *testing.T, s *setup, ch channel.Channel) {
 		const name, parts, streams = "spread", 4, 40
-		cfg := func(owner string) worker.Config {
-			l := leases(owner)
-			l.DB = s.db.Pool
-			return worker.Config{Leases: l, SafetyNetInterval: -1}
-		}
-		w1, stop1 := s.startStoppable(t, ch, cfg("w1"), s.streamModel(t, name, parts, nil))
+		w1, stop1 := s.startStoppable(t, ch, s.leased("w1"), s.streamModel(t, name, parts, nil))
 		t.Cleanup(func() { stop1(); require.NoError(t, ch.Close()) })
 		require.Eventually(t, func() bool { return len(w1.Owned(name)) == parts }, eventually, 10*time.Millisecond, "w1 owns every partition")
 		s.appendStreams(t, streams, 0)
 		require.Eventually(t, func() bool { rows, _ := s.streamRows(t, name); return rows == streams }, eventually, 10*time.Millisecond, "one worker applied the first round")
 
-		w2, stop2 := s.startStoppable(t, s.secondChannel(t, ch), cfg("w2"), s.streamModel(t, name, parts, nil))
+		w2, stop2 := s.startStoppable(t, s.secondChannel(t, ch), s.leased("w2"), s.streamModel(t, name, parts, nil))
 		require.Eventually(t, func() bool { return len(w1.Owned(name)) == parts/2 && len(w2.Owned(name)) == parts/2 }, eventually, 10*time.Millisecond, "two each")
 		owners := s.leaseOwners(t, name, parts)
 		require.ElementsMatch(t, []string{"w1", "w1", "w2", "w2"}, owners, "the lease table agrees")
@@ -211,12 +209,7 @@ func TestPartitionMovesOnlyBetweenBatches(t *testing.T) {
 		}
 		return release
 	}
-	cfg := func(owner string) worker.Config {
-		l := leases(owner)
-		l.DB = s.db.Pool
-		return worker.Config{Leases: l, SafetyNetInterval: -1}
-	}
-	w1, stop1 := s.startStoppable(t, ch, cfg("w1"), s.streamModel(t, name, parts, hold))
+	w1, stop1 := s.startStoppable(t, ch, s.leased("w1"), s.streamModel(t, name, parts, hold))
 	t.Cleanup(func() { stop1(); require.NoError(t, ch.Close()) })
 	require.Eventually(t, func() bool { return len(w1.Owned(name)) == parts }, eventually, 10*time.Millisecond, "w1 owns every partition")
 
@@ -227,7 +220,7 @@ func TestPartitionMovesOnlyBetweenBatches(t *testing.T) {
 	case <-time.After(eventually):
 		t.Fatal("no batch of partition 3 started")
 	}
-	w2, _ := s.startStoppable(t, s.secondChannel(t, ch), cfg("w2"), s.streamModel(t, name, parts, hold))
+	w2, _ := s.startStoppable(t, s.secondChannel(t, ch), s.leased("w2"), s.streamModel(t, name, parts, hold))
 	require.Eventually(t, func() bool { return slices.Equal(w2.Owned(name), []int{2}) }, eventually, 10*time.Millisecond, "w2 gets the idle partition 2")
 	require.Equal(t, "w1", s.leaseOwners(t, name, parts)[3], "partition 3 stays with w1 while its batch runs")
 	require.Contains(t, w1.Owned(name), 3)
@@ -250,10 +243,9 @@ func TestPartitionFailsAloneAndHeals(t *testing.T) {
 	s := newSetup(t)
 	ch := s.newChannel(t, channels["amqp"])
 	const name, parts, streams = "poisoned", 4, 40
-	l := leases("w1")
-	l.DB = s.db.Pool
-	s.start(t, ch, worker.Config{Leases: l, SafetyNetInterval: -1,
-		Retry: retry.Policy{MaxAttempts: 2, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}}, s.streamModel(t, name, parts, nil))
+	cfg := s.leased("w1")
+	cfg.Retry = retry.Policy{MaxAttempts: 2, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}
+	s.start(t, ch, cfg, s.streamModel(t, name, parts, nil))
 	s.appendStreams(t, streams, 0)
 	bad, err := projection.PartitionUnitName(name, eventstore.PartitionOf(poisonStream, parts), parts)
 	require.NoError(t, err)

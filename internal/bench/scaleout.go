@@ -201,34 +201,16 @@ func (r *scaleOutRun) measureScale(ctx context.Context, sec *Section, table *Tab
 	sec.AddMetric(Metric{Case: baseCase, Name: "events_per_s", Unit: "events/s", Value: base.rate(), Extra: map[string]float64{"seconds": base.took.Seconds()}})
 	table.Add(baseCase, FormatValue(base.rate(), ""), FormatValue(base.took.Seconds(), "s"), "1.0×", "")
 	r.h.log.InfoContext(ctx, "scaleout: unpartitioned done", slog.Float64("events_per_s", base.rate()))
-	var one scaleOutResult
-	oneCase := ""
+	series := workerSeries{base: base, baseCase: baseCase}
 	for _, n := range r.h.sizes.scaleOutWorkers {
 		c := scaleOutCase{partitions: scaleOutPartitions, workers: n, wait: scaleOutWait}
-		res, err := r.catchUp(ctx, c)
+		m, err := r.seriesCase(ctx, sec, table, &series, c)
 		if err != nil {
-			return fmt.Errorf("%s: %w", c.label(), err)
+			return err
 		}
-		label := "2 ms/event: " + c.label()
-		m := Metric{Case: label, Name: "events_per_s", Unit: "events/s", Value: res.rate(),
-			Extra: map[string]float64{"seconds": res.took.Seconds(), "workers": float64(n), "fair_shares_s": res.converged.Seconds()}}.WithBaseline(baseCase, base.rate())
-		vsOne := ""
-		if oneCase == "" {
-			one, oneCase = res, label
-		} else {
-			m.Extra["vs_1_worker"] = Ratio(res.rate(), one.rate())
-			vsOne = FormatValue(m.Extra["vs_1_worker"], "×")
-		}
-		sec.AddMetric(m)
-		converged := "—"
-		if res.converged > 0 {
-			converged = FormatValue(res.converged.Seconds(), "s")
-		}
-		table.Add(label, FormatValue(res.rate(), ""), FormatValue(res.took.Seconds(), "s"), FormatValue(m.Ratio, "×"), vsOne, converged)
 		if n == 4 {
-			sec.AddCheck(targetScaleOut, label, m.Ratio)
+			sec.AddCheck(targetScaleOut, m.Case, m.Ratio)
 		}
-		r.h.log.InfoContext(ctx, "scaleout: partitioned done", slog.Int("workers", n), slog.Float64("events_per_s", res.rate()))
 	}
 	sec.Note("2 ms/event: the handler waits %s (time.Sleep, a remote call) before queuing its row; time from the workers' start until every event is committed, "+
 		"the read model checked after; GoChannel, no triggers: each worker's start-up catch-up of the partitions it owns does the work", scaleOutWait)
@@ -253,6 +235,40 @@ func (r *scaleOutRun) measureScale(ctx context.Context, sec *Section, table *Tab
 	return r.measureBounded(ctx, sec, table, base, baseCase)
 }
 
+// workerSeries is a series of worker counts measured against the unpartitioned baseline and
+// against its own first (1-worker) case.
+type workerSeries struct {
+	base     scaleOutResult
+	baseCase string
+	one      *scaleOutResult
+}
+
+// seriesCase measures c, one case of series, and adds its metric and row.
+func (r *scaleOutRun) seriesCase(ctx context.Context, sec *Section, table *Table, series *workerSeries, c scaleOutCase) (Metric, error) {
+	res, err := r.catchUp(ctx, c)
+	if err != nil {
+		return Metric{}, fmt.Errorf("%s: %w", c.label(), err)
+	}
+	label := "2 ms/event: " + c.label()
+	m := Metric{Case: label, Name: "events_per_s", Unit: "events/s", Value: res.rate(),
+		Extra: map[string]float64{"seconds": res.took.Seconds(), "workers": float64(c.workers), "fair_shares_s": res.converged.Seconds()}}.WithBaseline(series.baseCase, series.base.rate())
+	vsOne := ""
+	if series.one == nil {
+		series.one = &res
+	} else {
+		m.Extra["vs_1_worker"] = Ratio(res.rate(), series.one.rate())
+		vsOne = FormatValue(m.Extra["vs_1_worker"], "×")
+	}
+	sec.AddMetric(m)
+	converged := "—"
+	if res.converged > 0 {
+		converged = FormatValue(res.converged.Seconds(), "s")
+	}
+	table.Add(label, FormatValue(res.rate(), ""), FormatValue(res.took.Seconds(), "s"), FormatValue(m.Ratio, "×"), vsOne, converged)
+	r.h.log.InfoContext(ctx, "scaleout: case done", slog.String("case", label), slog.Float64("events_per_s", res.rate()))
+	return m, nil
+}
+
 // scaleOutAtOnce is each worker's MaxConcurrentPartitions in the bounded cases: the
 // connections a worker of pgxpool's default size (4 on a 2-core machine) can give its batches.
 const scaleOutAtOnce = 4
@@ -261,30 +277,15 @@ const scaleOutAtOnce = 4
 // partitions' batches at once (worker.Config.MaxConcurrentPartitions), 1, 2 and 4 of them: where
 // one worker's connections bind, more workers add parallelism.
 func (r *scaleOutRun) measureBounded(ctx context.Context, sec *Section, table *Table, base scaleOutResult, baseCase string) error {
-	var one scaleOutResult
+	series := workerSeries{base: base, baseCase: baseCase}
 	for _, n := range r.h.sizes.scaleOutWorkers {
 		if n > scaleOutPartitions/scaleOutAtOnce {
 			continue // more workers than it takes to run every partition at once
 		}
 		c := scaleOutCase{partitions: scaleOutPartitions, workers: n, wait: scaleOutWait, atOnce: scaleOutAtOnce}
-		res, err := r.catchUp(ctx, c)
-		if err != nil {
-			return fmt.Errorf("%s: %w", c.label(), err)
+		if _, err := r.seriesCase(ctx, sec, table, &series, c); err != nil {
+			return err
 		}
-		label := "2 ms/event: " + c.label()
-		m := Metric{Case: label, Name: "events_per_s", Unit: "events/s", Value: res.rate(),
-			Extra: map[string]float64{"seconds": res.took.Seconds(), "workers": float64(n), "fair_shares_s": res.converged.Seconds()}}.WithBaseline(baseCase, base.rate())
-		vsOne := ""
-		if n == 1 {
-			one = res
-		} else {
-			m.Extra["vs_1_worker"] = Ratio(res.rate(), one.rate())
-			vsOne = FormatValue(m.Extra["vs_1_worker"], "×")
-		}
-		sec.AddMetric(m)
-		table.Add(label, FormatValue(res.rate(), ""), FormatValue(res.took.Seconds(), "s"), FormatValue(m.Ratio, "×"), vsOne,
-			FormatValue(res.converged.Seconds(), "s"))
-		r.h.log.InfoContext(ctx, "scaleout: bounded done", slog.Int("workers", n), slog.Float64("events_per_s", res.rate()))
 	}
 	sec.Note("each %d partitions at once: worker.Config.MaxConcurrentPartitions %d (a slot per batch, so every owned partition takes its turn); "+
 		"vs 1 worker is the scale-out where one worker's connections bind: 1 worker runs 4 of the 16 partitions at a time, 4 workers all 16, "+
