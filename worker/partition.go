@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/lease"
 	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
@@ -346,10 +347,29 @@ func (w *Worker) consumePartition(ctx context.Context, ps *partitionSet, k int, 
 	}
 	log.InfoContext(ctx, "partition claimed: consuming its triggers")
 	h := w.unitHandler(ps, k, log)
-	if err := w.catchUp(ctx, h); err != nil && ctx.Err() == nil && !errors.Is(err, projection.ErrHandler) {
-		log.ErrorContext(ctx, "catch-up of a claimed partition failed", slog.Any("error", err))
-	}
+	var claimed sync.WaitGroup
+	claimed.Go(func() { w.catchUpClaimed(ctx, h, log) })
 	w.consumeUnit(ctx, unit, msgs, h, log)
+	claimed.Wait()
+}
+
+// catchUpClaimed catches a partition up once it is claimed: what was appended while no worker
+// owned it has no trigger on its way. A catch-up that fails on anything but a handler (an outage,
+// a batch timeout) is tried again with backoff until it succeeds or the partition is given up; a
+// handler's failure is the triggers' to retry and dead-letter, as for any projection.
+func (w *Worker) catchUpClaimed(ctx context.Context, h *projectionHandler, log *slog.Logger) {
+	wait := backoff.Exponential{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.2}
+	for {
+		err := w.catchUp(ctx, h)
+		if err == nil || ctx.Err() != nil || errors.Is(err, projection.ErrHandler) || errors.Is(err, projection.ErrCrashLoop) {
+			return
+		}
+		pause := wait.Next()
+		log.WarnContext(ctx, "catch-up of a claimed partition failed; trying again", slog.Duration("in", pause), slog.Any("error", err))
+		if backoff.Sleep(ctx, pause) != nil {
+			return
+		}
+	}
 }
 
 // consumeUnit handles the unit's messages one at a time through the handler-level middleware

@@ -365,3 +365,39 @@ func TestMaxConcurrentPartitions(t *testing.T) {
 	_, err = worker.New(worker.Config{Runner: s.runner, Channel: goChannel(t), DeadLetters: s.dead, MaxConcurrentPartitions: -1})
 	require.ErrorIs(t, err, worker.ErrInvalidConfig)
 }
+
+// TestClaimedPartitionCatchUpRetried: the catch-ups of the partitions the worker has just
+// claimed run out of time (the first four batches outlast BatchTimeout: an outage would do the
+// same) — as many as the claims and the safety net's start-up round can run. With every trigger
+// lost and no safety-net tick, nothing but the claims' retries can apply the backlog, and they
+// do, once.
+func TestClaimedPartitionCatchUpRetried(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	dropping := &droppingChannel{Channel: s.newChannel(t, channels["gochannel"])} // every trigger lost
+	const name, streams = "retried", 10
+	table := pgx.Identifier{name + "_rows"}.Sanitize()
+	var stalled atomic.Int32
+	p, err := projection.New(name, projection.Config{Partitions: 2, MaxBatchDuration: 50 * time.Millisecond, BatchTimeout: 200 * time.Millisecond,
+		InitFunc: func(ctx context.Context, p projection.HookParams) error {
+			_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (stream text PRIMARY KEY)`)
+			return err
+		},
+	}, projection.On("A", func(ctx context.Context, tx pgx.Tx, e projection.Event[projectiontest.Payload]) error {
+		if stalled.Add(1) <= 4 {
+			<-ctx.Done() // hangs until its BatchTimeout
+			return ctx.Err()
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, e.StreamID)
+		return err
+	}))
+	require.NoError(t, err)
+	s.appendStreams(t, streams, 0)
+	s.start(t, dropping, s.leased("w1"), p)
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, s.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&n))
+		return n == streams
+	}, eventually, 10*time.Millisecond, "the backlog applied, once (the primary key refuses a second)")
+	require.GreaterOrEqual(t, stalled.Load(), int32(streams+4), "the stalled batches ran again")
+}
