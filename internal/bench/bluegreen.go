@@ -385,7 +385,7 @@ func (r *bgRun) deployNext(ctx context.Context, target time.Duration, done func(
 // toggle lets the build run for a phase, then holds it (gate) for a phase, in turn, until
 // activated closes (its cut-over), and returns the switches, the first its start. A hold
 // takes effect when the build's batch in flight commits, so its switch is noted then. The
-// cut-over runs right after the build's last batch of history, in a phase it runs.
+// cut-over waits at the gate too: it runs in a phase the build runs.
 func (r *bgRun) toggle(ctx context.Context, gate *bgGate, started time.Time, activated <-chan struct{}) ([]bgSwitch, error) {
 	defer gate.release()
 	switches := []bgSwitch{{at: started, running: true}}
@@ -520,10 +520,19 @@ func (g *bgGate) now() time.Time {
 	return time.Now().Add(-g.heldFor)
 }
 
-// gatedBackend is a projection backend whose batches wait at gate before they start.
+// gatedBackend is a projection backend whose batches, and cut-over, wait at gate before they
+// start.
 type gatedBackend struct {
 	projection.Backend
 	gate *bgGate
+}
+
+func (b gatedBackend) Activate(ctx context.Context, p *projection.Projection, fn projection.BatchFunc, hook projection.HookFunc) (projection.Activation, error) {
+	if err := b.gate.enter(ctx); err != nil {
+		return projection.Activation{}, err
+	}
+	defer b.gate.leave()
+	return b.Backend.Activate(ctx, p, fn, hook)
 }
 
 func (b gatedBackend) RunBatch(ctx context.Context, p *projection.Projection, fn projection.BatchFunc) error {
