@@ -9,8 +9,13 @@ import (
 
 const (
 	// BuildLagTargetDefault is Config.BuildLagTarget's default: the active version's lag above
-	// which a version built beside it slows down.
-	BuildLagTargetDefault = 50 * time.Millisecond
+	// which a version built beside it slows down. It is about what a live event waits for its
+	// batch when nothing else runs (a few ms to ~10 ms on a small machine), so the build yields
+	// as soon as the live events queue behind its work; a higher target (it was 50 ms) was
+	// reached only when the machine was loaded from outside, and a build on a quiet machine
+	// then ran at full speed and raised the live tail by a fifth or more (`make bench`,
+	// -scenario bluegreen).
+	BuildLagTargetDefault = 10 * time.Millisecond
 	// buildPauseMax bounds one wait of a paced build between two of its batches: however
 	// loaded the active version, the build goes on, a batch at least this often.
 	buildPauseMax = time.Second

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -82,13 +83,33 @@ type bgRun struct {
 	stops   map[int]func() error
 	active  int
 	history int
+	// phase is how long each build runs, then is held, in turn (bgSizes).
+	phase time.Duration
+}
+
+// bgSettle is how long after each switch of a build (held or resumed) the live events
+// appended are not counted: the live projection's backlog of the phase before drains meanwhile
+// (an event appended just after the build was held may still wait behind the batches it
+// slowed), and a resumed build's pacing takes its first few batches to find its speed again.
+const bgSettle = 300 * time.Millisecond
+
+// bgPhase returns how long a build runs, then is held, in turn: 2.5 s, or 1 s in a quick run
+// (whose builds take a few seconds).
+func (h *harness) bgPhase() time.Duration {
+	if h.sizes.blueGreenEvents < 1_000_000 {
+		return time.Second
+	}
+	return 2500 * time.Millisecond
 }
 
 // runBlueGreen measures what building a new version of a projection beside the active one
-// costs the active one's live latency: windows of live appends on RabbitMQ with no build, with
-// a build paced by the live lag, and with a build at full speed, in turns; and the builds'
-// throughput beside the store's plain rebuild (the first version's catch-up from zero, with no
-// live load).
+// costs the active one's live latency, side by side in time: during each build (one paced by
+// the live lag, one at full speed) the build runs for a phase, then is held (its unit paused)
+// for a phase, in turn, until it cuts over, while live appends go on at a steady rate on
+// RabbitMQ; the live events appended while it runs are compared to those appended while it is
+// held, so the machine's load from outside (other processes on the shared cores) weighs on
+// both alike. A window with no build at all, and the builds' throughput beside the store's
+// plain rebuild (the first version's catch-up from zero, with no live load), go with them.
 func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 	sz := h.sizes
 	units := []string{bgName}
@@ -124,11 +145,13 @@ func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 		return err
 	}
 	defer stopRelay()
-	run := &bgRun{h: h, f: f, w: w, stops: map[int]func() error{}, history: sz.blueGreenEvents}
+	run := &bgRun{h: h, f: f, w: w, stops: map[int]func() error{}, history: sz.blueGreenEvents, phase: h.bgPhase()}
 	defer run.stopAll()
 
 	sec.Params["history_events"], sec.Params["rate_per_s"], sec.Params["rounds"] = sz.blueGreenEvents, sz.liveRate, h.bgRoundCount()
-	table := &Table{Header: []string{"case", "events/s", "took s", "paced s", "live p50 ms", "live p99 ms", "live max ms", "p99 ratio"}}
+	sec.Params["phase_s"], sec.Params["settle_s"] = run.phase.Seconds(), bgSettle.Seconds()
+	table := &Table{Header: []string{"case", "events/s running", "events/s wall", "took s", "ran s", "paced s",
+		"live p50 ms", "live p99 ms", "live max ms", "samples", "p99 rise"}}
 	sec.table = table
 
 	plain, err := run.deployFirst(ctx)
@@ -138,7 +161,8 @@ func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 	plainCase := fmt.Sprintf("plain rebuild, %s events, no live load", Thousands(int64(plain.Events)))
 	plainRate := Rate(plain.Events, plain.took)
 	sec.AddMetric(Metric{Case: plainCase, Name: "events_per_s", Unit: "events/s", Value: plainRate})
-	table.Add(plainCase, FormatValue(plainRate, "events/s"), fmt.Sprintf("%.1f", plain.took.Seconds()), "", "", "", "", "")
+	table.Add(plainCase, FormatValue(plainRate, "events/s"), FormatValue(plainRate, "events/s"), fmt.Sprintf("%.1f", plain.took.Seconds()),
+		fmt.Sprintf("%.1f", plain.took.Seconds()), "", "", "", "", "", "")
 
 	live := liveConfig{rate: sz.liveRate, writers: sz.liveWriters, streams: sz.liveStreams, duration: sz.liveDuration}
 	warm := live
@@ -147,8 +171,9 @@ func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 		return fmt.Errorf("live, warming up: %w", err)
 	}
 	var (
-		none    [][]time.Duration
-		builds  = make([][][]time.Duration, len(bgBuilds))
+		none    []time.Duration
+		running = make([][]time.Duration, len(bgBuilds))
+		held    = make([][]time.Duration, len(bgBuilds))
 		results = make([][]bgResult, len(bgBuilds))
 	)
 	for range h.bgRoundCount() {
@@ -156,7 +181,9 @@ func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 		if err != nil {
 			return fmt.Errorf("live, no build: %w", err)
 		}
-		none = append(none, samples)
+		for _, s := range samples {
+			none = append(none, s.latency)
+		}
 		for i, b := range bgBuilds {
 			var res bgResult
 			samples, err := run.window(ctx, live, func(ctx context.Context, done func()) error {
@@ -167,53 +194,106 @@ func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 			if err != nil {
 				return fmt.Errorf("live, build %s: %w", b.label, err)
 			}
-			builds[i] = append(builds[i], samples)
+			on, off := res.split(samples)
+			running[i], held[i] = append(running[i], on...), append(held[i], off...)
 			results[i] = append(results[i], res)
 			h.log.InfoContext(ctx, "blue/green build done", slog.String("build", b.label), slog.Int("events", res.Events),
-				slog.Duration("took", res.took), slog.Duration("paced", res.Paced),
-				slog.Float64("p99_ms", Ms(Summarize(samples).P99)), slog.Float64("p99_none_ms", Ms(Summarize(none[len(none)-1]).P99)))
+				slog.Duration("took", res.took), slog.Duration("ran", res.ran), slog.Duration("paced", res.Paced),
+				slog.Int("switches", len(res.switches)),
+				slog.Float64("p99_running_ms", Ms(Summarize(on).P99)), slog.Float64("p99_held_ms", Ms(Summarize(off).P99)))
 		}
 	}
-	noneLat := Summarize(slices.Concat(none...))
+	noneLat := Summarize(none)
 	noneCase := fmt.Sprintf("live, RabbitMQ, %d appends/s, no build", sz.liveRate)
 	sec.AddMetric(Metric{Case: noneCase, Name: "p99_ms", Unit: "ms", Value: Ms(noneLat.P99), Extra: noneLat.Extra()})
-	table.Add(noneCase, "", "", "", FormatValue(Ms(noneLat.P50), "ms"), FormatValue(Ms(noneLat.P99), "ms"), FormatValue(Ms(noneLat.Max), "ms"), "")
+	table.Add(noneCase, "", "", "", "", "", FormatValue(Ms(noneLat.P50), "ms"), FormatValue(Ms(noneLat.P99), "ms"),
+		FormatValue(Ms(noneLat.Max), "ms"), strconv.Itoa(noneLat.Count), "")
 	for i, b := range bgBuilds {
-		lat := Summarize(slices.Concat(builds[i]...))
 		var events int
-		var took, paced, held time.Duration
+		var took, ran, paced, cutOver time.Duration
 		for _, r := range results[i] {
-			events, took, paced, held = events+r.Events, took+r.took, paced+r.Paced, max(held, r.CutOverHeld)
+			events, took, ran, paced, cutOver = events+r.Events, took+r.took, ran+r.ran, paced+r.Paced, max(cutOver, r.CutOverHeld)
 		}
-		c := fmt.Sprintf("live, RabbitMQ, %d appends/s, a version built beside %s", sz.liveRate, b.label)
-		m := Metric{Case: c, Name: "p99_ms", Unit: "ms", Value: Ms(lat.P99), Extra: lat.Extra()}.WithBaseline(noneCase, Ms(noneLat.P99))
-		sec.AddMetric(m)
-		rate := Rate(events, took)
 		buildCase := "build beside " + b.label
+		rate, wall := Rate(events, ran), Rate(events, took)
 		sec.AddMetric(Metric{Case: buildCase, Name: "events_per_s", Unit: "events/s", Value: rate,
-			Extra: map[string]float64{"paced_s": paced.Seconds(), "cut_over_held_ms": Ms(held)}}.WithBaseline(plainCase, plainRate))
-		table.Add(c, FormatValue(rate, "events/s"), fmt.Sprintf("%.1f", took.Seconds()), fmt.Sprintf("%.1f", paced.Seconds()),
-			FormatValue(Ms(lat.P50), "ms"), FormatValue(Ms(lat.P99), "ms"), FormatValue(Ms(lat.Max), "ms"), FormatValue(m.Ratio, "×"))
-		if b.target == 0 {
-			sec.AddCheck(targetBuildBeside, c, 100*(m.Ratio-1))
+			Extra: map[string]float64{"events_per_s_wall": wall, "took_s": took.Seconds(), "ran_s": ran.Seconds(),
+				"paced_s": paced.Seconds(), "cut_over_held_ms": Ms(cutOver)}}.WithBaseline(plainCase, plainRate))
+		table.Add(buildCase, FormatValue(rate, "events/s"), FormatValue(wall, "events/s"), fmt.Sprintf("%.1f", took.Seconds()),
+			fmt.Sprintf("%.1f", ran.Seconds()), fmt.Sprintf("%.1f", paced.Seconds()), "", "", "", "", "")
+
+		offLat, onLat := Summarize(held[i]), Summarize(running[i])
+		offCase := fmt.Sprintf("live, RabbitMQ, %d appends/s, a version built beside %s, held", sz.liveRate, b.label)
+		onCase := fmt.Sprintf("live, RabbitMQ, %d appends/s, a version built beside %s, running", sz.liveRate, b.label)
+		sec.AddMetric(Metric{Case: offCase, Name: "p99_ms", Unit: "ms", Value: Ms(offLat.P99), Extra: offLat.Extra()})
+		m := Metric{Case: onCase, Name: "p99_ms", Unit: "ms", Value: Ms(onLat.P99), Extra: onLat.Extra()}.WithBaseline(offCase, Ms(offLat.P99))
+		sec.AddMetric(m)
+		rise := 100 * (m.Ratio - 1)
+		table.Add(offCase, "", "", "", "", "", FormatValue(Ms(offLat.P50), "ms"), FormatValue(Ms(offLat.P99), "ms"),
+			FormatValue(Ms(offLat.Max), "ms"), strconv.Itoa(offLat.Count), "")
+		table.Add(onCase, "", "", "", "", "", FormatValue(Ms(onLat.P50), "ms"), FormatValue(Ms(onLat.P99), "ms"),
+			FormatValue(Ms(onLat.Max), "ms"), strconv.Itoa(onLat.Count), fmt.Sprintf("%+.0f %%", rise))
+		switch {
+		case b.target != 0:
+		case onLat.Count == 0 || offLat.Count == 0:
+			sec.Checks = append(sec.Checks, targetBuildBeside.Missed(fmt.Sprintf("%s: %d live events counted running, %d held; the build was too short for its phases",
+				b.label, onLat.Count, offLat.Count)))
+		default:
+			sec.AddCheck(targetBuildBeside, onCase, rise)
 		}
 		h.log.InfoContext(ctx, "blue/green build measured", slog.String("build", b.label), slog.Float64("events_per_s", rate),
-			slog.Float64("p99_ms", Ms(lat.P99)), slog.Float64("p99_none_ms", Ms(noneLat.P99)), slog.Duration("paced", paced),
-			slog.Duration("cut_over_held", held))
+			slog.Float64("events_per_s_wall", wall), slog.Float64("p99_running_ms", Ms(onLat.P99)), slog.Float64("p99_held_ms", Ms(offLat.P99)),
+			slog.Float64("p99_rise_pct", rise), slog.Duration("paced", paced), slog.Duration("cut_over_held", cutOver))
 	}
-	sec.Note("each round: %s of live appends with no build, then a new version built beside the active one while the appends go on "+
+	sec.Note("each round: %s of live appends with no build; then a new version built beside the active one while the appends go on "+
 		"(from position zero over the %s events loaded, until its cut-over), paced by the active version's lag (BuildLagTarget %s), then one "+
-		"at full speed; %d rounds, samples pooled per case; the plain rebuild is the first version's catch-up from zero with no live load; "+
-		"the build's events/s counts its history and its cut-over",
-		sz.liveDuration, Thousands(int64(sz.blueGreenEvents)), projection.BuildLagTargetDefault, h.bgRoundCount())
+		"at full speed. During each build the build runs for %s, then is held for %s (its batches wait before they start, as its pacing makes them), in "+
+		"turn; the live events appended while it runs are compared to those appended while it is held, within the same build; those "+
+		"appended in the first %s after each switch count for neither (the backlog of the phase before drains). The p99 rise is running "+
+		"vs held. %d rounds, samples pooled per case; the plain rebuild is the first version's catch-up from zero with no live load; "+
+		"the build's events/s counts its history and its cut-over, over the time it ran (running) and from its start to its cut-over (wall)",
+		sz.liveDuration, Thousands(int64(sz.blueGreenEvents)), projection.BuildLagTargetDefault, run.phase, run.phase, bgSettle, h.bgRoundCount())
 	return nil
 }
 
 // bgResult is one build: its catch-up's result and wall time, from the worker's start to the
-// cut-over.
+// cut-over; the time it ran (not held), and when it was held and resumed.
 type bgResult struct {
 	projection.Result
-	took time.Duration
+	took, ran time.Duration
+	switches  []bgSwitch
+}
+
+// bgSwitch is a build held (running false) or resumed at a time.
+type bgSwitch struct {
+	at      time.Time
+	running bool
+}
+
+// split sorts the live samples of a build by whether the build ran or was held when their
+// event was appended, leaving out those appended within bgSettle of a switch, before the
+// build's start or after its cut-over.
+func (r bgResult) split(samples []liveSample) (running, held []time.Duration) {
+	if len(r.switches) == 0 {
+		return nil, nil
+	}
+	end := r.switches[0].at.Add(r.took)
+	for _, s := range samples {
+		if s.appended.After(end) {
+			continue
+		}
+		i, _ := slices.BinarySearchFunc(r.switches, s.appended, func(sw bgSwitch, t time.Time) int { return sw.at.Compare(t) })
+		// switches[i-1] is the last switch at or before the append (i is the first after it).
+		if i == 0 || s.appended.Sub(r.switches[i-1].at) < bgSettle {
+			continue
+		}
+		if r.switches[i-1].running {
+			running = append(running, s.latency)
+		} else {
+			held = append(held, s.latency)
+		}
+	}
+	return running, held
 }
 
 // deployFirst runs a worker of version 1, the first version (active at once), and returns its
@@ -223,7 +303,7 @@ func (r *bgRun) deployFirst(ctx context.Context) (bgResult, error) {
 	if err != nil {
 		return bgResult{}, err
 	}
-	runner, err := r.newRunner(p, nil)
+	runner, err := r.newRunner(p, nil, nil)
 	if err != nil {
 		return bgResult{}, err
 	}
@@ -240,11 +320,12 @@ func (r *bgRun) deployFirst(ctx context.Context) (bgResult, error) {
 		return bgResult{}, err
 	}
 	r.active = 1
-	return bgResult{Result: res, took: took}, nil
+	return bgResult{Result: res, took: took, ran: took}, nil
 }
 
-// deployNext deploys the next version beside the active one, paced by target, waits for its
-// cut-over, calls done and stops the worker of the version it replaced.
+// deployNext deploys the next version beside the active one, paced by target, holds and
+// resumes its build in turn (toggle) until its cut-over, calls done and stops the worker of
+// the version it replaced.
 func (r *bgRun) deployNext(ctx context.Context, target time.Duration, done func()) (bgResult, error) {
 	version := r.active + 1
 	p, err := bgProjection(version, target, &r.rec)
@@ -252,32 +333,31 @@ func (r *bgRun) deployNext(ctx context.Context, target time.Duration, done func(
 		return bgResult{}, err
 	}
 	var (
-		mu      sync.Mutex
-		res     bgResult
-		started = time.Now()
+		mu        sync.Mutex
+		res       bgResult
+		activated = make(chan struct{})
+		gate      = newBgGate()
+		started   = time.Now()
 	)
 	runner, err := r.newRunner(p, func(cu projection.Result) {
 		mu.Lock()
 		defer mu.Unlock()
 		res.Events, res.Paced = res.Events+cu.Events, res.Paced+cu.Paced
-		if cu.Activated {
+		if cu.Activated && !res.Activated {
 			res.Activated, res.CutOverHeld, res.took = true, cu.CutOverHeld, time.Since(started)
+			close(activated)
 		}
-	})
+	}, gate)
 	if err != nil {
 		return bgResult{}, err
 	}
 	if err := r.start(ctx, version, runner); err != nil {
 		return bgResult{}, err
 	}
-	err = waitUntil(ctx, 10*time.Minute, 10*time.Millisecond, fmt.Sprintf("version %d cut over", version), func() (bool, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		return res.Activated, nil
-	})
+	switches, err := r.toggle(ctx, gate, started, activated)
 	done()
 	if err != nil {
-		return bgResult{}, err
+		return bgResult{}, fmt.Errorf("version %d: %w", version, err)
 	}
 	if err := r.stop(r.active); err != nil {
 		return bgResult{}, err
@@ -285,15 +365,57 @@ func (r *bgRun) deployNext(ctx context.Context, target time.Duration, done func(
 	r.active = version
 	mu.Lock()
 	defer mu.Unlock()
+	res.switches = switches
+	end := started.Add(res.took)
+	for i, sw := range switches {
+		if sw.running {
+			next := end
+			if i+1 < len(switches) {
+				next = switches[i+1].at
+			}
+			res.ran += max(next.Sub(sw.at), 0)
+		}
+	}
 	if res.Events < r.history {
 		return res, fmt.Errorf("version %d handled %d events before its cut-over, want at least %d", version, res.Events, r.history)
 	}
 	return res, nil
 }
 
+// toggle lets the build run for a phase, then holds it (gate) for a phase, in turn, until
+// activated closes (its cut-over), and returns the switches, the first its start. A hold
+// takes effect when the build's batch in flight commits, so its switch is noted then. The
+// cut-over waits at the gate too: it runs in a phase the build runs.
+func (r *bgRun) toggle(ctx context.Context, gate *bgGate, started time.Time, activated <-chan struct{}) ([]bgSwitch, error) {
+	defer gate.release()
+	switches := []bgSwitch{{at: started, running: true}}
+	deadline := time.NewTimer(10 * time.Minute)
+	defer deadline.Stop()
+	phase := time.NewTimer(r.phase)
+	defer phase.Stop()
+	for running := true; ; running = !running {
+		select {
+		case <-activated:
+			return switches, nil
+		case <-deadline.C:
+			return switches, errors.New("no cut-over within 10 minutes")
+		case <-ctx.Done():
+			return switches, ctx.Err()
+		case <-phase.C:
+		}
+		if running {
+			gate.hold()
+		} else {
+			gate.release()
+		}
+		switches = append(switches, bgSwitch{at: time.Now(), running: !running})
+		phase.Reset(r.phase)
+	}
+}
+
 // newRunner registers p with a runner whose batch reports go to the current recorder, and
-// whose catch-ups go to onCatchUp, if set.
-func (r *bgRun) newRunner(p *projection.Projection, onCatchUp func(projection.Result)) (*projection.Runner, error) {
+// whose catch-ups go to onCatchUp, if set; with gate, if set, holding its batches.
+func (r *bgRun) newRunner(p *projection.Projection, onCatchUp func(projection.Result), gate *bgGate) (*projection.Runner, error) {
 	cfg := projection.RunnerConfig{Logger: r.h.libLog, OnBatch: func(b projection.BatchReport) {
 		if rec := r.rec.Load(); rec != nil {
 			rec.onBatch(b)
@@ -302,11 +424,123 @@ func (r *bgRun) newRunner(p *projection.Projection, onCatchUp func(projection.Re
 	if onCatchUp != nil {
 		cfg.OnCatchUp = func(_ string, res projection.Result, _ error) { onCatchUp(res) }
 	}
-	runner, err := projection.NewRunner(r.f.backend, cfg, p)
+	var backend projection.Backend = r.f.backend
+	if gate != nil {
+		backend, cfg.NowFunc = gatedBackend{Backend: backend, gate: gate}, gate.now
+	}
+	runner, err := projection.NewRunner(backend, cfg, p)
 	if err != nil {
 		return nil, err
 	}
 	return runner, runner.Init(context.Background())
+}
+
+// bgGate holds the batches of a build between two of them, as its pacing does, but for as
+// long as the bench says: a held build has no transaction open, reads nothing and sends no
+// statement (the live triggers that reach its worker wait for its catch-up in progress), so
+// the live projection runs as if there were no build. (Runner.Pause would hold it too, but
+// ends its catch-up: every live trigger then starts one more, a transaction that finds the
+// version paused — a thousand a second, a load of their own.)
+//
+// Its clock (the runner's NowFunc) stops while the build is held, so the batch that waited
+// does not count the hold in its duration, by which the build is paced.
+type bgGate struct {
+	mu       sync.Mutex
+	held     bool
+	open     chan struct{} // closed while not held
+	heldAt   time.Time     // the current hold's start
+	heldFor  time.Duration // the holds before it, in all
+	inFlight int           // batches running
+	idle     *sync.Cond    // signalled when inFlight drops to zero
+}
+
+func newBgGate() *bgGate {
+	g := &bgGate{open: make(chan struct{})}
+	close(g.open)
+	g.idle = sync.NewCond(&g.mu)
+	return g
+}
+
+// hold holds the batches not yet started and returns when none is running.
+func (g *bgGate) hold() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.held {
+		g.held, g.open, g.heldAt = true, make(chan struct{}), time.Now()
+	}
+	for g.inFlight > 0 {
+		g.idle.Wait()
+	}
+}
+
+// release lets the held batches run.
+func (g *bgGate) release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.held {
+		g.held, g.heldFor = false, g.heldFor+time.Since(g.heldAt)
+		close(g.open)
+	}
+}
+
+// enter waits until the gate is open and counts a batch in; leave counts it out.
+func (g *bgGate) enter(ctx context.Context) error {
+	for {
+		g.mu.Lock()
+		open := g.open
+		if !g.held {
+			g.inFlight++
+			g.mu.Unlock()
+			return nil
+		}
+		g.mu.Unlock()
+		select {
+		case <-open:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (g *bgGate) leave() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.inFlight--; g.inFlight == 0 {
+		g.idle.Broadcast()
+	}
+}
+
+// now is the time with the holds taken out: it stands still while the build is held.
+func (g *bgGate) now() time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.held {
+		return g.heldAt.Add(-g.heldFor)
+	}
+	return time.Now().Add(-g.heldFor)
+}
+
+// gatedBackend is a projection backend whose batches, and cut-over, wait at gate before they
+// start.
+type gatedBackend struct {
+	projection.Backend
+	gate *bgGate
+}
+
+func (b gatedBackend) Activate(ctx context.Context, p *projection.Projection, fn projection.BatchFunc, hook projection.HookFunc) (projection.Activation, error) {
+	if err := b.gate.enter(ctx); err != nil {
+		return projection.Activation{}, err
+	}
+	defer b.gate.leave()
+	return b.Backend.Activate(ctx, p, fn, hook)
+}
+
+func (b gatedBackend) RunBatch(ctx context.Context, p *projection.Projection, fn projection.BatchFunc) error {
+	if err := b.gate.enter(ctx); err != nil {
+		return err
+	}
+	defer b.gate.leave()
+	return b.Backend.RunBatch(ctx, p, fn)
 }
 
 // start runs a worker of runner as version's deploy.
@@ -337,7 +571,7 @@ func (r *bgRun) stopAll() {
 // window appends at live's rate and measures the projection's live latency, whichever of its
 // versions handles the events: for live.duration with no build (build nil), else from the
 // build's start until its cut-over.
-func (r *bgRun) window(ctx context.Context, live liveConfig, build func(ctx context.Context, done func()) error) ([]time.Duration, error) {
+func (r *bgRun) window(ctx context.Context, live liveConfig, build func(ctx context.Context, done func()) error) ([]liveSample, error) {
 	rec := newLiveRecorder([]string{bgName})
 	rec.alias = func(unit string) string { base, _, _ := strings.Cut(unit, ".v"); return base }
 	r.rec.Store(rec)
@@ -367,7 +601,7 @@ func (r *bgRun) window(ctx context.Context, live liveConfig, build func(ctx cont
 	if at, lat := rec.slowest(); lat > time.Second {
 		r.h.log.WarnContext(ctx, "blue/green: a live event took over a second", slog.Time("appended_at", at), slog.Duration("latency", lat))
 	}
-	return rec.samples(), nil
+	return rec.timedSamples(), nil
 }
 
 // bgRoundCount is how many rounds runBlueGreen runs: one (each round builds a million events

@@ -304,6 +304,27 @@ func (r *liveRecorder) samplesOf(names []string) []time.Duration {
 	return out
 }
 
+// liveSample is one event's latency in one measured projection, with when its append returned.
+type liveSample struct {
+	appended time.Time
+	latency  time.Duration
+}
+
+// timedSamples is samples with when each event's append returned.
+func (r *liveRecorder) timedSamples() []liveSample {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]liveSample, 0, len(r.committed)*len(r.measured))
+	for _, name := range r.measured {
+		for id, at := range r.committed {
+			if seen, ok := r.visible[name][id]; ok {
+				out = append(out, liveSample{appended: at, latency: max(seen.Sub(at), 0)})
+			}
+		}
+	}
+	return out
+}
+
 // liveConfig is one live-latency run.
 type liveConfig struct {
 	channel     string

@@ -434,7 +434,7 @@ func sizesFor(quick bool) sizes {
 		s.statusEvents, s.statusBudget = 50_000, 3*time.Second
 		s.horizonEvents, s.horizonRounds = 25_000, 1
 		s.partitionEvents, s.partitionRounds = 20_000, 1
-		s.blueGreenEvents = 20_000
+		s.blueGreenEvents = 100_000 // a build of a few seconds: a few phases running and held
 		s.scaleOutEvents = 10_000
 	}
 	return s
