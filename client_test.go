@@ -42,12 +42,17 @@ type ticketRegistered struct {
 // ticketList is the seed story's projection: its ticket_type column is too short for one type.
 func ticketList(t testing.TB) *projection.Projection {
 	t.Helper()
-	p, err := projection.New("ticket_list", projection.Config{
-		InitFunc: func(ctx context.Context, p projection.HookParams) error {
-			_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS ticket_list (id text PRIMARY KEY, ticket_type varchar(25) NOT NULL, applied int NOT NULL)`)
-			return err
-		},
-	}, projection.On("TicketRegistered", func(ctx context.Context, tx pgx.Tx, e projection.Event[ticketRegistered]) error {
+	return ticketListWith(t, projection.Config{})
+}
+
+// ticketListWith is ticketList with cfg (its InitFunc replaced).
+func ticketListWith(t testing.TB, cfg projection.Config) *projection.Projection {
+	t.Helper()
+	cfg.InitFunc = func(ctx context.Context, p projection.HookParams) error {
+		_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS ticket_list (id text PRIMARY KEY, ticket_type varchar(25) NOT NULL, applied int NOT NULL)`)
+		return err
+	}
+	p, err := projection.New("ticket_list", cfg, projection.On("TicketRegistered", func(ctx context.Context, tx pgx.Tx, e projection.Event[ticketRegistered]) error {
 		_, err := tx.Exec(ctx, `INSERT INTO ticket_list VALUES ($1, $2, 1) ON CONFLICT (id) DO UPDATE SET applied = ticket_list.applied + 1`,
 			e.Data.ID, e.Data.Type)
 		return err

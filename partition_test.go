@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge"
@@ -29,25 +28,11 @@ func TestPartitionedProjectionOnTwoClients(t *testing.T) {
 	logger := testlog.New(t)
 	env := amqptest.New(t)
 	const partitions = 4
-	list := func() *projection.Projection {
-		p, err := projection.New("ticket_list", projection.Config{Partitions: partitions,
-			InitFunc: func(ctx context.Context, p projection.HookParams) error {
-				_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS ticket_list (id text PRIMARY KEY, ticket_type text NOT NULL, applied int NOT NULL)`)
-				return err
-			},
-		}, projection.On("TicketRegistered", func(ctx context.Context, tx pgx.Tx, e projection.Event[ticketRegistered]) error {
-			_, err := tx.Exec(ctx, `INSERT INTO ticket_list VALUES ($1, $2, 1) ON CONFLICT (id) DO UPDATE SET applied = ticket_list.applied + 1`,
-				e.Data.ID, e.Data.Type)
-			return err
-		}))
-		require.NoError(t, err)
-		return p
-	}
 	service := func(id string) running {
 		ch, err := amqpchannel.New(ctx, amqpchannel.Config{URL: env.URL, Prefix: env.Prefix, ConnectionName: env.ConnectionName + "-" + id, Logger: logger})
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, ch.Close()) })
-		return start(t, db.Pool, nudge.Config{Channel: ch, Projections: []*projection.Projection{list()}, Logger: logger, WorkerID: id}, false)
+		return start(t, db.Pool, nudge.Config{Channel: ch, Projections: []*projection.Projection{ticketListWith(t, projection.Config{Partitions: partitions})}, Logger: logger, WorkerID: id}, false)
 	}
 	a, b := service("svc-a"), service("svc-b")
 	require.Eventually(t, func() bool {
