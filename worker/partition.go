@@ -219,6 +219,9 @@ func (w *Worker) leaseDB(ctx context.Context) (postgres.DB, func()) {
 	return own, own.Close
 }
 
+// runPartitionSet runs ps until ctx ends: its lease membership on db (when leased) and a
+// consumer per owned partition, started and stopped as ownership changes; then it stops the
+// consumers, gives the leases back and closes the partitions' subscribers.
 func (w *Worker) runPartitionSet(ctx context.Context, ps *partitionSet, db postgres.DB) {
 	log := w.logger.With(slog.String("projection", ps.name))
 	var (
