@@ -17,6 +17,7 @@ import (
 	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/eventstore/storetest"
 	"github.com/nudgeworks/nudge/lease"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/projection/projectiontest"
@@ -393,6 +394,12 @@ func TestClaimedPartitionCatchUpRetried(t *testing.T) {
 	}))
 	require.NoError(t, err)
 	s.appendStreams(t, streams, 0)
+	// The backlog must be readable before the start: the store's horizon is the cluster's, and a
+	// transaction another test holds open could keep it unreadable through the first catch-ups,
+	// which would then succeed with nothing to read.
+	head, err := s.store.Append(context.Background(), "s-last", eventstore.Any, eventstore.EventData{Type: "B", Payload: []byte(`{}`)})
+	require.NoError(t, err)
+	storetest.Settle(t, s.store, head.Last())
 	s.start(t, dropping, s.leased("w1"), p)
 	require.Eventually(t, func() bool {
 		var n int
