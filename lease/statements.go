@@ -6,6 +6,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// Tables returns the lease tables, in Config.Schema: the leases and the memberships (migrated
+// with the projections' component, postgres.ComponentProjections).
+func Tables() []string { return []string{"nudge_partition_leases", "nudge_partition_members"} }
+
 // statements are the member's SQL, with the schema's tables.
 type statements struct {
 	heartbeat, renew, release, claim, leave, list string
@@ -18,7 +22,8 @@ func newStatements(schema string) statements {
 		}
 		return pgx.Identifier{schema, name}.Sanitize()
 	}
-	r := strings.NewReplacer("{leases}", table("nudge_partition_leases"), "{members}", table("nudge_partition_members"))
+	tables := Tables()
+	r := strings.NewReplacer("{leases}", table(tables[0]), "{members}", table(tables[1]))
 	return statements{
 		// $1 group, $2 owner, $3 TTL in seconds, $4 partitions. It renews the membership,
 		// forgets members whose membership expired, makes sure every partition has a row, and

@@ -192,15 +192,17 @@ func coalesce(events []eventstore.Event) trigger.Trigger {
 	last := events[len(events)-1]
 	t := trigger.Trigger{Position: last.Position, StreamID: last.StreamID, At: time.Now().UTC(), Reason: trigger.ReasonAppend}
 	keys := map[uint32]struct{}{}
-	for _, e := range events {
+	keyed := "" // the stream whose key was added last: a batch's events come in runs of a stream
+	for i, e := range events {
 		if !slices.Contains(t.Types, e.Type) {
 			t.Types = append(t.Types, e.Type)
 		}
 		if e.StreamID != t.StreamID {
 			t.StreamID = ""
 		}
-		if len(keys) <= trigger.MaxKeys {
+		if len(keys) <= trigger.MaxKeys && (i == 0 || e.StreamID != keyed) {
 			keys[eventstore.PartitionKey(e.StreamID)] = struct{}{}
+			keyed = e.StreamID
 		}
 	}
 	slices.Sort(t.Types)

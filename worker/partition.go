@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/backoff"
+	"github.com/nudgeworks/nudge/internal/pgmigrate"
 	"github.com/nudgeworks/nudge/lease"
 	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
@@ -136,7 +136,7 @@ func (w *Worker) Owned(name string) []int {
 	if ps, ok := w.parts[name]; ok {
 		return ps.owned()
 	}
-	if _, ok := w.stats[name]; ok {
+	if slices.Contains(w.names, name) {
 		return []int{0}
 	}
 	return nil
@@ -155,8 +155,7 @@ func (w *Worker) checkLeases(ctx context.Context) error {
 			continue
 		}
 		if _, err := lease.Leases(ctx, w.cfg.Leases.DB, w.cfg.Leases.Schema, name, len(ps.units)); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+			if pgmigrate.Missing(err, w.cfg.Leases.Schema, lease.Tables()...) {
 				err = fmt.Errorf("%w: %w", projection.ErrNotMigrated, err)
 			}
 			return fmt.Errorf("worker: partition leases of %s: %w", name, err)

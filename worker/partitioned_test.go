@@ -299,6 +299,8 @@ func TestPartitionTriggerOfOtherStreamsCostsNoRead(t *testing.T) {
 	// Each partition catches up when the worker takes it, and once more in the safety net's
 	// start-up round.
 	require.Eventually(t, func() bool { return w.Stats(name).CatchUps == 2*parts }, eventually, 5*time.Millisecond, "the start-up catch-ups")
+	require.Equal(t, []int{0, 1, 2, 3}, w.Owned(name), "without leases, every partition")
+	require.Nil(t, w.Owned(name+".p1"), "a partition is not a projection of the worker")
 	res, err := s.store.Append(context.Background(), "s-000", eventstore.Any,
 		eventstore.EventData{Type: "A", Payload: []byte(`{"n":1}`)})
 	require.NoError(t, err)
