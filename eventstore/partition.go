@@ -87,3 +87,29 @@ func PartitionKey(streamID string) uint32 {
 func (p Partition) ContainsKey(k uint32) bool {
 	return !p.Partitioned() || int(k%uint32(p.Count)) == p.Index //nolint:gosec // Count is at most MaxPartitions
 }
+
+// Overlapping returns the indexes, in order, of the partitions of a split of the log into count
+// that can hold streams of p: a stream is in partition k of count when its key is k modulo
+// count, so it is in p and in k exactly when k and p.Index are equal modulo the greatest
+// common divisor of the two counts. For a count that p.Count divides, that is one partition;
+// for counts without a common divisor (and for the whole log on either side), every one.
+// A count below 2 is the whole log: the result is [0].
+func (p Partition) Overlapping(count int) []int {
+	if count < 2 {
+		return []int{0}
+	}
+	g := gcd(max(p.Count, 1), count)
+	out := make([]int, 0, count/g)
+	for k := p.Index % g; k < count; k += g {
+		out = append(out, k)
+	}
+	return out
+}
+
+// gcd is the greatest common divisor of two positive numbers.
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}

@@ -80,3 +80,25 @@ func TestPartitionValidate(t *testing.T) {
 	require.False(t, eventstore.Partition{Count: 1}.Partitioned())
 	require.True(t, eventstore.Partition{Count: 2}.Partitioned())
 }
+
+// TestPartitionOverlapping: the partitions of another count that Overlapping names hold every
+// stream of the partition, and each of them holds some.
+func TestPartitionOverlapping(t *testing.T) {
+	for _, c := range []struct{ from, to int }{{1, 4}, {4, 1}, {4, 8}, {8, 4}, {6, 4}, {3, 5}, {16, 16}, {0, 3}} {
+		for index := range max(c.from, 1) {
+			p := eventstore.Partition{Index: index, Count: c.from}
+			want := p.Overlapping(c.to)
+			reached := make(map[int]bool)
+			for i := range 4000 {
+				s := fmt.Sprintf("stream-%d", i)
+				if !p.Contains(s) {
+					continue
+				}
+				k := eventstore.PartitionOf(s, max(c.to, 1))
+				require.Contains(t, want, k, "stream %s of %s is in partition %d of %d", s, p, k, c.to)
+				reached[k] = true
+			}
+			require.Len(t, reached, len(want), "every partition of %d that %s overlaps holds some of its streams", c.to, p)
+		}
+	}
+}

@@ -66,14 +66,17 @@ type Backend interface {
 	// a projection that was judged to crash the process).
 	EndAttempt(ctx context.Context, p *Projection, at *eventstore.Position) error
 
-	// Activate is the cut-over of a building version (p) to active, in one unit of work that
-	// holds the active version's lock and p's: when p is building, running or failing (not
-	// paused or rebuilding), has no parked streams and no pending dead letters, it runs fn on
-	// p's unit (which brings p to the head and returns the outcome to store), points every
-	// stable name of p's Config.Tables at p's tables, runs hook (if not nil), retires the
-	// active version and makes p active. Anything failing rolls all of it back. When p is not
-	// ready, it changes nothing and says why in the Activation.
-	Activate(ctx context.Context, p *Projection, fn BatchFunc, hook HookFunc) (Activation, error)
+	// Activate is the cut-over of a building version (p, the definition of a partitioned
+	// one) to active, in one unit of work that holds the projection's own name's lock, the
+	// active version's units' and p's units' (each set in index order): when every unit of p is
+	// running or failing (not paused or rebuilding), has no parked streams and no pending dead
+	// letters, and none is behind (CutOver.Behind), it runs CutOver.Run on each unit of p (which
+	// brings it to the head and returns the outcome to store), points every stable name of p's
+	// Config.Tables at p's tables, runs hook (if not nil), retires the active version and makes
+	// p active. Each Unit it hands the runner carries the unit's building version record, with
+	// ActivePartitions when the active version is partitioned. Anything failing rolls all of it
+	// back. When p is not ready, it changes nothing and says why in the Activation.
+	Activate(ctx context.Context, p *Projection, c CutOver, hook HookFunc) (Activation, error)
 	// DropRetired runs hook (if not nil) on a retired version's unit, holding its lock, and
 	// records that its read model is dropped. It returns an error matching ErrNotRetired when
 	// p's version is not retired; a version already dropped is left alone.
@@ -101,6 +104,17 @@ type Attempt struct {
 	// CarefulUntil, when not zero, is the end of a range handled one event per batch because
 	// the process died in a batch there.
 	CarefulUntil eventstore.Position
+}
+
+// CutOver is the runner's work in Backend.Activate, on each unit of the building version (one
+// per partition, in index order).
+type CutOver struct {
+	// Behind reports whether the unit has more history left (events up to its
+	// VersionInfo.ActivePosition) than one batch: the cut-over then waits, so that it stays
+	// short. The backend asks every unit before it runs any.
+	Behind func(ctx context.Context, unit *Projection, u Unit) (bool, error)
+	// Run brings the unit to the head and returns the outcome to store.
+	Run func(ctx context.Context, unit *Projection, u Unit) (Outcome, error)
 }
 
 // BatchFunc is the runner's work inside one unit.

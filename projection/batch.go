@@ -256,9 +256,7 @@ func (r *Runner) watchCrashLoops(ctx context.Context, p *Projection, at eventsto
 // events it passed (handled or held), a prefix of events, and those it handled.
 func (b *batch) handle(ctx context.Context, tx pgx.Tx, events []eventstore.Event) (passed, handled []eventstore.Event, err error) {
 	deadline := b.started.Add(b.p.cfg.MaxBatchDuration)
-	if b.building {
-		ctx = withReplay(ctx)
-	}
+	live, replay := ctx, withReplay(ctx)
 	var queue Queue
 	handled = events[:0:0]
 	for i := range events {
@@ -269,7 +267,11 @@ func (b *batch) handle(ctx context.Context, tx pgx.Tx, events []eventstore.Event
 		if b.hold(events[i]) {
 			continue
 		}
-		if err := b.p.handleInBatch(ctx, tx, &queue, events, i); err != nil {
+		eventCtx := live
+		if b.replays(events[i]) {
+			eventCtx = replay
+		}
+		if err := b.p.handleInBatch(eventCtx, tx, &queue, events, i); err != nil {
 			return nil, nil, b.failAt(err, events)
 		}
 		handled = append(handled, events[i])
@@ -278,6 +280,13 @@ func (b *batch) handle(ctx context.Context, tx pgx.Tx, events []eventstore.Event
 		return nil, nil, b.failAt(err, events)
 	}
 	return events, handled, nil
+}
+
+// replays reports whether the batch handles e as history (Replaying): every event of a
+// building version's batch; in a cut-over, an event the active version has already handled
+// (it moved on since the building version was last level with it).
+func (b *batch) replays(e eventstore.Event) bool {
+	return b.building || (b.cutOver && b.version.State == VersionBuilding && b.version.activeHandled(e))
 }
 
 // failAt records the *HandlerError err as the batch's failure, with the index of its event.

@@ -7,32 +7,35 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+
+	"github.com/nudgeworks/nudge/eventstore"
 )
 
-// activate tries the cut-over of p, a building version whose catch-up has handled all the
-// history it may (it is level with the active version): one unit of work that holds both
-// versions' locks brings p to the head and makes it active (Backend.Activate). A handler that
-// fails in the cut-over rolls all of it back; the failure is recorded on p's unit only (its
-// status fails, a worker retries and dead-letters its trigger), and it blocks only the
-// cut-over: the active version goes on serving.
-func (r *Runner) activate(ctx context.Context, p *Projection, res *Result) error {
+// activate tries the cut-over of p, a building version (the definition of a partitioned one)
+// whose catch-up has handled all the history it may (it is level with the active version):
+// one unit of work that holds both versions' locks brings every unit of p to the head and
+// makes p active (Backend.Activate). A handler that fails in the cut-over rolls all of it back;
+// the failure is recorded on the failing unit only (its status fails, a worker retries and
+// dead-letters its trigger), and it blocks only the cut-over: the active version goes on
+// serving. It reports whether the cut-over waited because a unit was behind.
+func (r *Runner) activate(ctx context.Context, p *Projection, res *Result) (behind bool, err error) {
 	unitCtx, cancel := context.WithTimeout(ctx, p.cfg.BatchTimeout)
 	defer cancel()
 	var failed *batch
-	act, err := r.backend.Activate(unitCtx, p, r.cutOver(p, &failed), hook("activate", p, p.cfg.ActivateFunc))
+	act, err := r.backend.Activate(unitCtx, p, r.cutOver(&failed), hook("activate", p, p.cfg.ActivateFunc))
 	if err != nil {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return false, ctx.Err()
 		}
 		if failed != nil && failed.failed != nil && errors.Is(err, ErrHandler) {
-			return failed.recordFailure(ctx, res)
+			return false, failed.recordFailure(ctx, res)
 		}
-		return fmt.Errorf("projection %s: cut-over to version %d: %w", p.name, p.cfg.Version, err)
+		return false, fmt.Errorf("projection %s: cut-over to version %d: %w", p.name, p.cfg.Version, err)
 	}
 	if !act.Activated {
 		r.logger.DebugContext(ctx, "projection version not cut over yet", slog.String("projection", p.name),
 			slog.Int("version", p.cfg.Version), slog.String("reason", act.Reason))
-		return nil
+		return act.Behind, nil
 	}
 	res.Activated, res.CutOverHeld = true, act.Held
 	res.Events += act.Events
@@ -41,32 +44,44 @@ func (r *Runner) activate(ctx context.Context, p *Projection, res *Result) error
 	r.logger.InfoContext(ctx, "projection version cut over: readers now see it", slog.String("projection", p.name),
 		slog.Int("version", p.cfg.Version), slog.Int("previous", act.Previous), slog.Int("events", act.Events),
 		slog.Duration("held", act.Held))
-	return nil
+	return false, nil
 }
 
-// cutOver is the cut-over's work in p's unit: batches of the events after p's position (live
-// events, not history) until a read comes back short, their outcomes summed into one. It sets
-// *failed to the batch that failed, if one does.
-func (r *Runner) cutOver(p *Projection, failed **batch) BatchFunc {
-	return func(ctx context.Context, u Unit) (Outcome, error) {
-		total := Outcome{Position: u.Status.Position, State: u.Status.State}
-		for {
-			b := r.newBatch(p, p.cfg.BatchSize)
-			b.cutOver = true
-			out, err := b.unit(ctx, u)
+// cutOver is the cut-over's work on each unit of the building version: whether it is behind
+// (more than a batch of history left), then batches of the events after its position until a
+// read comes back short, their outcomes summed into one. Events the active version handled
+// meanwhile are history (Replaying); the rest are live. It sets *failed to the batch that
+// failed, if one does.
+func (r *Runner) cutOver(failed **batch) CutOver {
+	return CutOver{
+		Behind: func(ctx context.Context, p *Projection, u Unit) (bool, error) {
+			limit := p.cfg.BatchSize
+			events, err := u.Read(ctx, u.Status.Position, eventstore.ReadOptions{Limit: limit, Types: p.types, OmitPayload: true, Partition: p.partition})
 			if err != nil {
-				*failed = b
-				return Outcome{}, err
+				return false, fmt.Errorf("projection %s: read events after %s: %w", p.name, u.Status.Position, err)
 			}
-			total.Position, total.State = out.Position, out.State
-			total.Processed += out.Processed
-			total.ClearFailure = total.ClearFailure || out.ClearFailure
-			u.Status.Position, u.Status.State = out.Position, out.State
-			if b.passed == 0 || b.exhausted {
-				r.remember(p.name, total.Position, false)
-				return total, nil
+			return len(events) == limit && !u.Version.ActivePosition.Less(events[limit-1].Position), nil
+		},
+		Run: func(ctx context.Context, p *Projection, u Unit) (Outcome, error) {
+			total := Outcome{Position: u.Status.Position, State: u.Status.State}
+			for {
+				b := r.newBatch(p, p.cfg.BatchSize)
+				b.cutOver = true
+				out, err := b.unit(ctx, u)
+				if err != nil {
+					*failed = b
+					return Outcome{}, err
+				}
+				total.Position, total.State = out.Position, out.State
+				total.Processed += out.Processed
+				total.ClearFailure = total.ClearFailure || out.ClearFailure
+				u.Status.Position, u.Status.State = out.Position, out.State
+				if b.passed == 0 || b.exhausted {
+					r.remember(p.name, total.Position, false)
+					return total, nil
+				}
 			}
-		}
+		},
 	}
 }
 
@@ -77,7 +92,7 @@ func (r *Runner) dropAfterGrace(ctx context.Context, p *Projection, v VersionInf
 	if grace < 0 || !v.DroppedAt.IsZero() || v.RetiredAt.IsZero() || r.now().Before(v.RetiredAt.Add(grace)) {
 		return nil
 	}
-	return r.DropRetired(ctx, p.name)
+	return r.DropRetired(ctx, p.Definition().name)
 }
 
 // dropTablesAfterGrace drops the read model of old, a retired version of p's projection,

@@ -16,10 +16,13 @@ var ErrPartitionCount = errors.New("projection: the partition count changed")
 
 // PartitionCountError reports a projection whose Config.Partitions differs from the count its
 // status rows were registered with. Each partition's position covers only its own streams, so
-// positions cannot be carried over to another split of the log: changing the count is a
-// rebuild. Delete the projection with the old definition (Runner.Delete, which runs its
-// DeleteFunc and removes every partition's row), then Init the new definition, which rebuilds
-// the read model from the start of the store. It matches ErrPartitionCount.
+// positions cannot be carried over to another split of the log: a new partition count is a new
+// read model. Change it online by raising Config.Version with the new count: the new version
+// is built beside the running one, with its own partitions, and cuts over once level (see
+// Config.Version). Or, with downtime, delete the projection with the old definition
+// (Runner.Delete, which runs its DeleteFunc and removes every partition's row), then Init the
+// new definition, which rebuilds the read model from the start of the store. It matches
+// ErrPartitionCount.
 type PartitionCountError struct {
 	// Projection is the projection's unit name.
 	Projection string
@@ -28,8 +31,9 @@ type PartitionCountError struct {
 }
 
 func (e *PartitionCountError) Error() string {
-	return fmt.Sprintf("projection %s: registered with %d partition(s), defined with %d: changing Config.Partitions is a rebuild; "+
-		"delete the projection with its old definition (Runner.Delete) and start the new one, which rebuilds it",
+	return fmt.Sprintf("projection %s: registered with %d partition(s), defined with %d: a new partition count is a new read model; "+
+		"raise Config.Version with it (the new version is built beside this one and cuts over once level), "+
+		"or delete the projection with its old definition (Runner.Delete) and start the new one, which rebuilds it",
 		e.Projection, e.Registered, e.Configured)
 }
 
@@ -203,6 +207,10 @@ func (r *Runner) catchUpPartitions(ctx context.Context, p *Projection, guard Bat
 		sum.Paused = sum.Paused || res.Paused
 		sum.Stopped = sum.Stopped || res.Stopped
 		sum.Paced += res.Paced
+		sum.Retired = sum.Retired || res.Retired
+		if res.Activated {
+			sum.Activated, sum.CutOverHeld = true, res.CutOverHeld
+		}
 		if k == 0 || res.Position.Less(sum.Position) {
 			sum.Position = res.Position
 		}

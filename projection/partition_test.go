@@ -29,15 +29,17 @@ func TestPartitionConfig(t *testing.T) {
 	require.Same(t, plain, plain.Definition())
 
 	for name, bad := range map[string]projection.Config{
-		"Partitions -1":                    {Partitions: -1},
-		"Partitions 1025":                  {Partitions: eventstore.MaxPartitions + 1},
-		"Partitions 4 with Version 2":      {Partitions: 4, Version: 2},
-		"versions of a partitioned projec": {Partitions: 2, Version: 3},
+		"Partitions -1":   {Partitions: -1},
+		"Partitions 1025": {Partitions: eventstore.MaxPartitions + 1},
 	} {
 		_, err := projection.New("orders", bad, noop)
 		require.ErrorIs(t, err, projection.ErrInvalidConfig, name)
 		require.ErrorContains(t, err, "Partitions", name)
 	}
+
+	v2, err := projection.New("orders", projection.Config{Partitions: 4, Version: 2}, noop)
+	require.NoError(t, err, "a partitioned projection has versions")
+	require.Equal(t, "orders.v2.p3", v2.Units()[3].Name())
 
 	p, err := projection.New("orders", projection.Config{Partitions: 16}, noop)
 	require.NoError(t, err)

@@ -275,11 +275,6 @@ func (cfg Config) Validate() error {
 	if cfg.Partitions < 1 || cfg.Partitions > eventstore.MaxPartitions {
 		return fmt.Errorf("%w: Partitions %d out of range; use 1 to %d (0 means 1)", ErrInvalidConfig, cfg.Partitions, eventstore.MaxPartitions)
 	}
-	if cfg.Partitions > 1 && cfg.Version > 1 {
-		return fmt.Errorf("%w: Partitions %d with Version %d: versions of a partitioned projection are not supported yet; "+
-			"to change a partitioned read model, rebuild it (Runner.Reset, or Runner.Delete and Init for another partition count)",
-			ErrInvalidConfig, cfg.Partitions, cfg.Version)
-	}
 	if cfg.BatchTimeout <= cfg.MaxBatchDuration {
 		return fmt.Errorf("%w: BatchTimeout %s must exceed MaxBatchDuration %s (a batch that handles events that long still has to commit)",
 			ErrInvalidConfig, cfg.BatchTimeout, cfg.MaxBatchDuration)

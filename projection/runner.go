@@ -266,35 +266,53 @@ func (r *Runner) catchUp(ctx context.Context, name string, guard BatchGuard) (Re
 	}
 	var res Result
 	pace := pacer{target: p.cfg.BuildLagTarget}
-	for {
-		started := r.now()
-		more, err := r.guardedStep(ctx, p, &res, guard)
-		if err != nil || res.Paused || res.Stopped {
+	for round := 1; ; round++ {
+		res.building = false
+		if err := r.catchUpRounds(ctx, p, &res, guard, &pace); err != nil || res.Paused || res.Stopped {
 			return res, err
 		}
-		if !more {
-			break
+		if res.Paced = pace.waited; res.Paced > 0 {
+			r.logger.DebugContext(ctx, "projection version build paced by the active version's lag", slog.String("projection", p.name),
+				slog.Duration("waited", res.Paced), slog.Int("events", res.Events))
+		}
+		switch {
+		case res.building:
+			// A cut-over that found a unit behind (the active version moved on meanwhile)
+			// is tried again after one more catch-up, a few times; the next trigger, or the
+			// safety net, tries later.
+			behind, err := r.activate(ctx, p.Definition(), &res)
+			if err != nil || !behind || round == cutOverRounds {
+				return res, err
+			}
+			continue
+		case res.Retired:
+			return res, r.dropAfterGrace(ctx, p, res.version)
+		case res.version.Undropped.Version > 0:
+			r.dropTablesAfterGrace(ctx, p, res.version.Undropped)
+		}
+		return res, nil
+	}
+}
+
+// cutOverRounds bounds the catch-ups of one CatchUp that end in a cut-over found behind.
+const cutOverRounds = 3
+
+// catchUpRounds runs p's batches until one reads everything readable, sums them up in res, and
+// paces a building version's batches (pace).
+func (r *Runner) catchUpRounds(ctx context.Context, p *Projection, res *Result, guard BatchGuard, pace *pacer) error {
+	for {
+		started := r.now()
+		more, err := r.guardedStep(ctx, p, res, guard)
+		if err != nil || res.Paused || res.Stopped || !more {
+			return err
 		}
 		if res.version.State == VersionBuilding {
 			if err := r.sleep(ctx, pace.next(res.version, r.now().Sub(started))); err != nil {
 				res.Paced = pace.waited
-				return res, err
+				return err
 			}
 		}
 	}
-	if res.Paced = pace.waited; res.Paced > 0 {
-		r.logger.DebugContext(ctx, "projection version build paced by the active version's lag", slog.String("projection", p.name),
-			slog.Duration("waited", res.Paced), slog.Int("events", res.Events))
-	}
-	switch {
-	case res.building:
-		return res, r.activate(ctx, p, &res)
-	case res.Retired:
-		return res, r.dropAfterGrace(ctx, p, res.version)
-	case res.version.Undropped.Version > 0:
-		r.dropTablesAfterGrace(ctx, p, res.version.Undropped)
-	}
-	return res, nil
 }
 
 func (r *Runner) report(b BatchReport) {

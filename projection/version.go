@@ -129,8 +129,15 @@ type VersionInfo struct {
 	// active).
 	State VersionState
 	// ActivePosition is, for a building version, the active version's committed position:
-	// the batch handles events up to it only (history).
+	// the batch handles events up to it only (history). When either version is partitioned,
+	// it is the lowest position among the active version's units that can hold streams of
+	// the building unit (eventstore.Partition.Overlapping): every event up to it is handled
+	// by the active version, whichever unit of it holds the event's stream.
 	ActivePosition eventstore.Position
+	// ActivePartitions is, when the active version is partitioned, its partitions' committed
+	// positions in index order: a cut-over tells history (an event the active version has
+	// handled, Replaying) from live events per event, by its stream's active partition.
+	ActivePartitions []eventstore.Position
 	// RetiredAt is when a retired version was retired; DroppedAt when its read model was
 	// dropped (zero while it is kept).
 	RetiredAt, DroppedAt time.Time
@@ -143,6 +150,16 @@ type VersionInfo struct {
 	// Undropped is, for an active version, the retired version of the projection retired
 	// first whose read model is not dropped yet; zero when there is none.
 	Undropped RetiredVersion
+}
+
+// activeHandled reports whether the active version has handled e: whether e is history for a
+// building version.
+func (v VersionInfo) activeHandled(e eventstore.Event) bool {
+	at := v.ActivePosition
+	if n := len(v.ActivePartitions); n > 0 {
+		at = v.ActivePartitions[eventstore.PartitionOf(e.StreamID, n)]
+	}
+	return !at.Less(e.Position)
 }
 
 // RetiredVersion names a retired version and when it was retired.
@@ -159,6 +176,10 @@ type Activation struct {
 	Reason string
 	// Previous is the version that was active before (0 when none was).
 	Previous int
+	// Behind is true when it is not active because a unit of the version had more history
+	// left than one batch (Config.BatchSize) when the cut-over looked: it catches up first, so
+	// the cut-over stays short.
+	Behind bool
 	// Events counts the events the cut-over handled under the locks.
 	Events int
 	// Held is how long the cut-over held the active version's lock, from taking it to the

@@ -527,12 +527,12 @@ type gatedBackend struct {
 	gate *bgGate
 }
 
-func (b gatedBackend) Activate(ctx context.Context, p *projection.Projection, fn projection.BatchFunc, hook projection.HookFunc) (projection.Activation, error) {
+func (b gatedBackend) Activate(ctx context.Context, p *projection.Projection, co projection.CutOver, hook projection.HookFunc) (projection.Activation, error) {
 	if err := b.gate.enter(ctx); err != nil {
 		return projection.Activation{}, err
 	}
 	defer b.gate.leave()
-	return b.Backend.Activate(ctx, p, fn, hook)
+	return b.Backend.Activate(ctx, p, co, hook)
 }
 
 func (b gatedBackend) RunBatch(ctx context.Context, p *projection.Projection, fn projection.BatchFunc) error {

@@ -160,10 +160,8 @@ func (b *Backend) Register(ctx context.Context, p *projection.Projection, init p
 		b.mu.Unlock()
 		return err
 	}
-	state := projection.VersionActive
-	if !p.Partitioned() {
-		state = b.registerVersion(p) // versions of partitioned projections are not supported yet
-	} else {
+	state := b.registerVersion(p)
+	if p.Partitioned() {
 		b.parts[p.Name()] = p.Partitions()
 	}
 	for _, u := range p.Units() {

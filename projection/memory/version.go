@@ -66,29 +66,35 @@ func (b *Backend) versionOf(unit string) (*version, map[int]*version) {
 	return nil, nil
 }
 
-// versionInfo returns the version record of p's unit as a batch sees it. The active
-// version's lag is the age of the first event of p's types after its position (this backend
-// does not keep the active version's types).
+// versionInfo returns the version record of p's unit as a batch sees it. For a building
+// version, the active version's position is the lowest among its units that can hold streams
+// of p (eventstore.Partition.Overlapping), and its lag the age of the first event of p's types
+// after it (this backend does not keep the active version's types).
 func (b *Backend) versionInfo(ctx context.Context, p *projection.Projection) (projection.VersionInfo, error) {
 	b.mu.Lock()
-	v, vs := b.versionOf(p.Name())
+	v, vs := b.versionOf(p.Definition().Name())
 	if v == nil {
 		b.mu.Unlock()
 		return projection.VersionInfo{}, nil
 	}
 	info := projection.VersionInfo{State: v.state, RetiredAt: v.retiredAt, DroppedAt: v.droppedAt}
-	var active *row
+	var active []*row
 	if v.state == projection.VersionActive {
 		info.Undropped = undropped(vs)
 	}
 	if a := vs[activeOf(vs)]; a != nil && v.state == projection.VersionBuilding {
-		active = b.rows[a.unit]
+		active = b.activeRows(a.unit, p.Partition())
 	}
 	b.mu.Unlock()
-	if active == nil {
+	if len(active) == 0 {
 		return info, nil
 	}
-	st := active.get()
+	st := active[0].get()
+	for _, r := range active[1:] {
+		if at := r.get(); at.Position.Less(st.Position) {
+			st = at
+		}
+	}
 	info.ActivePosition, info.ActiveState = st.Position, st.State
 	next, err := b.store.Read(ctx, st.Position, eventstore.ReadOptions{Limit: 1, Types: p.Types()})
 	if err != nil {
@@ -98,6 +104,42 @@ func (b *Backend) versionInfo(ctx context.Context, p *projection.Projection) (pr
 		info.ActiveLag = max(b.now().Sub(next[0].RecordedAt), 0)
 	}
 	return info, nil
+}
+
+// activeRows returns the rows of the units of unit, the active version's unit name, that can
+// hold streams of part: unit's own row, or those of its partitions that overlap part. The
+// caller holds b.mu.
+func (b *Backend) activeRows(unit string, part eventstore.Partition) []*row {
+	count := b.parts[unit]
+	if count == 0 {
+		if r := b.rows[unit]; r != nil {
+			return []*row{r}
+		}
+		return nil
+	}
+	var out []*row
+	for _, k := range part.Overlapping(count) {
+		if r := b.rows[partitionName(unit, k, count)]; r != nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// partitionName is projection.PartitionUnitName of a partition registered before (so valid).
+func partitionName(unit string, index, count int) string {
+	name, _ := projection.PartitionUnitName(unit, index, count)
+	return name
+}
+
+// unitsOf returns the names of the units of unit, a version's unit name: itself, then its
+// partitions when it is a partitioned projection's definition. The caller holds b.mu.
+func (b *Backend) unitsOf(unit string) []string {
+	names := []string{unit}
+	for k := range b.parts[unit] {
+		names = append(names, partitionName(unit, k, b.parts[unit]))
+	}
+	return names
 }
 
 // undropped returns the retired version among vs retired first whose read model is not
@@ -120,7 +162,7 @@ func (b *Backend) versionStatus(p *projection.Projection, st *projection.Status)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	st.Version = p.Version()
-	if v, vs := b.versionOf(p.Name()); v != nil {
+	if v, vs := b.versionOf(p.Definition().Name()); v != nil {
 		st.VersionState, st.ActiveVersion, st.RetiredAt = v.state, activeOf(vs), v.retiredAt
 	}
 }
@@ -141,53 +183,110 @@ func (b *Backend) lockedUnits(ctx context.Context, units []string, fn func() err
 }
 
 // Activate implements projection.Backend, holding the locks of the projection's version 1,
-// the active version and p. Without a transaction, a failing fn or hook leaves everything as
-// it was only because the outcome is applied last: fn's handlers' side effects stay.
-func (b *Backend) Activate(ctx context.Context, p *projection.Projection, fn projection.BatchFunc, hook projection.HookFunc) (projection.Activation, error) {
+// the active version's units and p's. Without a transaction, a failing Run or hook leaves
+// everything as it was only because the outcomes are applied last: the handlers' side effects
+// stay.
+func (b *Backend) Activate(ctx context.Context, p *projection.Projection, co projection.CutOver, hook projection.HookFunc) (projection.Activation, error) {
 	b.mu.Lock()
-	activeUnit := ""
+	units := []string{p.Base()}
+	var activeUnit string
 	vs := b.versions[p.Base()]
 	if a := vs[activeOf(vs)]; a != nil {
 		activeUnit = a.unit
+		units = append(units, b.unitsOf(a.unit)...)
 	}
+	units = append(units, b.unitsOf(p.Name())...)
 	b.mu.Unlock()
 	var act projection.Activation
-	err := b.lockedUnits(ctx, []string{p.Base(), activeUnit}, func() error {
-		return b.locked(ctx, p.Name(), func(r *row) error {
-			start := time.Now()
-			if reason := b.notReady(p, r); reason != "" {
-				act.Reason = reason
-				return nil
-			}
-			out, err := fn(ctx, b.unit(r, projection.VersionInfo{}))
+	err := b.lockedUnits(ctx, units, func() error {
+		rows, err := b.rowsOf(p)
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		cus, reason, err := b.cutoverUnits(ctx, p, rows, activeUnit)
+		if err != nil || reason != "" {
+			act.Reason = reason
+			return err
+		}
+		for _, cu := range cus {
+			behind, err := co.Behind(ctx, cu.p, b.unit(cu.r, cu.ver))
 			if err != nil {
 				return err
 			}
-			if err := runHook(ctx, hook); err != nil {
+			if behind {
+				act.Reason, act.Behind = fmt.Sprintf("%s (version %d) has more than a batch of history left", cu.p.Name(), p.Version()), true
+				return nil
+			}
+		}
+		outs := make([]projection.Outcome, len(cus))
+		events := 0
+		for k, cu := range cus {
+			if outs[k], err = co.Run(ctx, cu.p, b.unit(cu.r, cu.ver)); err != nil {
 				return err
 			}
-			b.apply(r, out)
-			act = b.flip(p, out.Processed)
-			act.Held = time.Since(start)
-			return nil
-		})
+			events += outs[k].Processed
+		}
+		if err := runHook(ctx, hook); err != nil {
+			return err
+		}
+		for k, cu := range cus {
+			b.apply(cu.r, outs[k])
+		}
+		act = b.flip(p, events)
+		act.Held = time.Since(start)
+		return nil
 	})
 	return act, err
 }
 
-// notReady says why p, whose row is r, may not cut over; empty when it may.
-func (b *Backend) notReady(p *projection.Projection, r *row) string {
+// cutoverUnit is a unit of the building version as the cut-over found it.
+type cutoverUnit struct {
+	p   *projection.Projection
+	r   *row
+	ver projection.VersionInfo
+}
+
+// cutoverUnits returns p's units, whose rows are rows, with their version records, or says
+// why p may not cut over. The caller holds the locks of Activate.
+func (b *Backend) cutoverUnits(ctx context.Context, p *projection.Projection, rows []*row, activeUnit string) ([]cutoverUnit, string, error) {
+	var activeParts []eventstore.Position
 	b.mu.Lock()
-	v := b.versions[p.Base()][p.Version()]
+	if count := b.parts[activeUnit]; count > 0 {
+		for _, r := range b.activeRows(activeUnit, eventstore.Partition{}) {
+			activeParts = append(activeParts, r.get().Position)
+		}
+	}
+	b.mu.Unlock()
+	out := make([]cutoverUnit, 0, len(rows))
+	for k, u := range p.Units() {
+		if reason := b.notReady(u, rows[k]); reason != "" {
+			return nil, reason, nil
+		}
+		ver, err := b.versionInfo(ctx, u)
+		if err != nil {
+			return nil, "", err
+		}
+		ver.ActivePartitions = activeParts
+		out = append(out, cutoverUnit{p: u, r: rows[k], ver: ver})
+	}
+	return out, "", nil
+}
+
+// notReady says why u, a unit of a building version whose row is r, may not cut over; empty
+// when it may.
+func (b *Backend) notReady(u *projection.Projection, r *row) string {
+	b.mu.Lock()
+	v := b.versions[u.Base()][u.Version()]
 	b.mu.Unlock()
 	st := r.get()
 	switch {
 	case v == nil || v.state != projection.VersionBuilding:
-		return fmt.Sprintf("version %d is not building", p.Version())
+		return fmt.Sprintf("version %d is not building", u.Version())
 	case st.State != projection.StateRunning && st.State != projection.StateFailing:
-		return fmt.Sprintf("version %d is %s", p.Version(), st.State)
+		return fmt.Sprintf("%s (version %d) is %s", u.Name(), u.Version(), st.State)
 	case len(r.parkedCopy()) > 0:
-		return fmt.Sprintf("version %d has parked streams", p.Version())
+		return fmt.Sprintf("%s (version %d) has parked streams", u.Name(), u.Version())
 	}
 	return ""
 }
@@ -207,7 +306,7 @@ func (b *Backend) flip(p *projection.Projection, events int) projection.Activati
 
 // DropRetired implements projection.Backend.
 func (b *Backend) DropRetired(ctx context.Context, p *projection.Projection, hook projection.HookFunc) error {
-	return b.locked(ctx, p.Name(), func(*row) error {
+	return b.lockedAll(ctx, p, func([]*row) error {
 		b.mu.Lock()
 		v := b.versions[p.Base()][p.Version()]
 		b.mu.Unlock()
@@ -236,7 +335,10 @@ func (b *Backend) DropRetiredTables(ctx context.Context, p *projection.Projectio
 	if v == nil {
 		return fmt.Errorf("projection %s version %d is not retired: %w", p.Base(), version, projection.ErrNotRetired)
 	}
-	return b.locked(ctx, v.unit, func(*row) error {
+	b.mu.Lock()
+	units := b.unitsOf(v.unit)
+	b.mu.Unlock()
+	return b.lockedUnits(ctx, units, func() error {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		switch {

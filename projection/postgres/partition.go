@@ -47,40 +47,19 @@ func (b *Backend) checkPartitions(ctx context.Context, tx pgx.Tx, p *projection.
 	return nil
 }
 
-// registerPartitioned is Register for a partitioned projection: holding the lock of the
-// projection's unit name (which no batch takes: batches take their partition's), it checks the
-// partition count, creates or updates every partition's row and runs init once. Versions of
-// partitioned projections are not supported yet: no version record is written, so each
-// partition counts as active, and the views of p's Tables are created as for an active
-// version.
-func (b *Backend) registerPartitioned(ctx context.Context, p *projection.Projection, init projection.HookFunc) error {
-	return b.inTx(ctx, func(tx pgx.Tx) error {
-		var storeReady bool
-		if err := tx.QueryRow(ctx, b.sql.eventsExist).Scan(&storeReady); err != nil {
-			return err
-		}
-		if !storeReady {
-			return fmt.Errorf("projection %s: %w", p.Name(), eventstore.ErrNotMigrated)
-		}
-		if err := b.lockUnits(ctx, tx, p.Name()); err != nil {
-			return err
-		}
-		if err := b.checkPartitions(ctx, tx, p); err != nil {
-			return err
-		}
-		var batch pgx.Batch
-		for _, u := range p.Units() {
-			part := u.Partition()
-			batch.Queue(b.sql.registerPartition, u.Name(), u.Types(), p.Name(), part.Index, part.Count)
-		}
-		if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
-			return err
-		}
-		if err := runHook(ctx, tx, init); err != nil {
-			return err
-		}
-		return b.createViews(ctx, tx, p)
-	})
+// registerRows creates or updates p's status rows: one per partition of a partitioned
+// projection, its own otherwise.
+func (b *Backend) registerRows(ctx context.Context, tx pgx.Tx, p *projection.Projection) error {
+	if !p.Partitioned() {
+		_, err := tx.Exec(ctx, b.sql.register, p.Name(), p.Types())
+		return err
+	}
+	var batch pgx.Batch
+	for _, u := range p.Units() {
+		part := u.Partition()
+		batch.Queue(b.sql.registerPartition, u.Name(), u.Types(), p.Name(), part.Index, part.Count)
+	}
+	return tx.SendBatch(ctx, &batch).Close()
 }
 
 // lockAll takes the locks of p's units in order (one per partition of a partitioned

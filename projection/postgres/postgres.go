@@ -133,7 +133,7 @@ func (b *Backend) lock(ctx context.Context, tx pgx.Tx, name string) (projection.
 
 // lockWith is lock; when parked is not nil, it also reads the projection's parked streams into
 // it, and when ver is not nil its version record, in the same round trip.
-func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked map[string]projection.ParkedStream, ver *projection.VersionInfo) (projection.Status, error) {
+func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked map[string]projection.ParkedStream, ver *versionRead) (projection.Status, error) {
 	var (
 		batch pgx.Batch
 		st    projection.Status
@@ -149,14 +149,7 @@ func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked m
 		})
 	}
 	if ver != nil {
-		batch.Queue(b.sql.selectVersionInfo, name).Query(func(rows pgx.Rows) error {
-			if rows.Next() {
-				if err := scanVersionInfo(rows, ver); err != nil {
-					return err
-				}
-			}
-			return rows.Err()
-		})
+		b.queueVersionInfo(&batch, ver)
 	}
 	batch.Queue(b.sql.selectStatus, name).QueryRow(func(row pgx.Row) error {
 		var err error
@@ -175,9 +168,6 @@ func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked m
 // matching projection.ErrNotMigrated, one without the event store's tables an error matching
 // eventstore.ErrNotMigrated.
 func (b *Backend) Register(ctx context.Context, p *projection.Projection, init projection.HookFunc) error {
-	if p.Partitioned() {
-		return b.registerPartitioned(ctx, p, init)
-	}
 	return b.inTx(ctx, func(tx pgx.Tx) error {
 		var storeReady bool
 		if err := tx.QueryRow(ctx, b.sql.eventsExist).Scan(&storeReady); err != nil {
@@ -193,7 +183,7 @@ func (b *Backend) Register(ctx context.Context, p *projection.Projection, init p
 		if err := b.checkPartitions(ctx, tx, p); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, b.sql.register, p.Name(), p.Types()); err != nil {
+		if err := b.registerRows(ctx, tx, p); err != nil {
 			return err
 		}
 		switch state {
@@ -230,7 +220,7 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn pro
 	return b.inTxWith(ctx, b.batchOptions(p), func(tx pgx.Tx) error {
 		parked := make(map[string]projection.ParkedStream)
 		var ver projection.VersionInfo
-		st, err := b.lockWith(ctx, tx, p.Name(), parked, &ver)
+		st, err := b.lockWith(ctx, tx, p.Name(), parked, versionOf(p, &ver))
 		if err != nil {
 			return err
 		}
@@ -359,14 +349,12 @@ func (b *Backend) Delete(ctx context.Context, p *projection.Projection, hook pro
 			if _, err := tx.Exec(ctx, b.sql.clearParked, u.Name()); err != nil {
 				return err
 			}
-			if _, err := tx.Exec(ctx, b.sql.deleteVersion, u.Name()); err != nil {
-				return err
-			}
 			if _, err := tx.Exec(ctx, b.sql.delete, u.Name()); err != nil {
 				return err
 			}
 		}
-		return nil
+		_, err := tx.Exec(ctx, b.sql.deleteVersion, p.Name())
+		return err
 	})
 }
 

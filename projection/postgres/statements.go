@@ -27,6 +27,7 @@ type statements struct {
 	registerPartition, partitionCount string
 	// Versions: see version.go.
 	legacyVersion, registerVersion, selectVersionState, selectActiveVersion, selectVersionInfo      string
+	selectPartitionPositions, selectPartitionNames                                                    string
 	retireActive, activateVersion, markDropped, deleteVersion, deadLettersExist, pendingDeadLetters string
 	recordAdopted, selectVersionTables                                                              string
 }
@@ -51,7 +52,7 @@ const statusColumns = `p.name, p.transaction_id, p.global_position, p.state, p.e
 const statusFrom = `FROM {projections} p
 	LEFT JOIN LATERAL (SELECT * FROM {skips} s WHERE s.projection = p.name ORDER BY s.id DESC LIMIT 1) k ON true
 	LEFT JOIN LATERAL (SELECT count(*) AS n, min(parked_at) AS oldest FROM {parked} x WHERE x.projection = p.name) pk ON true
-	LEFT JOIN {versions} v ON v.unit = p.name
+	LEFT JOIN {versions} v ON v.unit = coalesce(p.partition_of, p.name)
 	LEFT JOIN {versions} av ON av.projection = v.projection AND av.state = 'active'`
 
 func newStatements(schema, horizon string) statements {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/projection"
 )
 
@@ -35,12 +36,15 @@ func (s *statements) addVersionSQL(r *strings.Replacer) {
 		WHERE projection = $1 AND version = 1`)
 	s.selectVersionState = r.Replace(`SELECT state FROM {versions} WHERE projection = $1 AND version = $2`)
 	s.selectActiveVersion = r.Replace(`SELECT unit, version FROM {versions} WHERE projection = $1 AND state = 'active'`)
-	// The version record of a unit; for a building version, the active version's position,
-	// state and lag: the age of the first readable event after its position, of its types
-	// (one index probe per type), or of any type for a projection of every type; for an
-	// active version, the oldest retired version whose read model is not dropped.
+	// The version record of a unit ($1; a partitioned projection's definition); for a
+	// building version, the active version's position, state and lag, from its unit with the
+	// lowest position among those that can hold streams of the building unit (partition $2 of
+	// $3: see eventstore.Partition.Overlapping): the age of the first readable event after
+	// that position, of its types (one index probe per type), or of any type for a projection
+	// of every type; for an active version, the oldest retired version whose read model is not
+	// dropped.
 	s.selectVersionInfo = r.Replace(`SELECT v.state, v.retired_at, v.dropped_at, ap.transaction_id, ap.global_position, ap.state,
-		CASE WHEN v.state <> 'building' OR ap.name IS NULL THEN NULL
+		CASE WHEN ap.name IS NULL THEN NULL
 		WHEN ap.event_types IS NULL THEN (
 			SELECT extract(epoch FROM clock_timestamp() - e.recorded_at)::float8 FROM {events} e
 			WHERE (e.transaction_id, e.global_position) > (ap.transaction_id, ap.global_position) AND e.transaction_id < {horizon}
@@ -54,17 +58,23 @@ func (s *statements) addVersionSQL(r *strings.Replacer) {
 		END, o.version, o.retired_at
 		FROM {versions} v
 		LEFT JOIN {versions} a ON a.projection = v.projection AND a.state = 'active'
-		LEFT JOIN {projections} ap ON ap.name = a.unit
+		LEFT JOIN LATERAL (SELECT x.name, x.transaction_id, x.global_position, x.state, x.event_types FROM {projections} x
+			WHERE v.state = 'building' AND ((x.name = a.unit AND x.partition_of IS NULL)
+				OR (x.partition_of = a.unit AND x.partition_index % gcd(x.partition_count, $3::int) = $2::int % gcd(x.partition_count, $3::int)))
+			ORDER BY x.transaction_id, x.global_position LIMIT 1) ap ON true
 		LEFT JOIN LATERAL (SELECT r.version, r.retired_at FROM {versions} r WHERE v.state = 'active' AND r.projection = v.projection
 			AND r.state = 'retired' AND r.dropped_at IS NULL ORDER BY r.retired_at, r.version LIMIT 1) o ON true
 		WHERE v.unit = $1`)
+	// The committed positions of a partitioned projection's partitions, in index order.
+	s.selectPartitionPositions = r.Replace(`SELECT transaction_id, global_position FROM {projections} WHERE partition_of = $1 ORDER BY partition_index`)
+	s.selectPartitionNames = r.Replace(`SELECT name FROM {projections} WHERE partition_of = $1 ORDER BY partition_index`)
 	s.selectVersionTables = r.Replace(`SELECT tables FROM {versions} WHERE unit = $1`)
 	s.retireActive = r.Replace(`UPDATE {versions} SET state = 'retired', retired_at = now() WHERE projection = $1 AND state = 'active'`)
 	s.activateVersion = r.Replace(`UPDATE {versions} SET state = 'active', activated_at = now() WHERE projection = $1 AND version = $2`)
 	s.markDropped = r.Replace(`UPDATE {versions} SET dropped_at = now() WHERE unit = $1`)
 	s.deleteVersion = r.Replace(`DELETE FROM {versions} WHERE unit = $1`)
 	s.deadLettersExist = r.Replace(`SELECT to_regclass('{deadletters}') IS NOT NULL`)
-	s.pendingDeadLetters = r.Replace(`SELECT EXISTS (SELECT 1 FROM {deadletters} WHERE projection = $1 AND status = 'failed')`)
+	s.pendingDeadLetters = r.Replace(`SELECT EXISTS (SELECT 1 FROM {deadletters} WHERE projection = ANY($1::text[]) AND status = 'failed')`)
 }
 
 // scanVersionInfo reads a row of selectVersionInfo into v.
@@ -87,6 +97,59 @@ func scanVersionInfo(row pgx.Row, v *projection.VersionInfo) error {
 	v.Undropped = projection.RetiredVersion{Version: deref(oldVersion), RetiredAt: deref(oldRetired)}
 	v.ActivePosition.TransactionID, v.ActivePosition.GlobalPosition = deref(activeTx), deref(activePos)
 	return nil
+}
+
+// versionRead is a read of a unit's version record (selectVersionInfo) into info: the record
+// of unit (a partitioned projection's definition for its partitions), seen from part, the
+// building unit's part of the log.
+type versionRead struct {
+	info *projection.VersionInfo
+	unit string
+	part eventstore.Partition
+}
+
+// versionOf is the read of p's version record into info.
+func versionOf(p *projection.Projection, info *projection.VersionInfo) *versionRead {
+	return &versionRead{info: info, unit: p.Definition().Name(), part: p.Partition()}
+}
+
+// queueVersionInfo queues the read of ver in batch.
+func (b *Backend) queueVersionInfo(batch *pgx.Batch, ver *versionRead) {
+	batch.Queue(b.sql.selectVersionInfo, ver.unit, ver.part.Index, max(ver.part.Count, 1)).Query(func(rows pgx.Rows) error {
+		if rows.Next() {
+			if err := scanVersionInfo(rows, ver.info); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+}
+
+// lockVersion takes the lock of unit (a version's unit name; a partitioned projection's
+// definition) and those of its partitions, in index order, and reads its version record: for
+// changes of a version as a whole that need no status row (a partitioned projection's
+// definition has none).
+func (b *Backend) lockVersion(ctx context.Context, tx pgx.Tx, unit string, info *projection.VersionInfo) error {
+	if _, err := b.lockPartitioned(ctx, tx, unit); err != nil {
+		return err
+	}
+	var batch pgx.Batch
+	b.queueVersionInfo(&batch, &versionRead{info: info, unit: unit})
+	return tx.SendBatch(ctx, &batch).Close()
+}
+
+// lockPartitioned takes the lock of unit, then, when it is a partitioned projection's
+// definition, those of its partitions, in index order, and returns their names.
+func (b *Backend) lockPartitioned(ctx context.Context, tx pgx.Tx, unit string) ([]string, error) {
+	rows, err := tx.Query(ctx, b.sql.selectPartitionNames, unit)
+	if err != nil {
+		return nil, err
+	}
+	parts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	return parts, b.lockUnits(ctx, tx, append([]string{unit}, parts...)...)
 }
 
 // registerVersion takes the locks of p's registration (the projection's own name first, the
@@ -115,17 +178,19 @@ func (b *Backend) registerVersion(ctx context.Context, tx pgx.Tx, p *projection.
 	return projection.VersionState(state), nil
 }
 
-// lockUnits takes the advisory locks of units, in order, skipping repeats.
+// lockUnits takes the advisory locks of units, in order, skipping repeats, in one round trip.
 func (b *Backend) lockUnits(ctx context.Context, tx pgx.Tx, units ...string) error {
+	var batch pgx.Batch
 	for i, u := range units {
 		if u == "" || (i > 0 && u == units[i-1]) {
 			continue
 		}
-		if _, err := tx.Exec(ctx, b.sql.lock, u); err != nil {
-			return err
-		}
+		batch.Queue(b.sql.lock, u)
 	}
-	return nil
+	if batch.Len() == 0 {
+		return nil
+	}
+	return tx.SendBatch(ctx, &batch).Close()
 }
 
 // stableName is where a stable name resolves on the search path: its schema and relkind
@@ -250,9 +315,10 @@ func (b *Backend) replaceViews(ctx context.Context, tx pgx.Tx, p *projection.Pro
 }
 
 // Activate implements projection.Backend. It holds the projection's own name's lock (its
-// version 1's), the active version's and p's: batches of the active version wait for it, then
-// find their version retired and do nothing.
-func (b *Backend) Activate(ctx context.Context, p *projection.Projection, fn projection.BatchFunc, hook projection.HookFunc) (projection.Activation, error) {
+// version 1's), the active version's units' and p's (a partitioned version's definition's,
+// then its partitions', in index order): batches of the active version wait for it, then find
+// their version retired and do nothing.
+func (b *Backend) Activate(ctx context.Context, p *projection.Projection, co projection.CutOver, hook projection.HookFunc) (projection.Activation, error) {
 	var (
 		act   projection.Activation
 		start time.Time
@@ -264,11 +330,14 @@ func (b *Backend) Activate(ctx context.Context, p *projection.Projection, fn pro
 		if err != nil || !ready {
 			return err
 		}
+		if ready, err = c.level(ctx, co); err != nil || !ready {
+			return err
+		}
 		start = time.Now()
-		return c.run(ctx, fn, hook)
+		return c.run(ctx, co, hook)
 	})
 	if err != nil || !act.Activated {
-		return projection.Activation{Reason: act.Reason}, err
+		return projection.Activation{Reason: act.Reason, Behind: act.Behind}, err
 	}
 	act.Held = time.Since(start)
 	return act, nil
@@ -276,17 +345,24 @@ func (b *Backend) Activate(ctx context.Context, p *projection.Projection, fn pro
 
 // cutover is one Activate in its transaction.
 type cutover struct {
-	b      *Backend
-	tx     pgx.Tx
+	b     *Backend
+	tx    pgx.Tx
+	p     *projection.Projection
+	act   *projection.Activation
+	units []cutoverUnit
+}
+
+// cutoverUnit is a unit of the building version as the cut-over locked it.
+type cutoverUnit struct {
 	p      *projection.Projection
-	act    *projection.Activation
 	st     projection.Status
 	parked map[string]projection.ParkedStream
 	ver    projection.VersionInfo
 }
 
-// lockAndCheck takes the locks (in the order of registerVersion) and reports whether p may
-// cut over, with the reason in act when not.
+// lockAndCheck takes the locks (in the order of registerVersion: the projection's own name,
+// the active version's units, p's) and reports whether p may cut over, with the reason in act
+// when not.
 func (c *cutover) lockAndCheck(ctx context.Context) (bool, error) {
 	p, tx := c.p, c.tx
 	if err := c.b.lockUnits(ctx, tx, p.Base()); err != nil {
@@ -297,14 +373,35 @@ func (c *cutover) lockAndCheck(ctx context.Context) (bool, error) {
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return false, err
 	}
-	if activeUnit != p.Base() {
-		if err := c.b.lockUnits(ctx, tx, activeUnit); err != nil {
+	var activeParts []eventstore.Position
+	if activeUnit != "" {
+		parts, err := c.b.lockPartitioned(ctx, tx, activeUnit)
+		if err != nil {
 			return false, err
 		}
+		if len(parts) > 0 {
+			rows, err := tx.Query(ctx, c.b.sql.selectPartitionPositions, activeUnit)
+			if err != nil {
+				return false, err
+			}
+			if activeParts, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (eventstore.Position, error) {
+				var at eventstore.Position
+				return at, row.Scan(&at.TransactionID, &at.GlobalPosition)
+			}); err != nil {
+				return false, err
+			}
+		}
 	}
-	c.parked = make(map[string]projection.ParkedStream)
-	if c.st, err = c.b.lockWith(ctx, tx, p.Name(), c.parked, &c.ver); err != nil {
+	if err := c.b.lockUnits(ctx, tx, p.Name()); err != nil {
 		return false, err
+	}
+	for _, u := range p.Units() {
+		cu := cutoverUnit{p: u, parked: make(map[string]projection.ParkedStream)}
+		if cu.st, err = c.b.lockWith(ctx, tx, u.Name(), cu.parked, versionOf(u, &cu.ver)); err != nil {
+			return false, err
+		}
+		cu.ver.ActivePartitions = activeParts
+		c.units = append(c.units, cu)
 	}
 	reason, err := c.notReady(ctx)
 	c.act.Reason = reason
@@ -313,19 +410,23 @@ func (c *cutover) lockAndCheck(ctx context.Context) (bool, error) {
 
 // notReady says why p may not cut over now; empty when it may.
 func (c *cutover) notReady(ctx context.Context) (string, error) {
-	switch {
-	case c.ver.State != projection.VersionBuilding:
-		return fmt.Sprintf("version %d is %s, not building", c.p.Version(), c.ver.State), nil
-	case c.st.State != projection.StateRunning && c.st.State != projection.StateFailing:
-		return fmt.Sprintf("version %d is %s", c.p.Version(), c.st.State), nil
-	case len(c.parked) > 0:
-		return fmt.Sprintf("version %d has %d parked streams", c.p.Version(), len(c.parked)), nil
+	names := make([]string, len(c.units))
+	for k, u := range c.units {
+		names[k] = u.p.Name()
+		switch {
+		case u.ver.State != projection.VersionBuilding:
+			return fmt.Sprintf("version %d is %s, not building", c.p.Version(), u.ver.State), nil
+		case u.st.State != projection.StateRunning && u.st.State != projection.StateFailing:
+			return fmt.Sprintf("%s (version %d) is %s", u.p.Name(), c.p.Version(), u.st.State), nil
+		case len(u.parked) > 0:
+			return fmt.Sprintf("%s (version %d) has %d parked streams", u.p.Name(), c.p.Version(), len(u.parked)), nil
+		}
 	}
 	var exist, pending bool
 	if err := c.tx.QueryRow(ctx, c.b.sql.deadLettersExist).Scan(&exist); err != nil || !exist {
 		return "", err
 	}
-	if err := c.tx.QueryRow(ctx, c.b.sql.pendingDeadLetters, c.p.Name()).Scan(&pending); err != nil {
+	if err := c.tx.QueryRow(ctx, c.b.sql.pendingDeadLetters, names).Scan(&pending); err != nil {
 		return "", err
 	}
 	if pending {
@@ -334,16 +435,37 @@ func (c *cutover) notReady(ctx context.Context) (string, error) {
 	return "", nil
 }
 
-// run brings p to the head (fn), stores the outcome, points the views at p's tables, runs the
-// hook and flips the version records.
-func (c *cutover) run(ctx context.Context, fn projection.BatchFunc, hook projection.HookFunc) error {
-	c.ver.State = "" // the cut-over handles live events, not history
-	out, err := fn(ctx, c.b.unit(c.tx, c.st, c.parked, c.ver))
-	if err != nil {
-		return err
+// level asks every unit whether it is behind (co.Behind) and reports whether none is, with
+// the reason in act when one is.
+func (c *cutover) level(ctx context.Context, co projection.CutOver) (bool, error) {
+	for _, u := range c.units {
+		behind, err := co.Behind(ctx, u.p, c.b.unit(c.tx, u.st, u.parked, u.ver))
+		if err != nil || !behind {
+			if err != nil {
+				return false, err
+			}
+			continue
+		}
+		c.act.Reason = fmt.Sprintf("%s (version %d) has more than a batch of history left", u.p.Name(), c.p.Version())
+		c.act.Behind = true
+		return false, nil
 	}
-	if err := c.b.storeOutcome(ctx, c.tx, c.p, c.st, out); err != nil {
-		return err
+	return true, nil
+}
+
+// run brings every unit of p to the head (co.Run), stores the outcomes, points the views at
+// p's tables, runs the hook and flips the version records.
+func (c *cutover) run(ctx context.Context, co projection.CutOver, hook projection.HookFunc) error {
+	events := 0
+	for _, u := range c.units {
+		out, err := co.Run(ctx, u.p, c.b.unit(c.tx, u.st, u.parked, u.ver))
+		if err != nil {
+			return err
+		}
+		if err := c.b.storeOutcome(ctx, c.tx, u.p, u.st, out); err != nil {
+			return err
+		}
+		events += out.Processed
 	}
 	if err := c.b.replaceViews(ctx, c.tx, c.p); err != nil {
 		return err
@@ -357,15 +479,16 @@ func (c *cutover) run(ctx context.Context, fn projection.BatchFunc, hook project
 	if _, err := c.tx.Exec(ctx, c.b.sql.activateVersion, c.p.Base(), c.p.Version()); err != nil {
 		return err
 	}
-	c.act.Activated, c.act.Events = true, out.Processed
+	c.act.Activated, c.act.Events = true, events
 	return nil
 }
 
-// DropRetired implements projection.Backend.
+// DropRetired implements projection.Backend. It holds the locks of p's units (a partitioned
+// version's definition's and its partitions').
 func (b *Backend) DropRetired(ctx context.Context, p *projection.Projection, hook projection.HookFunc) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error {
 		var ver projection.VersionInfo
-		if _, err := b.lockWith(ctx, tx, p.Name(), nil, &ver); err != nil {
+		if err := b.lockVersion(ctx, tx, p.Name(), &ver); err != nil {
 			return err
 		}
 		switch {
@@ -409,7 +532,7 @@ func (b *Backend) DropRetiredTables(ctx context.Context, p *projection.Projectio
 	}
 	return b.inTx(ctx, func(tx pgx.Tx) error {
 		var ver projection.VersionInfo
-		if _, err := b.lockWith(ctx, tx, unit, nil, &ver); err != nil {
+		if err := b.lockVersion(ctx, tx, unit, &ver); err != nil {
 			return err
 		}
 		switch {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/eventstore/storetest"
 	"github.com/nudgeworks/nudge/internal/testlog"
 	"github.com/nudgeworks/nudge/projection"
 )
@@ -22,6 +24,10 @@ var versionTests = []struct {
 	{"VersionBuildsBesideAndCutsOver", testVersionCutOver},
 	{"VersionCutOverWaitsForAFix", testVersionCutOverFailing},
 	{"VersionBuildPacedByTheActiveLag", testVersionBuildPaced},
+	{"VersionPartitioned1To4", func(t *testing.T, env Env) { testVersionPartitioned(t, env, 1, 4) }},
+	{"VersionPartitioned4To8", func(t *testing.T, env Env) { testVersionPartitioned(t, env, 4, 8) }},
+	{"VersionPartitioned4To1", func(t *testing.T, env Env) { testVersionPartitioned(t, env, 4, 1) }},
+	{"VersionPartitioned3To4", func(t *testing.T, env Env) { testVersionPartitioned(t, env, 3, 4) }},
 }
 
 // sink counts, per version, the events each handled live (a side effect) and as history.
@@ -210,4 +216,96 @@ func testVersionBuildPaced(t *testing.T, env Env) {
 			}
 		})
 	}
+}
+
+// appendSpread appends the events numbered from..from+n-1 ("A", Payload N), one per append,
+// event i to stream order-<i mod 24>, and waits until all are readable.
+func appendSpread(t *testing.T, s eventstore.Store, from, n int) {
+	t.Helper()
+	var last eventstore.Position
+	for i := from; i < from+n; i++ {
+		data, err := eventstore.NewEventData("A", Payload{N: i})
+		require.NoError(t, err)
+		res, err := s.Append(context.Background(), fmt.Sprintf("order-%d", i%24), eventstore.Any, data)
+		require.NoError(t, err)
+		last = res.Last()
+	}
+	storetest.Settle(t, s, last)
+}
+
+// testVersionPartitioned: version 2 of a projection, with to partitions, is built beside
+// version 1 with from (1: unpartitioned), and cuts over. Its partitions build apart, each up to
+// what the active version's partitions holding its streams have handled; a cut-over tried
+// while a partition is behind waits; the cut-over brings every partition to the head, telling
+// history (events some active partition handled after the building partitions were level)
+// from live events per event: every event has its side effect once. Version 1's partitions
+// then do nothing, and its retired read model is dropped as a whole.
+func testVersionPartitioned(t *testing.T, env Env, from, to int) {
+	ctx := context.Background()
+	s := newSink()
+	v1 := s.projectionWith(t, "vparts", projection.Config{Version: 1, Partitions: from, BatchSize: 7})
+	v2 := s.projectionWith(t, "vparts", projection.Config{Version: 2, Partitions: to, BatchSize: 7})
+	r, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, v1)
+	require.NoError(t, err)
+	require.NoError(t, r.Init(ctx))
+	appendSpread(t, env.Store, 0, 96)
+	_, err = r.CatchUp(ctx, v1.Name())
+	require.NoError(t, err)
+
+	both, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, v1, v2)
+	require.NoError(t, err)
+	require.NoError(t, both.Init(ctx))
+	st, err := both.Status(ctx, v2.Name())
+	require.NoError(t, err)
+	require.Equal(t, projection.VersionBuilding, st.VersionState)
+	require.Equal(t, 1, st.ActiveVersion)
+	for k := range to - 1 {
+		// Level with version 1, but the last partition has all its history (more than a batch) to go.
+		res, err := both.CatchUpPartition(ctx, v2.Name(), k)
+		require.NoError(t, err)
+		require.False(t, res.Activated, "partition %d cut over while the last one was behind", k)
+	}
+	appendSpread(t, env.Store, 96, 24) // not handled by version 1 yet
+	if from > 1 {
+		_, err = both.CatchUpPartition(ctx, v1.Name(), 0) // one active partition moves on: some of those are history now
+	} else {
+		_, err = both.CatchUp(ctx, v1.Name())
+	}
+	require.NoError(t, err)
+	res, err := both.CatchUp(ctx, v2.Name())
+	require.NoError(t, err)
+	require.True(t, res.Activated)
+
+	s.mu.Lock()
+	handledBy1 := len(s.live[1])
+	require.Equal(t, handledBy1, s.history[2], "version 2 replayed exactly what version 1 had handled")
+	require.Greater(t, handledBy1, 96, "version 1 handled some events after version 2's partitions were level")
+	if from > 1 {
+		require.Less(t, handledBy1, 120, "version 1 left some events to the cut-over")
+	}
+	s.mu.Unlock()
+
+	appendSpread(t, env.Store, 120, 10)
+	res, err = both.CatchUp(ctx, v1.Name())
+	require.NoError(t, err)
+	require.True(t, res.Retired)
+	require.Zero(t, res.Events)
+	_, err = both.CatchUp(ctx, v2.Name())
+	require.NoError(t, err)
+	s.mu.Lock()
+	for n := range 130 {
+		require.Equal(t, 1, s.live[1][n]+s.live[2][n], "event %d has its side effect once", n)
+	}
+	s.mu.Unlock()
+
+	st, err = both.Status(ctx, v1.Name())
+	require.NoError(t, err)
+	require.Equal(t, projection.VersionRetired, st.VersionState)
+	require.Equal(t, 2, st.ActiveVersion)
+	st, err = both.Status(ctx, v2.Name())
+	require.NoError(t, err)
+	require.Equal(t, projection.VersionActive, st.VersionState)
+	require.Zero(t, st.LagEvents)
+	require.NoError(t, both.DropRetired(ctx, v1.Name()), "a retired partitioned version is dropped as a whole")
+	require.NoError(t, both.DropRetired(ctx, v1.Name()), "and once")
 }
