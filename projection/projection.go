@@ -124,9 +124,10 @@ type Config struct {
 	// PartitionUnitName), with its own position, status row, batch lock and failure, and reads
 	// only its streams' events, so every stream's events are still handled in order and
 	// partitions catch up independently (Runner.CatchUpPartition), in any process. A failing
-	// partition stops alone. Changing it on a registered projection is a rebuild
-	// (*PartitionCountError). It cannot be combined with a Version above 1 yet. At most
-	// eventstore.MaxPartitions. Defaults to 1: one unit named like the projection, as without
+	// partition stops alone. A registered projection refuses another count
+	// (*PartitionCountError): change it with a new Version, which is built beside the active
+	// one with its own partitions and cuts over once level (versions and partition counts
+	// combine freely, in both directions). At most eventstore.MaxPartitions. Defaults to 1: one unit named like the projection, as without
 	// partitions.
 	Partitions int
 	// BuildLagTarget paces this version while it is built beside the active one: while the

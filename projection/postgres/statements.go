@@ -27,7 +27,7 @@ type statements struct {
 	registerPartition, partitionCount string
 	// Versions: see version.go.
 	legacyVersion, registerVersion, selectVersionState, selectActiveVersion, selectVersionInfo      string
-	selectPartitionPositions, selectPartitionNames                                                    string
+	selectPartitionPositions, selectPartitionNames                                                  string
 	retireActive, activateVersion, markDropped, deleteVersion, deadLettersExist, pendingDeadLetters string
 	recordAdopted, selectVersionTables                                                              string
 }
