@@ -475,6 +475,54 @@ func TestStatusVersions(t *testing.T) {
 	require.Regexp(t, `(?m)^orders\.v2\s.*v2 active$`, out.stdout)
 }
 
+// TestStatusPartitionedVersions: a partitioned version built beside a partitioned active one
+// (2 partitions, then 4) is one folded row each, with where it stands; after the cut-over the
+// old one is retired and the new one active, and --partitions lists the new one's 4 units.
+func TestStatusPartitionedVersions(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	appendToOrder(t, f, "A", "A", "A")
+	_, backend := appendToOrder(t, f, "A")
+	v1, v2 := ordersVersionPartitioned(t, 1, 2), ordersVersionPartitioned(t, 2, 4)
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, v1)
+	require.NoError(t, err)
+	require.NoError(t, runner.Init(ctx))
+	_, err = runner.CatchUp(ctx, v1.Name())
+	require.NoError(t, err)
+	building, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, v2)
+	require.NoError(t, err)
+	require.NoError(t, building.Init(ctx))
+
+	out := runCLI(t, f.env, "status")
+	require.Equal(t, 0, out.code, out.stderr)
+	require.Regexp(t, `(?m)^orders\s.*\s2 partitions, no owner$`, out.stdout)
+	require.Regexp(t, `(?m)^orders\.v2\s.*\s4 partitions, no owner; v2 building beside v1 \(active\); cuts over once level$`, out.stdout)
+
+	_, err = building.CatchUp(ctx, v2.Name())
+	require.NoError(t, err)
+	out = runCLI(t, f.env, "status", "--partitions")
+	require.Equal(t, 0, out.code, out.stderr)
+	require.Regexp(t, `(?m)^orders\s.*; v1 retired at \S+, replaced by v2$`, out.stdout)
+	require.Regexp(t, `(?m)^orders\.v2\s+caught_up\s.*; v2 active$`, out.stdout)
+	for k := range 4 {
+		require.Regexp(t, fmt.Sprintf(`(?m)^  orders\.v2\.p%d\s+caught_up\s`, k), out.stdout)
+	}
+}
+
+// ordersVersionPartitioned is ordersVersion split into partitions.
+func ordersVersionPartitioned(t *testing.T, version, partitions int) *projection.Projection {
+	t.Helper()
+	var p *projection.Projection
+	p, err := projection.New("orders", projection.Config{Version: version, Partitions: partitions, Tables: []string{"orders"},
+		InitFunc: func(ctx context.Context, hp projection.HookParams) error {
+			_, err := hp.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+p.Table("orders")+` (n int)`)
+			return err
+		}}, projection.OnIdempotent("A", func(context.Context, projection.Event[json.RawMessage]) error { return nil }))
+	require.NoError(t, err)
+	return p
+}
+
 // ordersVersion is version version of the projection orders, whose table's stable name is
 // orders (a view of orders_v<version>).
 func ordersVersion(t *testing.T, version int) *projection.Projection {
