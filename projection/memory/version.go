@@ -209,15 +209,9 @@ func (b *Backend) Activate(ctx context.Context, p *projection.Projection, co pro
 			act.Reason = reason
 			return err
 		}
-		for _, cu := range cus {
-			behind, err := co.Behind(ctx, cu.p, b.unit(cu.r, cu.ver))
-			if err != nil {
-				return err
-			}
-			if behind {
-				act.Reason, act.Behind = fmt.Sprintf("%s (version %d) has more than a batch of history left", cu.p.Name(), p.Version()), true
-				return nil
-			}
+		if behind, err := b.behind(ctx, co, cus); err != nil || behind != "" {
+			act.Reason, act.Behind = behind, behind != ""
+			return err
 		}
 		outs := make([]projection.Outcome, len(cus))
 		events := 0
@@ -238,6 +232,21 @@ func (b *Backend) Activate(ctx context.Context, p *projection.Projection, co pro
 		return nil
 	})
 	return act, err
+}
+
+// behind asks every unit of the cut-over whether it is behind (co.Behind) and says which is;
+// empty when none is.
+func (b *Backend) behind(ctx context.Context, co projection.CutOver, cus []cutoverUnit) (string, error) {
+	for _, cu := range cus {
+		behind, err := co.Behind(ctx, cu.p, b.unit(cu.r, cu.ver))
+		if err != nil {
+			return "", err
+		}
+		if behind {
+			return fmt.Sprintf("%s (version %d) has more than a batch of history left", cu.p.Name(), cu.p.Version()), nil
+		}
+	}
+	return "", nil
 }
 
 // cutoverUnit is a unit of the building version as the cut-over found it.
