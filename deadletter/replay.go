@@ -22,9 +22,18 @@ type ReplayFilter struct {
 	Projection string
 	// All replays every failed or replayed record of every projection.
 	All bool
+	// FailedBefore, when set, leaves alone the records of Projection or All whose
+	// LastFailedAt is not before it: a worker's replay at start replays what failed before
+	// the worker was made, not what its own first triggers dead-lettered meanwhile.
+	FailedBefore time.Time
 	// PageSize is how many records Replay reads and marks at a time, which bounds its memory
 	// and the size of its statements. Defaults to ReplayPageSizeDefault; at most ListLimitMax.
 	PageSize int
+}
+
+// selects reports whether a listed record passes f.FailedBefore.
+func (f ReplayFilter) selects(rec Record) bool {
+	return f.FailedBefore.IsZero() || rec.LastFailedAt.Before(f.FailedBefore)
 }
 
 // ReplayResult says what a Replay did.
@@ -153,7 +162,9 @@ func replayableOfList(ctx context.Context, store Store, f ReplayFilter, targets 
 			return fmt.Errorf("deadletter: list records after ID %d: %w", filter.AfterID, err)
 		}
 		for _, rec := range page {
-			targets[rec.Projection] = true
+			if f.selects(rec) {
+				targets[rec.Projection] = true
+			}
 		}
 		if len(page) < f.PageSize {
 			return nil
@@ -181,6 +192,8 @@ func validateReplayFilter(f *ReplayFilter) error {
 		return fmt.Errorf("%w: the replay filter is empty: set IDs to replay some records, Projection to replay one projection's, or All to replay every failed record", ErrInvalidFilter)
 	case set > 1:
 		return fmt.Errorf("%w: the replay filter sets more than one of IDs, Projection and All: set exactly one", ErrInvalidFilter)
+	case len(f.IDs) > 0 && !f.FailedBefore.IsZero():
+		return fmt.Errorf("%w: ReplayFilter.FailedBefore goes with Projection or All, not IDs (the records named are replayed)", ErrInvalidFilter)
 	}
 	switch {
 	case f.PageSize == 0:
@@ -242,13 +255,18 @@ func markPages(ctx context.Context, store Store, f ReplayFilter, by string, now 
 		}
 		ids = ids[:0]
 		for _, rec := range page {
+			if !f.selects(rec) {
+				continue
+			}
 			ids = append(ids, rec.ID)
 			targets[rec.Projection] = true
 		}
-		n, err := store.MarkReplayed(ctx, ids, by, now)
-		res.Replayed += n
-		if err != nil {
-			return fmt.Errorf("deadletter: replay: mark records replayed: %w", err)
+		if len(ids) > 0 {
+			n, err := store.MarkReplayed(ctx, ids, by, now)
+			res.Replayed += n
+			if err != nil {
+				return fmt.Errorf("deadletter: replay: mark records replayed: %w", err)
+			}
 		}
 		if len(page) < f.PageSize {
 			return nil

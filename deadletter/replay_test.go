@@ -114,3 +114,38 @@ func TestReplayTargets(t *testing.T) {
 		require.Zero(t, r.Replays, "nothing was marked")
 	}
 }
+
+// TestReplayFailedBefore: a replay with FailedBefore leaves alone the records that failed at
+// or after it (a worker's own first dead letters at its start), and names no projection for
+// them; FailedBefore does not go with IDs.
+func TestReplayFailedBefore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := memory.New(memory.Config{})
+	base := deadlettertest.Base()
+	old, err := s.Add(ctx, deadlettertest.EventEntry("tickets", uuid.New(), base))
+	require.NoError(t, err)
+	fresh, err := s.Add(ctx, deadlettertest.EventEntry("tickets", uuid.New(), base.Add(time.Minute)))
+	require.NoError(t, err)
+	_, err = s.Add(ctx, deadlettertest.EventEntry("orders", uuid.New(), base.Add(time.Minute)))
+	require.NoError(t, err)
+
+	f := deadletter.ReplayFilter{All: true, FailedBefore: base.Add(time.Second)}
+	targets, err := deadletter.ReplayTargets(ctx, s, f)
+	require.NoError(t, err)
+	require.Equal(t, []string{"tickets"}, targets)
+	pub := &deadlettertest.Publisher{}
+	res, err := deadletter.Replay(ctx, s, pub, f, "worker start", base.Add(2*time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Replayed)
+	require.Equal(t, []string{"tickets"}, res.Projections)
+	got, err := s.Get(ctx, old.ID)
+	require.NoError(t, err)
+	require.Equal(t, deadletter.StatusReplayed, got.Status)
+	got, err = s.Get(ctx, fresh.ID)
+	require.NoError(t, err)
+	require.Equal(t, deadletter.StatusFailed, got.Status, "failed after FailedBefore: left alone")
+
+	_, err = deadletter.Replay(ctx, s, pub, deadletter.ReplayFilter{IDs: []int64{old.ID}, FailedBefore: base}, "ann", time.Time{})
+	require.ErrorIs(t, err, deadletter.ErrInvalidFilter)
+}

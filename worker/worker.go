@@ -103,6 +103,9 @@ type Config struct {
 	// parked streams (projection.Runner.RedriveAll), so a fix that was just deployed takes
 	// effect without an operator. A projection whose bug is not fixed fails again and folds
 	// into the same record; a parked stream whose redrive fails stays parked with the new error.
+	// The replay takes the dead letters that last failed before New made the worker
+	// (deadletter.ReplayFilter.FailedBefore): those its own first triggers wrote meanwhile are
+	// this deployment's failures, not a fix's to retry.
 	DisableReplayOnStart bool
 	// CloseTimeout bounds Run's wait for handlers in flight at shutdown. Defaults to
 	// CloseTimeoutDefault.
@@ -167,6 +170,9 @@ type Worker struct {
 	running chan struct{}
 	// ran is set by the first Run or RunBackground.
 	ran atomic.Bool
+	// created is when New made the worker: its replay at start replays the dead letters
+	// written before (by earlier deployments), not those its own first triggers wrote.
+	created time.Time
 	// routers holds the routers AddHandlers added handlers to: RunBackground waits until they run.
 	routersMu sync.Mutex
 	routers   []*message.Router
@@ -244,7 +250,7 @@ func New(cfg Config) (*Worker, error) {
 	if len(names) == 0 {
 		names = cfg.Runner.Names()
 	}
-	w := &Worker{cfg: cfg, names: slices.Clone(names), logger: cfg.Logger, stats: make(map[string]*counters, len(names)),
+	w := &Worker{cfg: cfg, names: slices.Clone(names), logger: cfg.Logger, stats: make(map[string]*counters, len(names)), created: time.Now(),
 		running: make(chan struct{}), parts: map[string]*partitionSet{}}
 	if cfg.MaxConcurrentPartitions > 0 {
 		w.slots = make(chan struct{}, cfg.MaxConcurrentPartitions)
@@ -459,7 +465,8 @@ func (w *Worker) startDeadLetters(parent context.Context, name string, log *slog
 		}
 		return
 	}
-	res, err := deadletter.Replay(ctx, w.cfg.DeadLetters, w.cfg.Channel, deadletter.ReplayFilter{Projection: name}, "worker start", time.Now())
+	res, err := deadletter.Replay(ctx, w.cfg.DeadLetters, w.cfg.Channel, deadletter.ReplayFilter{Projection: name, FailedBefore: w.created},
+		"worker start", time.Now())
 	switch {
 	case err != nil && parent.Err() == nil:
 		log.ErrorContext(ctx, "replaying dead letters at start failed", slog.Any("error", err))

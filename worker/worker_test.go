@@ -413,6 +413,7 @@ func TestMalformedTriggersAreDeadLettered(t *testing.T) {
 		require.Contains(t, reasons["future-1"], "version 99")
 		require.Contains(t, reasons["later-1"], `unknown reason "later"`)
 		// The start-up catch-up, then the tick's: the invalid triggers run none.
+		// (The replay at start leaves them alone: they failed after the worker was made.)
 		require.Eventually(t, func() bool { st := w.Stats("alpha"); return st.Received == 4 && st.CatchUps >= 2 }, eventually, 5*time.Millisecond,
 			"the old tick trigger is received and caught up on")
 		require.Equal(t, int64(3), w.Stats("alpha").Invalid, "dead-lettered at once, without a retry")
