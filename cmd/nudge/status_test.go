@@ -436,14 +436,7 @@ func TestStatusVersions(t *testing.T) {
 	_, backend := appendToOrder(t, f, "A", "A")
 	v1, v2 := ordersVersion(t, 1), ordersVersion(t, 2)
 	// v1 is active and caught up; v2 is registered beside it and has not run.
-	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, v1)
-	require.NoError(t, err)
-	require.NoError(t, runner.Init(ctx))
-	_, err = runner.CatchUp(ctx, v1.Name())
-	require.NoError(t, err)
-	building, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, v2)
-	require.NoError(t, err)
-	require.NoError(t, building.Init(ctx))
+	building := buildBeside(t, backend, v1, v2)
 
 	out := runCLI(t, f.env, "status")
 	require.Equal(t, 0, out.code, out.stderr)
@@ -464,7 +457,7 @@ func TestStatusVersions(t *testing.T) {
 		byName["orders.v2"]["version_state"], byName["orders.v2"]["retired_at"]})
 
 	// v2 catches up and cuts over: v1 is retired, replaced by v2.
-	_, err = building.CatchUp(ctx, v2.Name())
+	_, err := building.CatchUp(ctx, v2.Name())
 	require.NoError(t, err)
 	st, err := building.Status(ctx, v2.Name())
 	require.NoError(t, err)
@@ -485,21 +478,14 @@ func TestStatusPartitionedVersions(t *testing.T) {
 	appendToOrder(t, f, "A", "A", "A")
 	_, backend := appendToOrder(t, f, "A")
 	v1, v2 := ordersVersionPartitioned(t, 1, 2), ordersVersionPartitioned(t, 2, 4)
-	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, v1)
-	require.NoError(t, err)
-	require.NoError(t, runner.Init(ctx))
-	_, err = runner.CatchUp(ctx, v1.Name())
-	require.NoError(t, err)
-	building, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, v2)
-	require.NoError(t, err)
-	require.NoError(t, building.Init(ctx))
+	building := buildBeside(t, backend, v1, v2)
 
 	out := runCLI(t, f.env, "status")
 	require.Equal(t, 0, out.code, out.stderr)
 	require.Regexp(t, `(?m)^orders\s.*\s2 partitions, no owner$`, out.stdout)
 	require.Regexp(t, `(?m)^orders\.v2\s.*\s4 partitions, no owner; v2 building beside v1 \(active\); cuts over once level$`, out.stdout)
 
-	_, err = building.CatchUp(ctx, v2.Name())
+	_, err := building.CatchUp(ctx, v2.Name())
 	require.NoError(t, err)
 	out = runCLI(t, f.env, "status", "--partitions")
 	require.Equal(t, 0, out.code, out.stderr)
@@ -510,7 +496,8 @@ func TestStatusPartitionedVersions(t *testing.T) {
 	}
 }
 
-// ordersVersionPartitioned is ordersVersion split into partitions.
+// ordersVersionPartitioned is version version of the projection orders, split into partitions
+// (1: unpartitioned), whose table's stable name is orders (a view of orders_v<version>).
 func ordersVersionPartitioned(t *testing.T, version, partitions int) *projection.Projection {
 	t.Helper()
 	var p *projection.Projection
@@ -527,14 +514,23 @@ func ordersVersionPartitioned(t *testing.T, version, partitions int) *projection
 // orders (a view of orders_v<version>).
 func ordersVersion(t *testing.T, version int) *projection.Projection {
 	t.Helper()
-	var p *projection.Projection
-	p, err := projection.New("orders", projection.Config{Version: version, Tables: []string{"orders"},
-		InitFunc: func(ctx context.Context, hp projection.HookParams) error {
-			_, err := hp.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+p.Table("orders")+` (n int)`)
-			return err
-		}}, projection.OnIdempotent("A", func(context.Context, projection.Event[json.RawMessage]) error { return nil }))
+	return ordersVersionPartitioned(t, version, 1)
+}
+
+// buildBeside makes v1 active and caught up, and registers v2 beside it without running it; it
+// returns v2's runner.
+func buildBeside(t *testing.T, backend projection.Backend, v1, v2 *projection.Projection) *projection.Runner {
+	t.Helper()
+	ctx := context.Background()
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, v1)
 	require.NoError(t, err)
-	return p
+	require.NoError(t, runner.Init(ctx))
+	_, err = runner.CatchUp(ctx, v1.Name())
+	require.NoError(t, err)
+	building, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, v2)
+	require.NoError(t, err)
+	require.NoError(t, building.Init(ctx))
+	return building
 }
 
 func TestVersionNotesAndETA(t *testing.T) {

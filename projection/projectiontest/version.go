@@ -72,6 +72,27 @@ func (s *sink) projectionWith(t *testing.T, name string, cfg projection.Config) 
 	return p
 }
 
+// buildBeside makes v1 active, appends (appendHistory) and catches v1 up, then registers v2
+// beside it (checked building) and returns a runner of both.
+func buildBeside(t *testing.T, env Env, v1, v2 *projection.Projection, appendHistory func()) *projection.Runner {
+	t.Helper()
+	ctx := context.Background()
+	r, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, v1)
+	require.NoError(t, err)
+	require.NoError(t, r.Init(ctx))
+	appendHistory()
+	_, err = r.CatchUp(ctx, v1.Name())
+	require.NoError(t, err)
+	both, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, v1, v2)
+	require.NoError(t, err)
+	require.NoError(t, both.Init(ctx))
+	st, err := both.Status(ctx, v2.Name())
+	require.NoError(t, err)
+	require.Equal(t, projection.VersionBuilding, st.VersionState)
+	require.Equal(t, 1, st.ActiveVersion)
+	return both
+}
+
 // testVersionCutOver: version 2 registered beside an active version 1 builds as a unit of its
 // own from the start, handling history as a replay, then cuts over: the events version 1 had
 // not handled are version 2's live ones, and every event has its side effect once. Version 1's
@@ -81,20 +102,7 @@ func testVersionCutOver(t *testing.T, env Env) {
 	s := newSink()
 	v1, v2 := s.projection(t, 1), s.projection(t, 2)
 	require.Equal(t, "versioned.v2", v2.Name())
-	r, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, v1)
-	require.NoError(t, err)
-	require.NoError(t, r.Init(ctx))
-	AppendN(t, env.Store, 0, 40)
-	_, err = r.CatchUp(ctx, v1.Name())
-	require.NoError(t, err)
-
-	both, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, v1, v2)
-	require.NoError(t, err)
-	require.NoError(t, both.Init(ctx))
-	st, err := both.Status(ctx, v2.Name())
-	require.NoError(t, err)
-	require.Equal(t, projection.VersionBuilding, st.VersionState)
-	require.Equal(t, 1, st.ActiveVersion)
+	both := buildBeside(t, env, v1, v2, func() { AppendN(t, env.Store, 0, 40) })
 	AppendN(t, env.Store, 40, 9) // not handled by version 1: live in the cut-over
 	res, err := both.CatchUp(ctx, v2.Name())
 	require.NoError(t, err)
@@ -115,7 +123,7 @@ func testVersionCutOver(t *testing.T, env Env) {
 	for n := range 54 {
 		require.Equal(t, 1, s.live[1][n]+s.live[2][n], "event %d has its side effect once", n)
 	}
-	st, err = both.Status(ctx, v1.Name())
+	st, err := both.Status(ctx, v1.Name())
 	require.NoError(t, err)
 	require.Equal(t, projection.VersionRetired, st.VersionState)
 	require.Equal(t, 2, st.ActiveVersion)
@@ -245,20 +253,7 @@ func testVersionPartitioned(t *testing.T, env Env, from, to int) {
 	s := newSink()
 	v1 := s.projectionWith(t, "vparts", projection.Config{Version: 1, Partitions: from, BatchSize: 7})
 	v2 := s.projectionWith(t, "vparts", projection.Config{Version: 2, Partitions: to, BatchSize: 7})
-	r, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, v1)
-	require.NoError(t, err)
-	require.NoError(t, r.Init(ctx))
-	appendSpread(t, env.Store, 0, 96)
-	_, err = r.CatchUp(ctx, v1.Name())
-	require.NoError(t, err)
-
-	both, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, v1, v2)
-	require.NoError(t, err)
-	require.NoError(t, both.Init(ctx))
-	st, err := both.Status(ctx, v2.Name())
-	require.NoError(t, err)
-	require.Equal(t, projection.VersionBuilding, st.VersionState)
-	require.Equal(t, 1, st.ActiveVersion)
+	both := buildBeside(t, env, v1, v2, func() { appendSpread(t, env.Store, 0, 96) })
 	for k := range to - 1 {
 		// Level with version 1, but the last partition has all its history (more than a batch) to go.
 		res, err := both.CatchUpPartition(ctx, v2.Name(), k)
@@ -266,6 +261,7 @@ func testVersionPartitioned(t *testing.T, env Env, from, to int) {
 		require.False(t, res.Activated, "partition %d cut over while the last one was behind", k)
 	}
 	appendSpread(t, env.Store, 96, 24) // not handled by version 1 yet
+	var err error
 	if from > 1 {
 		_, err = both.CatchUpPartition(ctx, v1.Name(), 0) // one active partition moves on: some of those are history now
 	} else {
@@ -298,7 +294,7 @@ func testVersionPartitioned(t *testing.T, env Env, from, to int) {
 	}
 	s.mu.Unlock()
 
-	st, err = both.Status(ctx, v1.Name())
+	st, err := both.Status(ctx, v1.Name())
 	require.NoError(t, err)
 	require.Equal(t, projection.VersionRetired, st.VersionState)
 	require.Equal(t, 2, st.ActiveVersion)
