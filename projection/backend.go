@@ -111,7 +111,8 @@ type Attempt struct {
 type CutOver struct {
 	// Behind reports whether the unit has more history left (events up to its
 	// VersionInfo.ActivePosition) than one batch: the cut-over then waits, so that it stays
-	// short. The backend asks every unit before it runs any.
+	// short (a partition not built yet would be built under the locks). The backend asks
+	// every unit before it runs any.
 	Behind func(ctx context.Context, unit *Projection, u Unit) (bool, error)
 	// Run brings the unit to the head and returns the outcome to store.
 	Run func(ctx context.Context, unit *Projection, u Unit) (Outcome, error)

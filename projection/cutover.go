@@ -17,12 +17,15 @@ import (
 // makes p active (Backend.Activate). A handler that fails in the cut-over rolls all of it back;
 // the failure is recorded on the failing unit only (its status fails, a worker retries and
 // dead-letters its trigger), and it blocks only the cut-over: the active version goes on
-// serving. It reports whether the cut-over waited because a unit was behind.
-func (r *Runner) activate(ctx context.Context, p *Projection, res *Result) (behind bool, err error) {
+// serving. caller is the unit whose catch-up just found it level: it is not asked whether it is
+// behind (what the active version handled meanwhile is a cut-over's work, as for an
+// unpartitioned projection). It reports whether the cut-over waited because another unit was
+// behind.
+func (r *Runner) activate(ctx context.Context, p, caller *Projection, res *Result) (behind bool, err error) {
 	unitCtx, cancel := context.WithTimeout(ctx, p.cfg.BatchTimeout)
 	defer cancel()
 	var failed *batch
-	act, err := r.backend.Activate(unitCtx, p, r.cutOver(&failed), hook("activate", p, p.cfg.ActivateFunc))
+	act, err := r.backend.Activate(unitCtx, p, r.cutOver(&failed, caller), hook("activate", p, p.cfg.ActivateFunc))
 	if err != nil {
 		if ctx.Err() != nil {
 			return false, ctx.Err()
@@ -48,13 +51,16 @@ func (r *Runner) activate(ctx context.Context, p *Projection, res *Result) (behi
 }
 
 // cutOver is the cut-over's work on each unit of the building version: whether it is behind
-// (more than a batch of history left), then batches of the events after its position until a
+// (more than a batch of history left; never caller, the unit just found level), then batches of the events after its position until a
 // read comes back short, their outcomes summed into one. Events the active version handled
 // meanwhile are history (Replaying); the rest are live. It sets *failed to the batch that
 // failed, if one does.
-func (r *Runner) cutOver(failed **batch) CutOver {
+func (r *Runner) cutOver(failed **batch, caller *Projection) CutOver {
 	return CutOver{
 		Behind: func(ctx context.Context, p *Projection, u Unit) (bool, error) {
+			if p.name == caller.name {
+				return false, nil
+			}
 			limit := p.cfg.BatchSize
 			events, err := u.Read(ctx, u.Status.Position, eventstore.ReadOptions{Limit: limit, Types: p.types, OmitPayload: true, Partition: p.partition})
 			if err != nil {

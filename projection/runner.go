@@ -277,10 +277,11 @@ func (r *Runner) catchUp(ctx context.Context, name string, guard BatchGuard) (Re
 		}
 		switch {
 		case res.building:
-			// A cut-over that found a unit behind (the active version moved on meanwhile)
-			// is tried again after one more catch-up, a few times; the next trigger, or the
-			// safety net, tries later.
-			behind, err := r.activate(ctx, p.Definition(), &res)
+			// A cut-over that found another partition behind (its owner, here or in another
+			// worker, is still building it) is tried again after one more catch-up, a few
+			// times; then that partition's own catch-up, the next trigger or the safety net
+			// tries it.
+			behind, err := r.activate(ctx, p.Definition(), p, &res)
 			if err != nil || !behind || round == cutOverRounds {
 				return res, err
 			}
