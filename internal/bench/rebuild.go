@@ -283,22 +283,11 @@ func runRebuild(ctx context.Context, h *harness, sec *Section) error {
 	sz := h.sizes
 	sec.Params["events"], sec.Params["streams"], sec.Params["naive_events"] = sz.rebuildEvents, sz.rebuildStreams, sz.naiveEvents
 	sec.Params["batch_sizes"], sec.Params["payload_bytes"] = sz.batchSizes, len(ticketPayload(eventloadStream(0), 0))
-	f, err := h.newFixture(ctx, 8)
+	f, err := h.historyFixture(ctx, 8, sz.rebuildEvents)
 	if err != nil {
 		return err
 	}
 	defer f.close()
-
-	started := time.Now()
-	last, err := loadEvents(f.db.pool, sz.rebuildEvents, sz.rebuildStreams, rebuildEventType, ticketPayload)
-	if err != nil {
-		return err
-	}
-	if err := f.waitReadable(ctx, last, rebuildSetupDeadline); err != nil {
-		return err
-	}
-	h.log.InfoContext(ctx, "rebuild: events loaded with COPY", slog.Int("events", sz.rebuildEvents),
-		slog.Duration("took", time.Since(started).Round(time.Millisecond)))
 
 	table := &Table{Header: []string{"case", "events/s", "baseline", "ratio", "of DB limit", "peak RSS MB", "RSS@25% MB", "RSS@100% MB", "flat"}}
 	sec.table = table
