@@ -120,18 +120,11 @@ func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 		}
 		units = append(units, u)
 	}
-	f, err := h.newFixture(ctx, int32(sz.liveWriters+len(units)*4+8))
+	f, err := h.historyFixture(ctx, int32(sz.liveWriters+len(units)*4+8), sz.blueGreenEvents)
 	if err != nil {
 		return err
 	}
 	defer f.close()
-	last, err := loadEvents(f.db.pool, sz.blueGreenEvents, sz.rebuildStreams, rebuildEventType, ticketPayload)
-	if err != nil {
-		return err
-	}
-	if err := f.waitReadable(ctx, last, rebuildSetupDeadline); err != nil {
-		return err
-	}
 	w, err := h.openChannel(ctx, f, chAMQP, units)
 	if err != nil {
 		return err

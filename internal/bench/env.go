@@ -50,6 +50,9 @@ type harness struct {
 
 	mu  sync.Mutex
 	seq int
+	// histories are the run's template databases of loaded events, by event count
+	// (historyFixture).
+	histories map[int]*history
 }
 
 // newHarness connects to PostgreSQL and drops the databases that killed bench runs left.
@@ -80,8 +83,19 @@ func newHarness(ctx context.Context, opts options, log, libLog *slog.Logger) (*h
 	return h, nil
 }
 
-// close releases the admin pool.
-func (h *harness) close() { h.admin.Close() }
+// close drops the run's template databases and releases the admin pool.
+func (h *harness) close() {
+	h.mu.Lock()
+	histories := h.histories
+	h.histories = nil
+	h.mu.Unlock()
+	for _, hist := range histories {
+		if hist.db != nil {
+			hist.db.close()
+		}
+	}
+	h.admin.Close()
+}
 
 // next returns a number unique within the run, for names.
 func (h *harness) next() int {
@@ -89,6 +103,13 @@ func (h *harness) next() int {
 	defer h.mu.Unlock()
 	h.seq++
 	return h.seq
+}
+
+// serverVersion returns PostgreSQL's server_version_num, 0 if unknown.
+func (h *harness) serverVersion(ctx context.Context) int {
+	var v int
+	_ = h.admin.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&v)
+	return v
 }
 
 // dropStale drops bench databases older than staleAfter: runs killed before their cleanup.
@@ -126,10 +147,27 @@ type database struct {
 // newDatabase creates a fresh database and opens a pool of up to maxConns connections on it.
 // Close drops it.
 func (h *harness) newDatabase(ctx context.Context, maxConns int32) (*database, error) {
+	return h.createDatabase(ctx, maxConns, "")
+}
+
+// createDatabase creates a database, a copy of template if that is not empty, and opens a
+// pool of up to maxConns connections on it. Close drops it.
+func (h *harness) createDatabase(ctx context.Context, maxConns int32, template string) (*database, error) {
 	name := fmt.Sprintf("%s%s_%d", dbPrefix, h.runID, h.next())
-	cctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	create := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
+	timeout := setupTimeout
+	if template != "" {
+		// A copy of the template's files: PostgreSQL 15's default strategy (WAL_LOG) would
+		// write the whole database to the WAL.
+		create += " TEMPLATE " + pgx.Identifier{template}.Sanitize()
+		if h.serverVersion(ctx) >= 150000 {
+			create += " STRATEGY FILE_COPY"
+		}
+		timeout = rebuildSetupDeadline
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if _, err := h.admin.Exec(cctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+	if _, err := h.admin.Exec(cctx, create); err != nil {
 		return nil, fmt.Errorf("create database %s: %w", name, err)
 	}
 	u, err := url.Parse(h.opts.postgresURL)
@@ -184,6 +222,86 @@ func (db *database) drop() {
 		db.h.log.Error("could not drop a bench database; the next run drops it after 2 h",
 			slog.String("database", db.name), slog.Any("error", err))
 	}
+}
+
+// history is a template database holding a store of loaded events (historyFixture).
+type history struct {
+	once sync.Once
+	db   *database
+	last eventstore.Position // the last loaded event
+	took time.Duration       // the load's time
+	err  error
+}
+
+// historyFixture returns a fixture on a fresh database holding events events of the rebuild's
+// layout (over sizes.rebuildStreams streams, TicketWasRegistered, ticketPayload), readable. The
+// events are loaded with COPY once per run into a template database, which each call copies
+// (CREATE DATABASE … TEMPLATE, a copy of its files: seconds, where the load takes half a
+// minute): the rebuild and the blue/green build share one load. Each copy is as the load and a
+// vacuum left it, with no table of a projection.
+func (h *harness) historyFixture(ctx context.Context, maxConns int32, events int) (*fixture, error) {
+	h.mu.Lock()
+	if h.histories == nil {
+		h.histories = map[int]*history{}
+	}
+	hist := h.histories[events]
+	if hist == nil {
+		hist = &history{}
+		h.histories[events] = hist
+	}
+	h.mu.Unlock()
+	hist.once.Do(func() { hist.db, hist.last, hist.took, hist.err = h.loadHistory(ctx, events) })
+	if hist.err != nil {
+		return nil, hist.err
+	}
+	started := time.Now()
+	db, err := h.createDatabase(ctx, maxConns, hist.db.name)
+	if err != nil {
+		return nil, err
+	}
+	f := &fixture{db: db}
+	if err := f.init(ctx); err != nil {
+		db.close()
+		return nil, err
+	}
+	if err := f.waitReadable(ctx, hist.last, rebuildSetupDeadline); err != nil {
+		f.close()
+		return nil, err
+	}
+	h.log.InfoContext(ctx, "events copied from the run's loaded history", slog.Int("events", events),
+		slog.Duration("took", time.Since(started).Round(time.Millisecond)), slog.Duration("load_took", hist.took.Round(time.Millisecond)))
+	return f, nil
+}
+
+// loadHistory creates a template database and loads events events into its store with COPY.
+// It closes its pools: a template is copied only while no one is connected to it.
+func (h *harness) loadHistory(ctx context.Context, events int) (*database, eventstore.Position, time.Duration, error) {
+	started := time.Now()
+	f, err := h.newFixture(ctx, 4)
+	if err != nil {
+		return nil, eventstore.Position{}, 0, err
+	}
+	last, err := loadEvents(f.db.pool, events, h.sizes.rebuildStreams, rebuildEventType, ticketPayload)
+	if err == nil {
+		err = f.waitReadable(ctx, last, rebuildSetupDeadline)
+	}
+	if err == nil {
+		// The vacuum autovacuum would run after the load, now: a copy's statistics start
+		// empty, so autovacuum never visits the loaded rows there.
+		_, err = f.db.pool.Exec(ctx, `VACUUM (ANALYZE) nudge_events, nudge_streams`)
+	}
+	if err != nil {
+		f.close()
+		return nil, eventstore.Position{}, 0, err
+	}
+	for _, p := range f.db.pools {
+		p.Close()
+	}
+	f.db.pools, f.db.pool = nil, nil
+	took := time.Since(started)
+	h.log.InfoContext(ctx, "events loaded with COPY into the run's template database", slog.Int("events", events),
+		slog.Duration("took", took.Round(time.Millisecond)))
+	return f.db, last, took, nil
 }
 
 // fixture is an event store and a projection backend on a fresh database.

@@ -322,7 +322,8 @@ func (s *Section) Note(format string, args ...any) {
 	s.Notes = append(s.Notes, fmt.Sprintf(format, args...))
 }
 
-// Summary prints every check of every section, and counts the misses.
+// Summary prints every check of every section, and counts the misses; then each scenario's
+// wall time.
 func (r *Report) Summary(w io.Writer) (misses int, err error) {
 	var b strings.Builder
 	b.WriteString("\n== targets ==\n")
@@ -336,6 +337,10 @@ func (r *Report) Summary(w io.Writer) (misses int, err error) {
 		if s.Error != "" {
 			fmt.Fprintf(&b, "[%s] ERROR: %s\n", s.Name, s.Error)
 		}
+	}
+	b.WriteString("\n== time per scenario (s) ==\n")
+	for _, s := range r.Scenarios {
+		fmt.Fprintf(&b, "%-11s %5.0f\n", s.Name, s.DurationSeconds)
 	}
 	_, err = io.WriteString(w, b.String())
 	return misses, err

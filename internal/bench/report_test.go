@@ -179,7 +179,7 @@ func TestTicketPayloadIsAbout200Bytes(t *testing.T) {
 func TestReportJSONShape(t *testing.T) {
 	t.Parallel()
 	started := time.Date(2026, 11, 22, 4, 41, 58, 0, time.UTC)
-	sec := &Section{Name: "rebuild", Title: "rebuild", Params: map[string]any{"events": 100}, StartedAt: started}
+	sec := &Section{Name: "rebuild", Title: "rebuild", Params: map[string]any{"events": 100}, StartedAt: started, DurationSeconds: 12.4}
 	sec.AddMetric(Metric{Case: "naive", Name: "events_per_s", Unit: "events/s", Value: 1000})
 	sec.AddMetric(Metric{Case: "per-event batch=500", Name: "events_per_s", Unit: "events/s", Value: 40_000,
 		Extra: map[string]float64{"peak_rss_mb": 20}}.WithBaseline("naive", 1000))
@@ -227,6 +227,7 @@ func TestReportJSONShape(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, misses)
 	require.Contains(t, b.String(), "[rebuild] MISS  rebuild >= 50,000 events/s: 40,000 events/s (batch=500), 20% short")
+	require.Contains(t, b.String(), "== time per scenario (s) ==\nrebuild        12\n")
 }
 
 func TestParseFlags(t *testing.T) {
