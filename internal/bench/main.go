@@ -46,7 +46,7 @@
 //     watermill-sql's PostgreSQL queue, writing the same read model: live latency, events
 //     applied twice and lost when a consumer (a child process) is SIGKILLed between its write
 //     and its ack, and events lost when the publish after the store's commit fails.
-//   - scaleout: a backlog (100,000 events over 1,000 streams) caught up by a projection whose
+//   - scaleout: a backlog (100,000 events over 10,000 streams) caught up by a projection whose
 //     handler waits 2 ms per event (a remote call: CPU-bound handlers cannot scale on two
 //     cores), unpartitioned on one worker and in 16 partitions on 1, 2, 4 and 8 workers in
 //     this process (each its own runner, pool and lease membership), timed from the workers'

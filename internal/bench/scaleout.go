@@ -33,7 +33,7 @@ const (
 	// scaleOutPartitions is the partitioned projection's Config.Partitions.
 	scaleOutPartitions = 16
 	// scaleOutStreams is how many streams the backlog spreads over.
-	scaleOutStreams = 1000
+	scaleOutStreams = 10_000
 	// scaleOutWait is the handler's wait per event: a remote call.
 	scaleOutWait = 2 * time.Millisecond
 	// scaleOutRenew and scaleOutTTL are the workers' lease timings: shorter than the defaults
