@@ -24,6 +24,9 @@ const (
 	buildPauseRatioMax = 4
 	// buildPauseRatioMin: a ratio below it is none (full speed).
 	buildPauseRatioMin = 1.0 / 16
+	// buildGainWindow is how often a paced build checks that it gains on the active version:
+	// one that did not over a window runs unpaced through the next.
+	buildGainWindow = 5 * time.Second
 )
 
 // pacer paces a version built beside the active one by the active version's lag, batch by
@@ -36,6 +39,13 @@ const (
 // Only a live projection that is working is waited for: when the active version's position
 // has not moved since the batch before (no worker runs it, or its batch is stuck) a wait
 // would not bring its lag down, and the build goes on as if it were level.
+//
+// A paced build must still end: on a machine loaded from outside the live lag can stay over
+// the target for good while the build, waiting up to buildPauseRatioMax times its batches,
+// runs no faster than the live events arrive, and never catches up. So every buildGainWindow
+// the pacer compares the build's distance to the active version's position (in the store's
+// global positions) with the window before: a build that did not gain runs unpaced through
+// the next window.
 type pacer struct {
 	target time.Duration
 	ratio  float64
@@ -44,12 +54,22 @@ type pacer struct {
 	seen   bool
 	// waited sums the waits, for the log.
 	waited time.Duration
+	// window is when the current gain window started and gap the build's distance to the
+	// active version then; unpaced: the window before showed no gain.
+	window  time.Time
+	gap     int64
+	unpaced bool
 }
 
-// next returns how long to wait after a batch of history that took took and saw ver.
-func (pc *pacer) next(ver VersionInfo, took time.Duration) time.Duration {
+// next returns how long to wait after a batch of history that took took, saw ver and left the
+// build at position at, now.
+func (pc *pacer) next(ver VersionInfo, took time.Duration, at eventstore.Position, now time.Time) time.Duration {
 	if pc.target < 0 || ver.ActiveState != StateRunning {
 		pc.ratio = 0 // nothing to protect: an active version that does not run has no live lag to keep low
+		return 0
+	}
+	if pc.starved(ver.ActivePosition.GlobalPosition-at.GlobalPosition, now) {
+		pc.ratio = 0
 		return 0
 	}
 	working := !pc.seen || pc.active.Less(ver.ActivePosition)
@@ -62,6 +82,19 @@ func (pc *pacer) next(ver VersionInfo, took time.Duration) time.Duration {
 	wait := min(time.Duration(pc.ratio*float64(took)), buildPauseMax)
 	pc.waited += wait
 	return wait
+}
+
+// starved reports whether the build runs unpaced: the gain window before the current one
+// ended with the build (gap behind the active version now) no closer than it started.
+func (pc *pacer) starved(gap int64, now time.Time) bool {
+	switch {
+	case pc.window.IsZero():
+		pc.window, pc.gap = now, gap
+	case now.Sub(pc.window) >= buildGainWindow:
+		pc.unpaced = gap >= pc.gap
+		pc.window, pc.gap = now, gap
+	}
+	return pc.unpaced
 }
 
 // sleep waits d, or until ctx ends.

@@ -308,7 +308,7 @@ func (r *Runner) catchUpRounds(ctx context.Context, p *Projection, res *Result, 
 			return err
 		}
 		if res.version.State == VersionBuilding {
-			if err := r.sleep(ctx, pace.next(res.version, r.now().Sub(started))); err != nil {
+			if err := r.sleep(ctx, pace.next(res.version, r.now().Sub(started), res.Position, r.now())); err != nil {
 				res.Paced = pace.waited
 				return err
 			}
