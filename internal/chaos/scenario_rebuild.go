@@ -43,9 +43,9 @@ const (
 	// versions 1 and 2.
 	repartitionFrom, repartitionTo = 4, 8
 	// repartitionLeaseTTL and repartitionLeaseRenew are its workers' lease times: a SIGKILLed
-	// worker's partitions wait a TTL for their next owner (its own restart too, a new owner),
-	// so with the defaults (6 s, 1.5 s) its ten kills would stall version 2's build for over a
-	// minute.
+	// worker's partitions wait for its leases to lapse before the next owner (its own restart
+	// too, a new owner) claims them, up to TTL + renewal: 2.5 s here, 7.5 s with the defaults
+	// (6 s, 1.5 s), which would stretch the run well past a minute.
 	repartitionLeaseTTL, repartitionLeaseRenew = 2 * time.Second, 500 * time.Millisecond
 )
 
