@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/chaos/chaosmodel"
 	"github.com/nudgeworks/nudge/internal/redact"
+	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -248,11 +250,42 @@ func TestClearPasswordURLFindsUnredactedPasswords(t *testing.T) {
 	require.Equal(t, []string{"nudge", "--db", "postgres://u:xxxxx@h/db"}, redact.Args([]string{"nudge", "--db", "postgres://u:pw@h/db"}))
 }
 
+// TestHandledByUsesEachPartitionsPosition: a version's table is checked up to its position,
+// or, partitioned, each stream up to its own partition's position.
+func TestHandledByUsesEachPartitionsPosition(t *testing.T) {
+	at := func(gp int64) eventstore.Position {
+		return eventstore.Position{TransactionID: uint64(gp), GlobalPosition: gp}
+	}
+	streams := map[int]string{}
+	for i := 0; len(streams) < 2; i++ {
+		s := fmt.Sprintf("s-%d", i)
+		if _, ok := streams[eventstore.PartitionOf(s, 2)]; !ok {
+			streams[eventstore.PartitionOf(s, 2)] = s
+		}
+	}
+	ev := func(stream string, gp int64) eventstore.Event {
+		return eventstore.Event{StreamID: stream, Position: at(gp)}
+	}
+
+	plain := handledBy(projection.Status{Position: at(10)})
+	require.True(t, plain(ev(streams[0], 10)))
+	require.False(t, plain(ev(streams[1], 11)))
+
+	parted := handledBy(projection.Status{Position: at(10), Partitions: []projection.Status{
+		{Position: at(10), Partition: eventstore.Partition{Index: 0, Count: 2}},
+		{Position: at(20), Partition: eventstore.Partition{Index: 1, Count: 2}},
+	}})
+	require.True(t, parted(ev(streams[0], 10)))
+	require.False(t, parted(ev(streams[0], 15)), "after partition 0's position")
+	require.True(t, parted(ev(streams[1], 15)), "partition 1 is further")
+	require.False(t, parted(ev(streams[1], 21)))
+}
+
 func TestSelectScenarios(t *testing.T) {
 	all := scenarios()
 	got, err := selectScenarios(all, "all")
 	require.NoError(t, err)
-	require.Len(t, got, 14)
+	require.Len(t, got, 15)
 	require.Equal(t, "security", got[len(got)-1].name, "security runs last: it searches the others' outputs")
 	got, err = selectScenarios(all, "poison, sigkill")
 	require.NoError(t, err)

@@ -73,11 +73,12 @@ type env struct {
 	backend *pgproj.Backend
 	dead    *dlpostgres.Store
 	models  *chaosmodel.Models
-	// next is version 2 of the exactly-once projection in rebuild-kill, nil elsewhere.
+	// next is version 2 of the exactly-once projection in the rebuild scenarios, nil elsewhere.
 	next   *chaosmodel.Models
 	status *projection.Runner // the projections' definitions, for Status only: it never catches up
-	// units are the projections' unit names (queues): chaosmodel.Names, and version 2 of the
-	// exactly-once projection in rebuild-kill.
+	// units are the projections' unit names (queues): chaosmodel.Names (or the exactly-once
+	// projection alone), their partitions, and version 2 of the exactly-once projection and its
+	// partitions in the rebuild scenarios.
 	units   []string
 	channel *amqpchannel.Channel
 	lossy   *lossyPublisher
@@ -135,15 +136,27 @@ type scenarioSettings struct {
 	rebuild  bool
 	flipHold time.Duration
 	// partitions splits the exactly-once projection into that many partitions, which the
-	// workers spread with leases (chaosworker -partitions); exactOnly runs (and verifies) the
+	// workers spread with leases (chaosworker -partitions); with rebuild, version 1 of it, and
+	// nextPartitions version 2 (0 or 1: unpartitioned). exactOnly runs (and verifies) the
 	// exactly-once projection alone.
-	partitions int
-	exactOnly  bool
+	partitions, nextPartitions int
+	exactOnly                  bool
+	// leaseTTL and leaseRenew replace the lease defaults of the workers (zero keeps them).
+	leaseTTL, leaseRenew time.Duration
 	// workers, writers, rate and perAppend replace the defaults: 2 worker processes, 4
 	// writers, the run's -rate, 1 to perAppendDefault events per append.
 	workers, writers, rate, perAppend int
 	// keepRate makes the writers keep the rate when appends slow down (load.keepRate).
 	keepRate bool
+}
+
+// partitionsOf is how many partitions version version of the exactly-once projection has
+// (version 2 is rebuild's new version; 0 or 1: unpartitioned).
+func (set scenarioSettings) partitionsOf(version int) int {
+	if version >= 2 {
+		return set.nextPartitions
+	}
+	return set.partitions
 }
 
 // modelNames are the read models the scenario's workers run and verify compares, in the order
@@ -246,14 +259,15 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 		return nil, err
 	}
 	ws := workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: e.broker.url, prefix: e.prefix,
-		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet, park: set.park, flipHold: set.flipHold, partitions: set.partitions}
+		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet, park: set.park, flipHold: set.flipHold, partitions: set.partitions,
+		leaseTTL: set.leaseTTL, leaseRenew: set.leaseRenew}
 	if set.exactOnly {
 		ws.projections = chaosmodel.ExactProjection
 	}
 	e.workers = newPool(ws, cmp.Or(set.workers, 2))
 	if set.rebuild {
 		for _, slot := range e.workers.slots {
-			slot.deploy(1)
+			slot.deploy(1, set.partitionsOf(1))
 		}
 	}
 	e.load = newLoad(e.store, e.log, cmp.Or(set.writers, 4), cmp.Or(set.rate, s.rate), set.perAppend, s.seed^hashName(name))
@@ -261,8 +275,8 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 	return e, nil
 }
 
-// newStatusRunner defines the projections (with version 2 of the exactly-once one in
-// rebuild-kill) in a runner that only reads their status. Its models never handle an event:
+// newStatusRunner defines the projections (with version 2 of the exactly-once one in the
+// rebuild scenarios) in a runner that only reads their status. Its models never handle an event:
 // their file sinks stay empty.
 func (e *env) newStatusRunner() error {
 	cfg := chaosmodel.Config{DB: e.pool, SinkPath: filepath.Join(e.logDir, "status-only.sink"), Partitions: e.settings.partitions}
@@ -286,12 +300,18 @@ func (e *env) newStatusRunner() error {
 		}
 	}
 	if e.settings.rebuild {
-		cfg.ExactVersion, cfg.SinkPath = 2, filepath.Join(e.logDir, "status-only-v2.sink")
+		cfg.ExactVersion, cfg.Partitions, cfg.SinkPath = 2, e.settings.partitionsOf(2), filepath.Join(e.logDir, "status-only-v2.sink")
 		if e.next, err = chaosmodel.New(cfg); err != nil {
 			return err
 		}
-		projections = append(projections, e.next.Projections[0])
-		e.units = append(e.units, chaosmodel.ExactUnit(2))
+		next := e.next.Projections[0]
+		projections = append(projections, next)
+		e.units = append(e.units, next.Name())
+		if next.Partitioned() {
+			for _, u := range next.Units() {
+				e.units = append(e.units, u.Name())
+			}
+		}
 	}
 	e.status, err = projection.NewRunner(e.backend, projection.RunnerConfig{Logger: e.log}, projections...)
 	return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -37,6 +38,15 @@ const (
 	rebuildLiveKills = 2
 	// rebuildWait bounds each wait for the build or the flip.
 	rebuildWait = 60 * time.Second
+
+	// repartitionFrom and repartitionTo are the repartition scenario's partition counts of
+	// versions 1 and 2.
+	repartitionFrom, repartitionTo = 4, 8
+	// repartitionLeaseTTL and repartitionLeaseRenew are its workers' lease times: a SIGKILLed
+	// worker's partitions wait for its leases to lapse before the next owner (its own restart
+	// too, a new owner) claims them, up to TTL + renewal: 2.5 s here, 7.5 s with the defaults
+	// (6 s, 1.5 s), which would stretch the run well past a minute.
+	repartitionLeaseTTL, repartitionLeaseRenew = 2 * time.Second, 500 * time.Millisecond
 )
 
 // rebuildScenario: a rolling deploy of version 2 of the exactly-once projection under load,
@@ -60,6 +70,35 @@ func rebuildScenario() scenario {
 	}
 }
 
+// repartitionScenario: rebuild-kill's rolling deploy and kills, with chaos_exact partitioned
+// and its new version changing the partition count.
+func repartitionScenario() scenario {
+	return scenario{
+		name: "repartition",
+		injects: fmt.Sprintf("chaos_exact (the only projection here) as a versioned, partitioned projection: version 1 in %d partitions, "+
+			"both workers at version 1 sharing its leases (TTL %s, renewal %s) over a %d-event backlog and live load; a rolling deploy "+
+			"of version 2 in %d partitions: worker-1 killed and restarted at version 2, whose partitions (chaos_exact.v2.p0 … p%d) "+
+			"build beside version 1 on leases of their own while random workers are SIGKILLed (up to %d kills, restarted at once); "+
+			"version 2's cut-over (one transaction over all %d units of both versions) waits %s in its ActivateFunc, and the first "+
+			"%d cut-overs are killed there (the first time with the version 1 worker too); then worker-2 is replaced at version 2 "+
+			"and %d more kills follow",
+			repartitionFrom, repartitionLeaseTTL, repartitionLeaseRenew, rebuildBacklog, repartitionTo, repartitionTo-1,
+			rebuildBuildKills, repartitionFrom+repartitionTo, rebuildFlipHold, rebuildFlipKills, rebuildLiveKills),
+		checks: "rebuild-kill's: at least one kill lands while version 2 is building with committed progress and behind; at least " +
+			"one kill aimed at the flip lands inside its ActivateFunc, and each that does leaves version 1 active; version 2 is " +
+			"active at the end with its " + fmt.Sprint(repartitionTo) + " partitions, the view is its table, with every event exactly once and in stream " +
+			"order; version 1 is retired with its " + fmt.Sprint(repartitionFrom) + " partitions, and its table holds, per partition, every event of " +
+			"the partition's streams up to the partition's last position exactly once and in order, none after it (exact_v1)",
+		settings: scenarioSettings{safetyNet: safetyNetDefault, rebuild: true, flipHold: rebuildFlipHold,
+			partitions: repartitionFrom, nextPartitions: repartitionTo, exactOnly: true,
+			leaseTTL: repartitionLeaseTTL, leaseRenew: repartitionLeaseRenew},
+		run:   runRebuildKill,
+		after: checkRebuildKill,
+	}
+}
+
+// runRebuildKill runs the rolling deploy of rebuild-kill and repartition (which differ in
+// their settings: the partitions of each version).
 func runRebuildKill(ctx context.Context, e *env, r *result) error {
 	if err := e.load.backlog(ctx, rebuildBacklog); err != nil {
 		return err
@@ -72,7 +111,7 @@ func runRebuildKill(ctx context.Context, e *env, r *result) error {
 	}
 	// The rolling deploy: worker-1 comes back at version 2, worker-2 runs version 1 on.
 	neu, old := e.workers.slots[0], e.workers.slots[1]
-	neu.deploy(2)
+	neu.deploy(2, e.settings.partitionsOf(2))
 	e.killAndRestart(r, neu)
 	e.s.progress(e.name, "worker-1 restarted at version 2; killing workers during its build")
 	built := time.Now()
@@ -89,7 +128,7 @@ func runRebuildKill(ctx context.Context, e *env, r *result) error {
 		flipped.Sub(built).Round(100*time.Millisecond), inBuild))
 
 	// The rest of the rolling deploy, and kills with version 2 active.
-	old.deploy(2)
+	old.deploy(2, e.settings.partitionsOf(2))
 	e.killAndRestart(r, old)
 	for range rebuildLiveKills {
 		if err := backoff.Sleep(ctx, e.between(300*time.Millisecond, 900*time.Millisecond)); err != nil {
@@ -98,6 +137,9 @@ func runRebuildKill(ctx context.Context, e *env, r *result) error {
 		e.killAndRestart(r, e.workers.slots[e.rng.IntN(len(e.workers.slots))])
 	}
 	r.FaultKind = "SIGKILLs, rolling deploy of version 2"
+	if from, to := e.settings.partitionsOf(1), e.settings.partitionsOf(2); from > 1 || to > 1 {
+		r.FaultKind += fmt.Sprintf(" (%d → %d partitions)", max(from, 1), max(to, 1))
+	}
 	e.faultsOver()
 	return backoff.Sleep(ctx, 2*time.Second)
 }
@@ -225,7 +267,8 @@ func (e *env) activeVersion(ctx context.Context) (int, error) {
 }
 
 // checkRebuildKill: version 2 active and behind the view, version 1 retired with a complete
-// model up to its last position.
+// model up to its last position (each partition's, when it is partitioned); each version has
+// its partitions.
 func checkRebuildKill(ctx context.Context, e *env, r *result) error {
 	var v1, v2 string
 	if err := e.pool.QueryRow(ctx, `SELECT
@@ -246,7 +289,10 @@ func checkRebuildKill(ctx context.Context, e *env, r *result) error {
 	if err != nil {
 		return err
 	}
-	upTo, contents, err := readAppendedUpTo(ctx, e, st.Position)
+	if err := checkPartitions(ctx, e, r); err != nil {
+		return err
+	}
+	upTo, contents, err := readAppendedHandled(ctx, e, st)
 	if err != nil {
 		return err
 	}
@@ -258,18 +304,53 @@ func checkRebuildKill(ctx context.Context, e *env, r *result) error {
 	m := compare(chaosmodel.ExactTable(1), true, upTo, seen)
 	m.Mismatched, m.OutOfOrder = checkContent(contents, seen)
 	r.Models = append(r.Models, m)
+	stopped := st.Position.String()
+	if len(st.Partitions) > 0 {
+		var at []string
+		for _, part := range st.Partitions {
+			at = append(at, part.Position.String())
+		}
+		stopped = fmt.Sprintf("%s (its %d partitions)", strings.Join(at, ", "), len(st.Partitions))
+	}
 	r.Notes = append(r.Notes, fmt.Sprintf("version 1 stopped at %s with %d of the %d events in its table; version 2's cut-over and "+
-		"its live batches handled the rest", st.Position, m.Projected, r.Appended))
+		"its live batches handled the rest", stopped, m.Projected, r.Appended))
 	return nil
 }
 
-// readAppendedUpTo reads the suite's events up to position at from the store: id → recorded
-// time, and id → content.
-func readAppendedUpTo(ctx context.Context, e *env, at eventstore.Position) (map[uuid.UUID]time.Time, map[uuid.UUID]content, error) {
+// checkPartitions checks that both versions of the exactly-once projection run as the
+// partitions the scenario gave them.
+func checkPartitions(ctx context.Context, e *env, r *result) error {
+	for version := 1; version <= 2; version++ {
+		want := e.settings.partitionsOf(version)
+		if want <= 1 {
+			continue
+		}
+		st, err := e.status.Status(ctx, chaosmodel.ExactUnit(version))
+		if err != nil {
+			return err
+		}
+		var names []string
+		ok := len(st.Partitions) == want
+		for k, part := range st.Partitions {
+			names = append(names, part.Name)
+			ok = ok && part.PartitionOf == st.Name && part.Partition == eventstore.Partition{Index: k, Count: want}
+		}
+		r.addCheck(fmt.Sprintf("version %d runs as %d partitions", version, want), ok, "%s: %d partitions (%s)",
+			st.Name, len(st.Partitions), strings.Join(names, ", "))
+	}
+	return nil
+}
+
+// readAppendedHandled reads the suite's events from the store, id → recorded time, of those
+// the exactly-once projection's status st says it has handled: up to its position, or, when
+// it is partitioned, each stream's events up to the position of the partition that holds it.
+// It also returns id → content of every event.
+func readAppendedHandled(ctx context.Context, e *env, st projection.Status) (map[uuid.UUID]time.Time, map[uuid.UUID]content, error) {
 	all, contents, err := readAppended(ctx, e.store)
 	if err != nil {
 		return nil, nil, err
 	}
+	handled := handledBy(st)
 	out := map[uuid.UUID]time.Time{}
 	var after eventstore.Position
 	for {
@@ -277,15 +358,31 @@ func readAppendedUpTo(ctx context.Context, e *env, at eventstore.Position) (map[
 		if err != nil {
 			return nil, nil, fmt.Errorf("read the event store: %w", err)
 		}
-		for _, ev := range events {
-			if at.Less(ev.Position) {
-				return out, contents, nil
-			}
-			out[ev.ID] = all[ev.ID]
-		}
 		if len(events) == 0 {
 			return out, contents, nil
 		}
+		for _, ev := range events {
+			if handled(ev) {
+				out[ev.ID] = all[ev.ID]
+			}
+		}
 		after = events[len(events)-1].Position
+	}
+}
+
+// handledBy reports, for an event, whether a projection with status st has handled it: the
+// event is at or before st's position, or, when st is partitioned, at or before the position
+// of the partition that holds its stream.
+func handledBy(st projection.Status) func(eventstore.Event) bool {
+	if len(st.Partitions) == 0 {
+		return func(ev eventstore.Event) bool { return !st.Position.Less(ev.Position) }
+	}
+	return func(ev eventstore.Event) bool {
+		for _, part := range st.Partitions {
+			if part.Partition.Contains(ev.StreamID) {
+				return !part.Position.Less(ev.Position)
+			}
+		}
+		return false
 	}
 }

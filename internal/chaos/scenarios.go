@@ -101,6 +101,7 @@ func scenarios() []scenario {
 		parkScenario(),
 		rebuildScenario(),
 		scaleScenario(),
+		repartitionScenario(),
 		{
 			name:     "malformed-input",
 			injects:  "random bytes, truncated JSON, oversized and unknown-version triggers, empty and wrongly typed ones, published straight to every projection's queue",

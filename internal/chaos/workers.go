@@ -35,9 +35,13 @@ type workerSettings struct {
 	// flipHold is how long the exactly-once projection's cut-over waits in its ActivateFunc
 	// (chaosworker -flip-hold).
 	flipHold time.Duration
-	// partitions splits the exactly-once projection (chaosworker -partitions); each
-	// incarnation then holds leases under its own id (<slot>.<incarnation>) as owner.
+	// partitions splits the exactly-once projection, in the version the worker runs
+	// (chaosworker -partitions); each incarnation then holds leases under its own id
+	// (<slot>.<incarnation>) as owner. deploy changes it with the version.
 	partitions int
+	// leaseTTL and leaseRenew replace the lease defaults with partitions (chaosworker
+	// -lease-ttl, -lease-renew); zero keeps them.
+	leaseTTL, leaseRenew time.Duration
 	// projections are the projections the workers run (chaosworker -projections); "" for all.
 	projections string
 }
@@ -102,6 +106,9 @@ func (s *workerSlot) start() (*workerProc, error) {
 	}
 	if s.set.partitions > 1 {
 		args = append(args, "-partitions", strconv.Itoa(s.set.partitions), "-owner", id)
+		if s.set.leaseTTL > 0 {
+			args = append(args, "-lease-ttl", s.set.leaseTTL.String(), "-lease-renew", s.set.leaseRenew.String())
+		}
 	}
 	if s.set.projections != "" {
 		args = append(args, "-projections", s.set.projections)
@@ -156,11 +163,12 @@ func (s *workerSlot) start() (*workerProc, error) {
 }
 
 // deploy makes the slot's next incarnations run version version of the exactly-once
-// projection: a rolling deploy replaces a worker by killing it and starting it again.
-func (s *workerSlot) deploy(version int) {
+// projection, split into partitions (0 or 1: unpartitioned): a rolling deploy replaces a
+// worker by killing it and starting it again.
+func (s *workerSlot) deploy(version, partitions int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.set.exactVersion = version
+	s.set.exactVersion, s.set.partitions = version, partitions
 }
 
 // current returns the running incarnation, nil if none.

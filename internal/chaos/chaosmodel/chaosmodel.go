@@ -95,8 +95,9 @@ type Config struct {
 	ActivateFunc func(ctx context.Context) error
 	// Partitions, when above 1, splits ExactProjection into that many partitions by stream
 	// (projection.Config.Partitions): each partition is a unit of its own (ExactProjection.pNN)
-	// with its own position, and the workers spread them with leases. It cannot be combined
-	// with ExactVersion. The other projections stay unpartitioned.
+	// with its own position, and the workers spread them with leases. With ExactVersion it is
+	// that version's count (a new version may change it: chaos_exact.v2.p5 is partition 5 of
+	// version 2). The other projections stay unpartitioned.
 	Partitions int
 }
 

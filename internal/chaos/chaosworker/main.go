@@ -83,7 +83,7 @@ func main() {
 	flag.DurationVar(&o.flipHold, "flip-hold", 0,
 		"how long the exactly-once projection's cut-over waits in its ActivateFunc, between the lines \"flip-hold\" and \"flip-hold-end\" on stdout")
 	flag.IntVar(&o.partitions, "partitions", 0,
-		"split the exactly-once projection into `n` partitions, spread over the workers with leases (0 or 1: unpartitioned)")
+		"split the exactly-once projection (the version -exact-version names) into `n` partitions, spread over the workers with leases (0 or 1: unpartitioned)")
 	flag.StringVar(&o.projections, "projections", "all", "`names` of the projections to run, comma-separated, or all")
 	flag.StringVar(&o.owner, "owner", "", "lease `owner` of this process with -partitions (defaults to -name)")
 	flag.DurationVar(&o.leaseTTL, "lease-ttl", 0, "lease `TTL` with -partitions (0: lease.TTLDefault)")
@@ -180,14 +180,15 @@ func run(ctx context.Context, o options, logger *slog.Logger) error {
 	return w.Run(ctx)
 }
 
-// selectProjections returns the projections named in which ("all" or a comma-separated list).
+// selectProjections returns the projections named in which ("all" or a comma-separated list
+// of chaosmodel.Names: a versioned projection by its name, whatever its version).
 func selectProjections(all []*projection.Projection, which string) ([]*projection.Projection, error) {
 	if which == "all" {
 		return all, nil
 	}
 	var out []*projection.Projection
 	for _, name := range strings.Split(which, ",") {
-		i := slices.IndexFunc(all, func(p *projection.Projection) bool { return p.Name() == strings.TrimSpace(name) })
+		i := slices.IndexFunc(all, func(p *projection.Projection) bool { return p.Base() == strings.TrimSpace(name) })
 		if i < 0 {
 			return nil, fmt.Errorf("-projections: unknown projection %q; use all or some of %s", name, strings.Join(chaosmodel.Names(), ", "))
 		}
