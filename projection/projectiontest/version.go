@@ -93,6 +93,20 @@ func buildBeside(t *testing.T, env Env, v1, v2 *projection.Projection, appendHis
 	return both
 }
 
+// afterCutOver appends (appendLive) after version 2's cut-over: version 1's catch-up finds
+// itself retired and does nothing, version 2's handles them.
+func afterCutOver(t *testing.T, both *projection.Runner, v1, v2 *projection.Projection, appendLive func()) {
+	t.Helper()
+	ctx := context.Background()
+	appendLive()
+	res, err := both.CatchUp(ctx, v1.Name())
+	require.NoError(t, err)
+	require.True(t, res.Retired)
+	require.Zero(t, res.Events)
+	_, err = both.CatchUp(ctx, v2.Name())
+	require.NoError(t, err)
+}
+
 // testVersionCutOver: version 2 registered beside an active version 1 builds as a unit of its
 // own from the start, handling history as a replay, then cuts over: the events version 1 had
 // not handled are version 2's live ones, and every event has its side effect once. Version 1's
@@ -107,13 +121,7 @@ func testVersionCutOver(t *testing.T, env Env) {
 	res, err := both.CatchUp(ctx, v2.Name())
 	require.NoError(t, err)
 	require.True(t, res.Activated)
-	AppendN(t, env.Store, 49, 5)
-	res, err = both.CatchUp(ctx, v1.Name())
-	require.NoError(t, err)
-	require.True(t, res.Retired)
-	require.Zero(t, res.Events)
-	_, err = both.CatchUp(ctx, v2.Name())
-	require.NoError(t, err)
+	afterCutOver(t, both, v1, v2, func() { AppendN(t, env.Store, 49, 5) })
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -281,13 +289,7 @@ func testVersionPartitioned(t *testing.T, env Env, from, to int) {
 	}
 	s.mu.Unlock()
 
-	appendSpread(t, env.Store, 120, 10)
-	res, err = both.CatchUp(ctx, v1.Name())
-	require.NoError(t, err)
-	require.True(t, res.Retired)
-	require.Zero(t, res.Events)
-	_, err = both.CatchUp(ctx, v2.Name())
-	require.NoError(t, err)
+	afterCutOver(t, both, v1, v2, func() { appendSpread(t, env.Store, 120, 10) })
 	s.mu.Lock()
 	for n := range 130 {
 		require.Equal(t, 1, s.live[1][n]+s.live[2][n], "event %d has its side effect once", n)
