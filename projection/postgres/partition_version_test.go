@@ -2,7 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -79,23 +78,19 @@ func TestPartitionedCutOverWaitsForActiveBatch(t *testing.T) {
 	both := runner(t, e.backend, v1, v2)
 	appendSettled(ctx, t, e, 41, 60, false)
 
-	var wg sync.WaitGroup
+	var (
+		wg               sync.WaitGroup
+		heldErr, flipErr error
+	)
 	held := eventstore.PartitionOf(streamOf(heldK), 2)
-	wg.Go(func() {
-		_, err := both.CatchUpPartition(ctx, v1.Name(), held)
-		require.NoError(t, err)
-	})
+	wg.Go(func() { _, heldErr = both.CatchUpPartition(ctx, v1.Name(), held) })
 	select {
 	case <-entered:
 	case <-ctx.Done():
 		t.Fatal("the active partition's batch did not reach the held event")
 	}
 	var res projection.Result
-	wg.Go(func() {
-		var err error
-		res, err = both.CatchUp(ctx, v2.Name())
-		require.NoError(t, err)
-	})
+	wg.Go(func() { res, flipErr = both.CatchUp(ctx, v2.Name()) })
 	require.Eventually(t, func() bool {
 		var waiting int
 		require.NoError(t, e.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
@@ -107,6 +102,8 @@ func TestPartitionedCutOverWaitsForActiveBatch(t *testing.T) {
 	require.Equal(t, projection.VersionBuilding, st.VersionState, "not cut over while the active batch is in flight")
 	close(release)
 	wg.Wait()
+	require.NoError(t, heldErr)
+	require.NoError(t, flipErr)
 	require.True(t, res.Activated)
 
 	appendSettled(ctx, t, e, 61, 70, false)
@@ -121,7 +118,4 @@ func TestPartitionedCutOverWaitsForActiveBatch(t *testing.T) {
 	require.Equal(t, 70, distinct, "every event had its side effect")
 	require.Equal(t, 70, total, "no event had it twice")
 	require.Greater(t, byV1, 40, "the held batch committed events of version 1 before the cut-over")
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		t.Fatal("timed out")
-	}
 }
