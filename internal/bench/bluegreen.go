@@ -22,22 +22,33 @@ import (
 
 // The blue/green targets.
 var (
-	targetBuildBeside = Target{Name: "a version built beside raises the live p99 by", Op: AtMost, Threshold: 10, Unit: "%"}
+	targetBuildBeside = Target{Name: "a version built beside raises the live p99 (vs no build) by", Op: AtMost, Threshold: 10, Unit: "%"}
 )
 
 // bgName is the blue/green scenario's projection (and its stable table name).
 const bgName = "bg"
 
-// bgBuild is a kind of build one blue/green round runs beside the active version: bgBuilds
-// are one paced (Config.BuildLagTarget by default) and one at full speed.
+// bgBuild is a kind of build runBlueGreen runs beside the active version.
 type bgBuild struct {
 	label  string
 	target time.Duration // Config.BuildLagTarget
+	// window bounds the build: 0, it runs to its cut-over; else it runs this long, then its
+	// worker stops (its rate and the live latency meanwhile are what it is there for).
+	window time.Duration
 }
 
-var bgBuilds = []bgBuild{
-	{label: "paced by the live lag", target: 0},
-	{label: "at full speed", target: -1},
+// bgBuilds are the builds runBlueGreen runs, in turn: one paced by the live lag
+// (Config.BuildLagTarget by default) to its cut-over, then one at full speed for a bounded
+// window, which shows what the pacing spares the live projection.
+func (h *harness) bgBuilds() []bgBuild {
+	window := 20 * time.Second
+	if h.sizes.blueGreenEvents < 1_000_000 {
+		window = 5 * time.Second
+	}
+	return []bgBuild{
+		{label: "paced by the live lag", target: 0},
+		{label: "at full speed", target: -1, window: window},
+	}
 }
 
 // bgProjection is version version of the blue/green projection: the latest version of every
@@ -83,37 +94,21 @@ type bgRun struct {
 	stops   map[int]func() error
 	active  int
 	history int
-	// phase is how long each build runs, then is held, in turn (bgSizes).
-	phase time.Duration
-}
-
-// bgSettle is how long after each switch of a build (held or resumed) the live events
-// appended are not counted: the live projection's backlog of the phase before drains meanwhile
-// (an event appended just after the build was held may still wait behind the batches it
-// slowed), and a resumed build's pacing takes its first few batches to find its speed again.
-const bgSettle = 300 * time.Millisecond
-
-// bgPhase returns how long a build runs, then is held, in turn: 2.5 s, or 1 s in a quick run
-// (whose builds take a few seconds).
-func (h *harness) bgPhase() time.Duration {
-	if h.sizes.blueGreenEvents < 1_000_000 {
-		return time.Second
-	}
-	return 2500 * time.Millisecond
 }
 
 // runBlueGreen measures what building a new version of a projection beside the active one
-// costs the active one's live latency, side by side in time: during each build (one paced by
-// the live lag, one at full speed) the build runs for a phase, then is held (its unit paused)
-// for a phase, in turn, until it cuts over, while live appends go on at a steady rate on
-// RabbitMQ; the live events appended while it runs are compared to those appended while it is
-// held, so the machine's load from outside (other processes on the shared cores) weighs on
-// both alike. A window with no build at all, and the builds' throughput beside the store's
-// plain rebuild (the first version's catch-up from zero, with no live load), go with them.
+// costs the active one's live latency: live appends go on at a steady rate on RabbitMQ through
+// a window with no build, a build paced by the live lag (from position zero over the loaded
+// history, to its cut-over), a bounded build at full speed, and a second window with no build;
+// the live events appended during each build are compared to those of the two windows with
+// none, which bracket the builds in time so that a drift of the machine's load weighs on both
+// sides. The builds' throughput goes beside the store's plain rebuild (the first version's
+// catch-up from zero, with no live load).
 func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 	sz := h.sizes
+	builds := h.bgBuilds()
 	units := []string{bgName}
-	for v := 2; v <= 1+len(bgBuilds)*h.bgRoundCount(); v++ {
+	for v := 2; v <= 1+len(builds); v++ {
 		u, err := projection.UnitName(bgName, v)
 		if err != nil {
 			return err
@@ -138,13 +133,11 @@ func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 		return err
 	}
 	defer stopRelay()
-	run := &bgRun{h: h, f: f, w: w, stops: map[int]func() error{}, history: sz.blueGreenEvents, phase: h.bgPhase()}
+	run := &bgRun{h: h, f: f, w: w, stops: map[int]func() error{}, history: sz.blueGreenEvents}
 	defer run.stopAll()
 
-	sec.Params["history_events"], sec.Params["rate_per_s"], sec.Params["rounds"] = sz.blueGreenEvents, sz.liveRate, h.bgRoundCount()
-	sec.Params["phase_s"], sec.Params["settle_s"] = run.phase.Seconds(), bgSettle.Seconds()
-	table := &Table{Header: []string{"case", "events/s running", "events/s wall", "took s", "ran s", "paced s",
-		"live p50 ms", "live p99 ms", "live max ms", "samples", "p99 rise"}}
+	sec.Params["history_events"], sec.Params["rate_per_s"] = sz.blueGreenEvents, sz.liveRate
+	table := &Table{Header: []string{"case", "events/s", "took s", "paced s", "live p50 ms", "live p99 ms", "live max ms", "samples", "p99 vs no build"}}
 	sec.table = table
 
 	plain, err := run.deployFirst(ctx)
@@ -154,8 +147,7 @@ func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 	plainCase := fmt.Sprintf("plain rebuild, %s events, no live load", Thousands(int64(plain.Events)))
 	plainRate := Rate(plain.Events, plain.took)
 	sec.AddMetric(Metric{Case: plainCase, Name: "events_per_s", Unit: "events/s", Value: plainRate})
-	table.Add(plainCase, FormatValue(plainRate, "events/s"), FormatValue(plainRate, "events/s"), fmt.Sprintf("%.1f", plain.took.Seconds()),
-		fmt.Sprintf("%.1f", plain.took.Seconds()), "", "", "", "", "", "")
+	table.Add(plainCase, FormatValue(plainRate, "events/s"), fmt.Sprintf("%.1f", plain.took.Seconds()), "", "", "", "", "", "")
 
 	live := liveConfig{rate: sz.liveRate, writers: sz.liveWriters, streams: sz.liveStreams, duration: sz.liveDuration}
 	warm := live
@@ -163,130 +155,115 @@ func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 	if _, err := run.window(ctx, warm, nil); err != nil { // not measured: the first batches, connections and queues warm up
 		return fmt.Errorf("live, warming up: %w", err)
 	}
+	before, err := run.window(ctx, live, nil)
+	if err != nil {
+		return fmt.Errorf("live, no build: %w", err)
+	}
 	var (
-		none    []time.Duration
-		running = make([][]time.Duration, len(bgBuilds))
-		held    = make([][]time.Duration, len(bgBuilds))
-		results = make([][]bgResult, len(bgBuilds))
+		during  = make([][]time.Duration, len(builds))
+		results = make([]bgResult, len(builds))
 	)
-	for range h.bgRoundCount() {
-		samples, err := run.window(ctx, live, nil)
+	for i, b := range builds {
+		samples, err := run.window(ctx, live, func(ctx context.Context, done func()) error {
+			var err error
+			results[i], err = run.deployNext(ctx, b, done)
+			return err
+		})
 		if err != nil {
-			return fmt.Errorf("live, no build: %w", err)
+			return fmt.Errorf("live, build %s: %w", b.label, err)
 		}
-		for _, s := range samples {
-			none = append(none, s.latency)
-		}
-		for i, b := range bgBuilds {
-			var res bgResult
-			samples, err := run.window(ctx, live, func(ctx context.Context, done func()) error {
-				var err error
-				res, err = run.deployNext(ctx, b.target, done)
-				return err
-			})
-			if err != nil {
-				return fmt.Errorf("live, build %s: %w", b.label, err)
-			}
-			on, off := res.split(samples)
-			running[i], held[i] = append(running[i], on...), append(held[i], off...)
-			results[i] = append(results[i], res)
-			h.log.InfoContext(ctx, "blue/green build done", slog.String("build", b.label), slog.Int("events", res.Events),
-				slog.Duration("took", res.took), slog.Duration("ran", res.ran), slog.Duration("paced", res.Paced),
-				slog.Int("switches", len(res.switches)),
-				slog.Float64("p99_running_ms", Ms(Summarize(on).P99)), slog.Float64("p99_held_ms", Ms(Summarize(off).P99)))
-		}
+		during[i] = results[i].during(samples)
+		h.log.InfoContext(ctx, "blue/green build done", slog.String("build", b.label), slog.Int("events", results[i].Events),
+			slog.Duration("took", results[i].took), slog.Duration("paced", results[i].Paced), slog.Bool("cut_over", results[i].Activated),
+			slog.Float64("p99_ms", Ms(Summarize(during[i]).P99)))
+	}
+	after, err := run.window(ctx, live, nil)
+	if err != nil {
+		return fmt.Errorf("live, no build after the builds: %w", err)
+	}
+
+	none := make([]time.Duration, 0, len(before)+len(after))
+	for _, s := range slices.Concat(before, after) {
+		none = append(none, s.latency)
 	}
 	noneLat := Summarize(none)
-	noneCase := fmt.Sprintf("live, RabbitMQ, %d appends/s, no build", sz.liveRate)
+	noneCase := fmt.Sprintf("live, RabbitMQ, %d appends/s, no build (before and after the builds)", sz.liveRate)
 	sec.AddMetric(Metric{Case: noneCase, Name: "p99_ms", Unit: "ms", Value: Ms(noneLat.P99), Extra: noneLat.Extra()})
-	table.Add(noneCase, "", "", "", "", "", FormatValue(Ms(noneLat.P50), "ms"), FormatValue(Ms(noneLat.P99), "ms"),
-		FormatValue(Ms(noneLat.Max), "ms"), strconv.Itoa(noneLat.Count), "")
-	for i, b := range bgBuilds {
-		var events int
-		var took, ran, paced, cutOver time.Duration
-		for _, r := range results[i] {
-			events, took, ran, paced, cutOver = events+r.Events, took+r.took, ran+r.ran, paced+r.Paced, max(cutOver, r.CutOverHeld)
+	for _, w := range []struct {
+		label   string
+		samples []liveSample
+	}{{"before", before}, {"after", after}} {
+		lat := make([]time.Duration, 0, len(w.samples))
+		for _, s := range w.samples {
+			lat = append(lat, s.latency)
 		}
+		sum := Summarize(lat)
+		table.Add(fmt.Sprintf("live, RabbitMQ, %d appends/s, no build, %s the builds", sz.liveRate, w.label), "", "", "",
+			FormatValue(Ms(sum.P50), "ms"), FormatValue(Ms(sum.P99), "ms"), FormatValue(Ms(sum.Max), "ms"), strconv.Itoa(sum.Count), "")
+	}
+	table.Add(noneCase, "", "", "", FormatValue(Ms(noneLat.P50), "ms"), FormatValue(Ms(noneLat.P99), "ms"),
+		FormatValue(Ms(noneLat.Max), "ms"), strconv.Itoa(noneLat.Count), "")
+	for i, b := range builds {
+		res := results[i]
 		buildCase := "build beside " + b.label
-		rate, wall := Rate(events, ran), Rate(events, took)
+		if b.window > 0 && !res.Activated {
+			buildCase += fmt.Sprintf(", first %s", b.window)
+		}
+		rate := Rate(res.Events, res.took)
 		sec.AddMetric(Metric{Case: buildCase, Name: "events_per_s", Unit: "events/s", Value: rate,
-			Extra: map[string]float64{"events_per_s_wall": wall, "took_s": took.Seconds(), "ran_s": ran.Seconds(),
-				"paced_s": paced.Seconds(), "cut_over_held_ms": Ms(cutOver)}}.WithBaseline(plainCase, plainRate))
-		table.Add(buildCase, FormatValue(rate, "events/s"), FormatValue(wall, "events/s"), fmt.Sprintf("%.1f", took.Seconds()),
-			fmt.Sprintf("%.1f", ran.Seconds()), fmt.Sprintf("%.1f", paced.Seconds()), "", "", "", "", "")
+			Extra: map[string]float64{"took_s": res.took.Seconds(), "paced_s": res.Paced.Seconds(), "cut_over_held_ms": Ms(res.CutOverHeld)}}.WithBaseline(plainCase, plainRate))
+		table.Add(buildCase, FormatValue(rate, "events/s"), fmt.Sprintf("%.1f", res.took.Seconds()), fmt.Sprintf("%.1f", res.Paced.Seconds()),
+			"", "", "", "", "")
 
-		offLat, onLat := Summarize(held[i]), Summarize(running[i])
-		offCase := fmt.Sprintf("live, RabbitMQ, %d appends/s, a version built beside %s, held", sz.liveRate, b.label)
-		onCase := fmt.Sprintf("live, RabbitMQ, %d appends/s, a version built beside %s, running", sz.liveRate, b.label)
-		sec.AddMetric(Metric{Case: offCase, Name: "p99_ms", Unit: "ms", Value: Ms(offLat.P99), Extra: offLat.Extra()})
-		m := Metric{Case: onCase, Name: "p99_ms", Unit: "ms", Value: Ms(onLat.P99), Extra: onLat.Extra()}.WithBaseline(offCase, Ms(offLat.P99))
+		lat := Summarize(during[i])
+		liveCase := fmt.Sprintf("live, RabbitMQ, %d appends/s, a version built beside %s", sz.liveRate, b.label)
+		m := Metric{Case: liveCase, Name: "p99_ms", Unit: "ms", Value: Ms(lat.P99), Extra: lat.Extra()}.WithBaseline(noneCase, Ms(noneLat.P99))
 		sec.AddMetric(m)
 		rise := 100 * (m.Ratio - 1)
-		table.Add(offCase, "", "", "", "", "", FormatValue(Ms(offLat.P50), "ms"), FormatValue(Ms(offLat.P99), "ms"),
-			FormatValue(Ms(offLat.Max), "ms"), strconv.Itoa(offLat.Count), "")
-		table.Add(onCase, "", "", "", "", "", FormatValue(Ms(onLat.P50), "ms"), FormatValue(Ms(onLat.P99), "ms"),
-			FormatValue(Ms(onLat.Max), "ms"), strconv.Itoa(onLat.Count), fmt.Sprintf("%+.0f %%", rise))
+		table.Add(liveCase, "", "", "", FormatValue(Ms(lat.P50), "ms"), FormatValue(Ms(lat.P99), "ms"),
+			FormatValue(Ms(lat.Max), "ms"), strconv.Itoa(lat.Count), fmt.Sprintf("%+.0f %%", rise))
 		switch {
 		case b.target != 0:
-		case onLat.Count == 0 || offLat.Count == 0:
-			sec.Checks = append(sec.Checks, targetBuildBeside.Missed(fmt.Sprintf("%s: %d live events counted running, %d held; the build was too short for its phases",
-				b.label, onLat.Count, offLat.Count)))
+		case lat.Count == 0 || noneLat.Count == 0:
+			sec.Checks = append(sec.Checks, targetBuildBeside.Missed(fmt.Sprintf("%s: %d live events counted during the build, %d with none",
+				b.label, lat.Count, noneLat.Count)))
 		default:
-			sec.AddCheck(targetBuildBeside, onCase, rise)
+			sec.AddCheck(targetBuildBeside, liveCase, rise)
 		}
 		h.log.InfoContext(ctx, "blue/green build measured", slog.String("build", b.label), slog.Float64("events_per_s", rate),
-			slog.Float64("events_per_s_wall", wall), slog.Float64("p99_running_ms", Ms(onLat.P99)), slog.Float64("p99_held_ms", Ms(offLat.P99)),
-			slog.Float64("p99_rise_pct", rise), slog.Duration("paced", paced), slog.Duration("cut_over_held", cutOver))
+			slog.Float64("p99_ms", Ms(lat.P99)), slog.Float64("p99_no_build_ms", Ms(noneLat.P99)), slog.Float64("p99_rise_pct", rise),
+			slog.Duration("paced", res.Paced), slog.Duration("cut_over_held", res.CutOverHeld))
 	}
-	sec.Note("each round: %s of live appends with no build; then a new version built beside the active one while the appends go on "+
-		"(from position zero over the %s events loaded, until its cut-over), paced by the active version's lag (BuildLagTarget %s), then one "+
-		"at full speed. During each build the build runs for %s, then is held for %s (its batches wait before they start, as its pacing makes them), in "+
-		"turn; the live events appended while it runs are compared to those appended while it is held, within the same build; those "+
-		"appended in the first %s after each switch count for neither (the backlog of the phase before drains). The p99 rise is running "+
-		"vs held. %d rounds, samples pooled per case; the plain rebuild is the first version's catch-up from zero with no live load; "+
-		"the build's events/s counts its history and its cut-over, over the time it ran (running) and from its start to its cut-over (wall)",
-		sz.liveDuration, Thousands(int64(sz.blueGreenEvents)), projection.BuildLagTargetDefault, run.phase, run.phase, bgSettle, h.bgRoundCount())
+	if res := results[0]; res.Activated {
+		sec.Params["cut_over_held_ms"] = Ms(res.CutOverHeld)
+	}
+	sec.Note("live appends at %d/s on RabbitMQ throughout: %s with no build; a new version built beside the active one from position zero "+
+		"over the %s events loaded, paced by the active version's lag (BuildLagTarget %s), until its cut-over; one at full speed for %s "+
+		"(then stopped); %s with no build again. The p99 rise compares the live events appended during a build with those of both windows "+
+		"with none; the plain rebuild is the first version's catch-up from zero with no live load; a build's events/s counts its history "+
+		"(and its cut-over) over its wall time",
+		sz.liveRate, sz.liveDuration, Thousands(int64(sz.blueGreenEvents)), projection.BuildLagTargetDefault, builds[1].window, sz.liveDuration)
 	return nil
 }
 
-// bgResult is one build: its catch-up's result and wall time, from the worker's start to the
-// cut-over; the time it ran (not held), and when it was held and resumed.
+// bgResult is one build: its catch-ups' result, when it started and how long it ran (to its
+// cut-over, or to the end of its window).
 type bgResult struct {
 	projection.Result
-	took, ran time.Duration
-	switches  []bgSwitch
+	started time.Time
+	took    time.Duration
 }
 
-// bgSwitch is a build held (running false) or resumed at a time.
-type bgSwitch struct {
-	at      time.Time
-	running bool
-}
-
-// split sorts the live samples of a build by whether the build ran or was held when their
-// event was appended, leaving out those appended within bgSettle of a switch, before the
-// build's start or after its cut-over.
-func (r bgResult) split(samples []liveSample) (running, held []time.Duration) {
-	if len(r.switches) == 0 {
-		return nil, nil
-	}
-	end := r.switches[0].at.Add(r.took)
+// during returns the latencies of the live samples appended while the build ran.
+func (r bgResult) during(samples []liveSample) []time.Duration {
+	end := r.started.Add(r.took)
+	out := make([]time.Duration, 0, len(samples))
 	for _, s := range samples {
-		if s.appended.After(end) {
-			continue
-		}
-		i, _ := slices.BinarySearchFunc(r.switches, s.appended, func(sw bgSwitch, t time.Time) int { return sw.at.Compare(t) })
-		// switches[i-1] is the last switch at or before the append (i is the first after it).
-		if i == 0 || s.appended.Sub(r.switches[i-1].at) < bgSettle {
-			continue
-		}
-		if r.switches[i-1].running {
-			running = append(running, s.latency)
-		} else {
-			held = append(held, s.latency)
+		if !s.appended.Before(r.started) && !s.appended.After(end) {
+			out = append(out, s.latency)
 		}
 	}
-	return running, held
+	return out
 }
 
 // deployFirst runs a worker of version 1, the first version (active at once), and returns its
@@ -296,7 +273,7 @@ func (r *bgRun) deployFirst(ctx context.Context) (bgResult, error) {
 	if err != nil {
 		return bgResult{}, err
 	}
-	runner, err := r.newRunner(p, nil, nil)
+	runner, err := r.newRunner(p, nil)
 	if err != nil {
 		return bgResult{}, err
 	}
@@ -313,44 +290,68 @@ func (r *bgRun) deployFirst(ctx context.Context) (bgResult, error) {
 		return bgResult{}, err
 	}
 	r.active = 1
-	return bgResult{Result: res, took: took, ran: took}, nil
+	return bgResult{Result: res, started: started, took: took}, nil
 }
 
-// deployNext deploys the next version beside the active one, paced by target, holds and
-// resumes its build in turn (toggle) until its cut-over, calls done and stops the worker of
-// the version it replaced.
-func (r *bgRun) deployNext(ctx context.Context, target time.Duration, done func()) (bgResult, error) {
+// bgCutOverWithin bounds the wait for a build's cut-over.
+const bgCutOverWithin = 10 * time.Minute
+
+// deployNext deploys the next version beside the active one as b says, and waits for its
+// cut-over (then stops the worker of the version it replaced) or, for a bounded build, the end
+// of its window (then stops its own worker); it calls done when the build ends.
+func (r *bgRun) deployNext(ctx context.Context, b bgBuild, done func()) (bgResult, error) {
+	defer done()
 	version := r.active + 1
-	p, err := bgProjection(version, target, &r.rec)
+	p, err := bgProjection(version, b.target, &r.rec)
 	if err != nil {
 		return bgResult{}, err
 	}
 	var (
 		mu        sync.Mutex
-		res       bgResult
+		res       = bgResult{started: time.Now()}
 		activated = make(chan struct{})
-		gate      = newBgGate()
-		started   = time.Now()
 	)
 	runner, err := r.newRunner(p, func(cu projection.Result) {
 		mu.Lock()
 		defer mu.Unlock()
 		res.Events, res.Paced = res.Events+cu.Events, res.Paced+cu.Paced
 		if cu.Activated && !res.Activated {
-			res.Activated, res.CutOverHeld, res.took = true, cu.CutOverHeld, time.Since(started)
+			res.Activated, res.CutOverHeld, res.took = true, cu.CutOverHeld, time.Since(res.started)
 			close(activated)
 		}
-	}, gate)
+	})
 	if err != nil {
 		return bgResult{}, err
 	}
 	if err := r.start(ctx, version, runner); err != nil {
 		return bgResult{}, err
 	}
-	switches, err := r.toggle(ctx, gate, started, activated)
-	done()
-	if err != nil {
-		return bgResult{}, fmt.Errorf("version %d: %w", version, err)
+	limit := bgCutOverWithin
+	if b.window > 0 {
+		limit = b.window
+	}
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	select {
+	case <-activated:
+	case <-ctx.Done():
+		return bgResult{}, ctx.Err()
+	case <-timer.C:
+		if b.window == 0 {
+			return bgResult{}, fmt.Errorf("version %d: no cut-over within %s", version, limit)
+		}
+		took := time.Since(res.started)
+		if err := r.stop(version); err != nil {
+			return bgResult{}, err
+		}
+		st, err := runner.Status(ctx, p.Name())
+		if err != nil {
+			return bgResult{}, err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		res.Events, res.took = int(st.EventsProcessed), took
+		return res, nil
 	}
 	if err := r.stop(r.active); err != nil {
 		return bgResult{}, err
@@ -358,57 +359,15 @@ func (r *bgRun) deployNext(ctx context.Context, target time.Duration, done func(
 	r.active = version
 	mu.Lock()
 	defer mu.Unlock()
-	res.switches = switches
-	end := started.Add(res.took)
-	for i, sw := range switches {
-		if sw.running {
-			next := end
-			if i+1 < len(switches) {
-				next = switches[i+1].at
-			}
-			res.ran += max(next.Sub(sw.at), 0)
-		}
-	}
 	if res.Events < r.history {
 		return res, fmt.Errorf("version %d handled %d events before its cut-over, want at least %d", version, res.Events, r.history)
 	}
 	return res, nil
 }
 
-// toggle lets the build run for a phase, then holds it (gate) for a phase, in turn, until
-// activated closes (its cut-over), and returns the switches, the first its start. A hold
-// takes effect when the build's batch in flight commits, so its switch is noted then. The
-// cut-over waits at the gate too: it runs in a phase the build runs.
-func (r *bgRun) toggle(ctx context.Context, gate *bgGate, started time.Time, activated <-chan struct{}) ([]bgSwitch, error) {
-	defer gate.release()
-	switches := []bgSwitch{{at: started, running: true}}
-	deadline := time.NewTimer(10 * time.Minute)
-	defer deadline.Stop()
-	phase := time.NewTimer(r.phase)
-	defer phase.Stop()
-	for running := true; ; running = !running {
-		select {
-		case <-activated:
-			return switches, nil
-		case <-deadline.C:
-			return switches, errors.New("no cut-over within 10 minutes")
-		case <-ctx.Done():
-			return switches, ctx.Err()
-		case <-phase.C:
-		}
-		if running {
-			gate.hold()
-		} else {
-			gate.release()
-		}
-		switches = append(switches, bgSwitch{at: time.Now(), running: !running})
-		phase.Reset(r.phase)
-	}
-}
-
 // newRunner registers p with a runner whose batch reports go to the current recorder, and
-// whose catch-ups go to onCatchUp, if set; with gate, if set, holding its batches.
-func (r *bgRun) newRunner(p *projection.Projection, onCatchUp func(projection.Result), gate *bgGate) (*projection.Runner, error) {
+// whose catch-ups go to onCatchUp, if set.
+func (r *bgRun) newRunner(p *projection.Projection, onCatchUp func(projection.Result)) (*projection.Runner, error) {
 	cfg := projection.RunnerConfig{Logger: r.h.libLog, OnBatch: func(b projection.BatchReport) {
 		if rec := r.rec.Load(); rec != nil {
 			rec.onBatch(b)
@@ -417,123 +376,11 @@ func (r *bgRun) newRunner(p *projection.Projection, onCatchUp func(projection.Re
 	if onCatchUp != nil {
 		cfg.OnCatchUp = func(_ string, res projection.Result, _ error) { onCatchUp(res) }
 	}
-	var backend projection.Backend = r.f.backend
-	if gate != nil {
-		backend, cfg.NowFunc = gatedBackend{Backend: backend, gate: gate}, gate.now
-	}
-	runner, err := projection.NewRunner(backend, cfg, p)
+	runner, err := projection.NewRunner(r.f.backend, cfg, p)
 	if err != nil {
 		return nil, err
 	}
 	return runner, runner.Init(context.Background())
-}
-
-// bgGate holds the batches of a build between two of them, as its pacing does, but for as
-// long as the bench says: a held build has no transaction open, reads nothing and sends no
-// statement (the live triggers that reach its worker wait for its catch-up in progress), so
-// the live projection runs as if there were no build. (Runner.Pause would hold it too, but
-// ends its catch-up: every live trigger then starts one more, a transaction that finds the
-// version paused — a thousand a second, a load of their own.)
-//
-// Its clock (the runner's NowFunc) stops while the build is held, so the batch that waited
-// does not count the hold in its duration, by which the build is paced.
-type bgGate struct {
-	mu       sync.Mutex
-	held     bool
-	open     chan struct{} // closed while not held
-	heldAt   time.Time     // the current hold's start
-	heldFor  time.Duration // the holds before it, in all
-	inFlight int           // batches running
-	idle     *sync.Cond    // signalled when inFlight drops to zero
-}
-
-func newBgGate() *bgGate {
-	g := &bgGate{open: make(chan struct{})}
-	close(g.open)
-	g.idle = sync.NewCond(&g.mu)
-	return g
-}
-
-// hold holds the batches not yet started and returns when none is running.
-func (g *bgGate) hold() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if !g.held {
-		g.held, g.open, g.heldAt = true, make(chan struct{}), time.Now()
-	}
-	for g.inFlight > 0 {
-		g.idle.Wait()
-	}
-}
-
-// release lets the held batches run.
-func (g *bgGate) release() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.held {
-		g.held, g.heldFor = false, g.heldFor+time.Since(g.heldAt)
-		close(g.open)
-	}
-}
-
-// enter waits until the gate is open and counts a batch in; leave counts it out.
-func (g *bgGate) enter(ctx context.Context) error {
-	for {
-		g.mu.Lock()
-		open := g.open
-		if !g.held {
-			g.inFlight++
-			g.mu.Unlock()
-			return nil
-		}
-		g.mu.Unlock()
-		select {
-		case <-open:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-func (g *bgGate) leave() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.inFlight--; g.inFlight == 0 {
-		g.idle.Broadcast()
-	}
-}
-
-// now is the time with the holds taken out: it stands still while the build is held.
-func (g *bgGate) now() time.Time {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.held {
-		return g.heldAt.Add(-g.heldFor)
-	}
-	return time.Now().Add(-g.heldFor)
-}
-
-// gatedBackend is a projection backend whose batches, and cut-over, wait at gate before they
-// start.
-type gatedBackend struct {
-	projection.Backend
-	gate *bgGate
-}
-
-func (b gatedBackend) Activate(ctx context.Context, p *projection.Projection, co projection.CutOver, hook projection.HookFunc) (projection.Activation, error) {
-	if err := b.gate.enter(ctx); err != nil {
-		return projection.Activation{}, err
-	}
-	defer b.gate.leave()
-	return b.Backend.Activate(ctx, p, co, hook)
-}
-
-func (b gatedBackend) RunBatch(ctx context.Context, p *projection.Projection, fn projection.BatchFunc) error {
-	if err := b.gate.enter(ctx); err != nil {
-		return err
-	}
-	defer b.gate.leave()
-	return b.Backend.RunBatch(ctx, p, fn)
 }
 
 // start runs a worker of runner as version's deploy.
@@ -596,10 +443,6 @@ func (r *bgRun) window(ctx context.Context, live liveConfig, build func(ctx cont
 	}
 	return rec.timedSamples(), nil
 }
-
-// bgRoundCount is how many rounds runBlueGreen runs: one (each round builds a million events
-// twice by default).
-func (h *harness) bgRoundCount() int { return 1 }
 
 // startRelay runs a relay publishing f's appends to w until the returned function is called.
 func (h *harness) startRelay(ctx context.Context, f *fixture, w *wiring) (func(), error) {

@@ -27,8 +27,9 @@
 //   - park: the other streams' live latency on RabbitMQ with one stream parked
 //     (OnFailure park) against none, side by side.
 //   - bluegreen: a new version of a projection built beside the active one over the loaded
-//     events (the rebuild's size) while live appends go on, paced by the live lag and at full
-//     speed, in turns with windows of no build: the active projection's live p99, and the
+//     events (the rebuild's size) while live appends go on, paced by the live lag to its
+//     cut-over, then one at full speed for a bounded window, between two windows with no
+//     build: the active projection's live p99 during each build against no build, and the
 //     builds' throughput beside a plain rebuild.
 //   - status: reading the status of 10 projections, each the whole store (1,000,000 events of
 //     a few types) behind: Backend.Statuses and a metrics scrape (WatchRunner, Gather), beside
@@ -417,17 +418,17 @@ type sizes struct {
 func sizesFor(quick bool) sizes {
 	s := sizes{
 		rebuildEvents: 1_000_000, rebuildStreams: 10_000, naiveEvents: 10_000, batchSizes: []int{1000},
-		liveRate: 1000, liveWriters: 8, liveStreams: 100, liveDuration: 10 * time.Second,
+		liveRate: 1000, liveWriters: 8, liveStreams: 100, liveDuration: 5 * time.Second,
 		hopDuration: time.Second, hopRate: 200,
 		appendRun: 2 * time.Second, appendRounds: 2,
-		idleWindow:   20 * time.Second,
-		fanoutEvents: 50_000, fanoutProjections: []int{1, 10, 50}, slowLiveDuration: 5 * time.Second, slowLiveProjection: 10,
+		idleWindow:   10 * time.Second,
+		fanoutEvents: 20_000, fanoutProjections: []int{1, 10, 50}, slowLiveDuration: 5 * time.Second, slowLiveProjection: 10,
 		recoveryEvents: 50_000,
 		statusEvents:   1_000_000, statusRuns: 7, statusBudget: 15 * time.Second,
 		horizonEvents: 200_000, horizonConnections: 200, horizonWriters: 50, horizonRounds: 5, horizonCalls: 2000,
 		partitionEvents: 200_000, partitionRounds: 3,
 		blueGreenEvents: 1_000_000,
-		scaleOutEvents:  100_000, scaleOutFlatEvents: 10_000, scaleOutWorkers: []int{1, 2, 4, 8}, scaleOutRounds: 3,
+		scaleOutEvents:  40_000, scaleOutFlatEvents: 4_000, scaleOutWorkers: []int{1, 2, 4, 8}, scaleOutRounds: 3,
 	}
 	if quick {
 		s.rebuildEvents, s.naiveEvents, s.batchSizes = 50_000, 2_000, []int{500, 1000}
@@ -439,7 +440,7 @@ func sizesFor(quick bool) sizes {
 		s.statusEvents, s.statusBudget = 50_000, 3*time.Second
 		s.horizonEvents, s.horizonRounds = 25_000, 1
 		s.partitionEvents, s.partitionRounds = 20_000, 1
-		s.blueGreenEvents = 100_000 // a build of a few seconds: a few phases running and held
+		s.blueGreenEvents = 100_000 // a paced build of about ten seconds
 		s.scaleOutEvents, s.scaleOutFlatEvents = 10_000, 2_000
 	}
 	return s
