@@ -151,7 +151,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.SetOutput(output)
 	var o options
 	var scenarioList, logLevel string
-	fs.BoolVar(&o.quick, "quick", false, "small sizes: the whole run in about 2 minutes on 2 cores (default: 15 to 30 minutes, the machine's load moving it)")
+	fs.BoolVar(&o.quick, "quick", false, "small sizes: the whole run in about 2 minutes on 2 cores (default: about 10 minutes, the machine's load moving it)")
 	fs.StringVar(&scenarioList, "scenario", "all", "scenarios to run, comma-separated: all or "+strings.Join(scenarioNames(), ", "))
 	fs.StringVar(&o.out, "out", "bench-results", "directory for the JSON results")
 	fs.BoolVar(&o.cpuProfile, "cpuprofile", false, "write a CPU profile of each scenario to -pprof-dir")
@@ -413,22 +413,23 @@ type sizes struct {
 	scaleOutRounds     int   // rounds of the partitioning cost's catch-ups, each way
 }
 
-// sizesFor returns the default sizes (15 to 30 minutes on 2 cores, the blue/green build's pacing
-// and the machine's load moving it; the aim is 10) or the quick ones (about 2).
+// sizesFor returns the default sizes (about 10 minutes on 2 cores, 4 of them the blue/green
+// build of a million events paced by the live lag; the machine's load moves it) or the quick
+// ones (about 2).
 func sizesFor(quick bool) sizes {
 	s := sizes{
 		rebuildEvents: 1_000_000, rebuildStreams: 10_000, naiveEvents: 10_000, batchSizes: []int{1000},
 		liveRate: 1000, liveWriters: 8, liveStreams: 100, liveDuration: 5 * time.Second,
 		hopDuration: time.Second, hopRate: 200,
-		appendRun: 2 * time.Second, appendRounds: 2,
-		idleWindow:   10 * time.Second,
+		appendRun: time.Second, appendRounds: 2,
+		idleWindow:   20 * time.Second,
 		fanoutEvents: 20_000, fanoutProjections: []int{1, 10, 50}, slowLiveDuration: 5 * time.Second, slowLiveProjection: 10,
 		recoveryEvents: 50_000,
-		statusEvents:   1_000_000, statusRuns: 7, statusBudget: 15 * time.Second,
-		horizonEvents: 200_000, horizonConnections: 200, horizonWriters: 50, horizonRounds: 5, horizonCalls: 2000,
+		statusEvents:   1_000_000, statusRuns: 7, statusBudget: 8 * time.Second,
+		horizonEvents: 200_000, horizonConnections: 200, horizonWriters: 50, horizonRounds: 3, horizonCalls: 2000,
 		partitionEvents: 200_000, partitionRounds: 3,
 		blueGreenEvents: 1_000_000,
-		scaleOutEvents:  40_000, scaleOutFlatEvents: 4_000, scaleOutWorkers: []int{1, 2, 4, 8}, scaleOutRounds: 3,
+		scaleOutEvents:  30_000, scaleOutFlatEvents: 3_000, scaleOutWorkers: []int{1, 4, 8}, scaleOutRounds: 3,
 	}
 	if quick {
 		s.rebuildEvents, s.naiveEvents, s.batchSizes = 50_000, 2_000, []int{500, 1000}
