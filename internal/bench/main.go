@@ -434,15 +434,15 @@ func sizesFor(quick bool) sizes {
 	if quick {
 		s.rebuildEvents, s.naiveEvents, s.batchSizes = 50_000, 2_000, []int{500, 1000}
 		s.liveDuration, s.hopDuration = time.Second, 500*time.Millisecond
-		s.appendRun, s.appendRounds = time.Second, 1
-		s.idleWindow = 3 * time.Second
+		s.appendRun, s.appendRounds = 500*time.Millisecond, 1
+		s.idleWindow = 2 * time.Second
 		s.fanoutEvents, s.slowLiveDuration = 5_000, 2*time.Second
 		s.recoveryEvents = 10_000
 		s.statusEvents, s.statusBudget = 50_000, 3*time.Second
 		s.horizonEvents, s.horizonRounds = 25_000, 1
 		s.partitionEvents, s.partitionRounds = 20_000, 1
-		s.blueGreenEvents = 100_000 // a paced build of about ten seconds
-		s.scaleOutEvents, s.scaleOutFlatEvents = 10_000, 2_000
+		s.blueGreenEvents = s.rebuildEvents // one loaded history for both
+		s.scaleOutEvents, s.scaleOutFlatEvents, s.scaleOutWorkers = 6_000, 1_200, []int{1, 4}
 	}
 	return s
 }
