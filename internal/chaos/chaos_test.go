@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -421,4 +422,18 @@ func TestCloseConnectionsRefusesAPrefixItCannotPutIntoErlang(t *testing.T) {
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "unexpected prefix", "a prefix the suite builds goes on to rabbitmqctl")
 	require.Contains(t, closeConnectionsErlang, "~s")
+}
+
+func TestWaitReadyOfAWorkerThatPrintedReadyAndExitedSince(t *testing.T) {
+	// Both channels closed before waitReady looks (the script of the test above, "echo ready;
+	// exit 3", can get there first): a select over the two would pick either.
+	p := &workerProc{ready: make(chan struct{}), done: make(chan struct{}), err: errors.New("exit status 3")}
+	close(p.ready)
+	close(p.done)
+	for range 100 {
+		require.NoError(t, p.waitReady(context.Background()))
+	}
+	notReady := &workerProc{ready: make(chan struct{}), done: make(chan struct{}), err: errors.New("exit status 3")}
+	close(notReady.done)
+	require.ErrorContains(t, notReady.waitReady(context.Background()), "worker exited before it was ready: exit status 3")
 }

@@ -178,12 +178,19 @@ func (s *workerSlot) current() *workerProc {
 	return s.proc
 }
 
-// waitReady waits until p printed "ready", exited, or ctx ended.
+// waitReady waits until p printed "ready", exited, or ctx ended. A process that printed
+// "ready" and exited since was ready: p.ready is closed before p.done, but a select over two
+// closed channels picks either.
 func (p *workerProc) waitReady(ctx context.Context) error {
 	select {
 	case <-p.ready:
 		return nil
 	case <-p.done:
+		select {
+		case <-p.ready:
+			return nil
+		default:
+		}
 		return fmt.Errorf("worker exited before it was ready: %w", p.err)
 	case <-ctx.Done():
 		return ctx.Err()
