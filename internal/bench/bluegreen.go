@@ -183,23 +183,16 @@ func runBlueGreen(ctx context.Context, h *harness, sec *Section) error {
 
 	// The baseline is the window before the builds: the one after them may still pay for their
 	// writes (a checkpoint the builds' WAL started can end in it), which is the builds' cost.
-	var noneLat Latency
 	noneCase := fmt.Sprintf("live, RabbitMQ, %d appends/s, no build, before the builds", sz.liveRate)
+	noneLat := Summarize(latencies(before))
 	for _, w := range []struct {
-		label   string
-		samples []liveSample
-	}{{"before", before}, {"after", after}} {
-		lat := make([]time.Duration, 0, len(w.samples))
-		for _, s := range w.samples {
-			lat = append(lat, s.latency)
-		}
-		sum := Summarize(lat)
+		label string
+		lat   Latency
+	}{{"before", noneLat}, {"after", Summarize(latencies(after))}} {
 		wCase := fmt.Sprintf("live, RabbitMQ, %d appends/s, no build, %s the builds", sz.liveRate, w.label)
-		sec.AddMetric(Metric{Case: wCase, Name: "p99_ms", Unit: "ms", Value: Ms(sum.P99), Extra: sum.Extra()})
-		table.Add(wCase, "", "", "", FormatValue(Ms(sum.P50), "ms"), FormatValue(Ms(sum.P99), "ms"), FormatValue(Ms(sum.Max), "ms"), strconv.Itoa(sum.Count), "")
-		if w.label == "before" {
-			noneLat = sum
-		}
+		sec.AddMetric(Metric{Case: wCase, Name: "p99_ms", Unit: "ms", Value: Ms(w.lat.P99), Extra: w.lat.Extra()})
+		table.Add(wCase, "", "", "", FormatValue(Ms(w.lat.P50), "ms"), FormatValue(Ms(w.lat.P99), "ms"), FormatValue(Ms(w.lat.Max), "ms"),
+			strconv.Itoa(w.lat.Count), "")
 	}
 	for i, b := range builds {
 		res := results[i]
@@ -255,11 +248,16 @@ type bgResult struct {
 // during returns the latencies of the live samples appended while the build ran.
 func (r bgResult) during(samples []liveSample) []time.Duration {
 	end := r.started.Add(r.took)
-	out := make([]time.Duration, 0, len(samples))
-	for _, s := range samples {
-		if !s.appended.Before(r.started) && !s.appended.After(end) {
-			out = append(out, s.latency)
-		}
+	return latencies(slices.DeleteFunc(slices.Clone(samples), func(s liveSample) bool {
+		return s.appended.Before(r.started) || s.appended.After(end)
+	}))
+}
+
+// latencies returns the samples' latencies.
+func latencies(samples []liveSample) []time.Duration {
+	out := make([]time.Duration, len(samples))
+	for i, s := range samples {
+		out[i] = s.latency
 	}
 	return out
 }

@@ -10,7 +10,8 @@
 //
 //   - rebuild: rebuild a ticket_list read model from position zero over events loaded with COPY,
 //     with per-event handlers (projection.On, projection.OnQueued) and a set-based flush hook,
-//     at batch size 1000 (-quick: 500 and 1000), beside the naive loop (one transaction per
+//     at batch size 1000 (-quick: 500 and 1000; On over the first tenth of the events, the
+//     others over the first quarter), beside the naive loop (one transaction per
 //     event) and the database's own limit (one INSERT … SELECT over all events); peak RSS
 //     during each rebuild. The events are loaded once per run and copied for bluegreen.
 //   - latency: from append commit to read model visible, at a steady append rate, with 1 and 10
@@ -47,9 +48,9 @@
 //     watermill-sql's PostgreSQL queue, writing the same read model: live latency, events
 //     applied twice and lost when a consumer (a child process) is SIGKILLed between its write
 //     and its ack, and events lost when the publish after the store's commit fails.
-//   - scaleout: a backlog (100,000 events over 10,000 streams) caught up by a projection whose
+//   - scaleout: a backlog (30,000 events over 10,000 streams) caught up by a projection whose
 //     handler waits 2 ms per event (a remote call: CPU-bound handlers cannot scale on two
-//     cores), unpartitioned on one worker and in 16 partitions on 1, 2, 4 and 8 workers in
+//     cores), unpartitioned on one worker and in 16 partitions on 1, 4 and 8 workers in
 //     this process (each its own runner, pool and lease membership), timed from the workers'
 //     start, lease convergence included; and what partitioning itself costs: the same backlog
 //     without the wait, unpartitioned and in 16 partitions on one worker.

@@ -112,8 +112,8 @@ type rebuildMode struct {
 // or the number of events (RSS@25% against RSS@100% shows the latter). It runs at one batch
 // size (500, else the run's largest) over the first tenth of the events. The other modes
 // rebuild the first quarter of the same million-event store, so that the default run keeps
-// near its ten minutes. The set-based mode in SQL, an extra beside the two, runs at the largest
-// batch size only.
+// near its ten minutes. The set-based mode in SQL, an extra beside the two, runs at
+// the largest batch size only.
 var rebuildModes = []rebuildMode{
 	{key: "event", label: "per-event (On)", def: perEventProjection, batch: 500, share: 10},
 	{key: "queued", label: "per-event, queued (OnQueued)", def: queuedProjection, share: 4},
