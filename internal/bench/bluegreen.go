@@ -420,7 +420,7 @@ func (r *bgRun) window(ctx context.Context, live liveConfig, build func(ctx cont
 		live.duration, live.until = 30*time.Minute, built.Load
 		go func() { buildErr <- build(ctx, func() { built.Store(true) }) }()
 	}
-	appended, err := appendPaced(ctx, r.w, live, rec)
+	appended, err := appendPaced(ctx, r.w, live, rec.appended)
 	if build != nil {
 		built.Store(true)
 		err = errors.Join(err, <-buildErr)

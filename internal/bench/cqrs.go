@@ -194,16 +194,33 @@ func (h *harness) runCQRSLive(ctx context.Context, broker string, cs cqrsSizes) 
 		return Latency{}, 0, err
 	}
 	stp := newSaveThenPublish(f.store, bus, h.libLog)
-	appended, err := appendPaced(ctx, &wiring{store: stp}, liveConfig{rate: cs.rate, writers: cs.writers, streams: cs.streams, duration: cs.liveDuration},
-		newLiveRecorder(nil))
+	live := liveConfig{rate: cs.rate, writers: cs.writers, streams: cs.streams, duration: cs.liveDuration}
+	ignore := func(uuid.UUID, time.Time) {}
+	applied := func(n int) func() (bool, error) {
+		return func() (bool, error) {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return len(a.visible) >= n, nil
+		}
+	}
+	warmed := 0
+	if d := h.opts.liveWarmup; d > 0 { // as runLive does for nudge
+		warm := live
+		warm.duration = d
+		var err error
+		if warmed, err = appendPaced(ctx, &wiring{store: stp}, warm, ignore); err != nil {
+			return Latency{}, 0, fmt.Errorf("warm-up: %w", err)
+		}
+		if err := waitUntil(ctx, time.Minute, 5*time.Millisecond, "the CQRS handler applied every warm-up event", applied(warmed)); err != nil {
+			return Latency{}, 0, err
+		}
+		stp.forget() // no latency of the warm-up counts
+	}
+	appended, err := appendPaced(ctx, &wiring{store: stp}, live, ignore)
 	if err != nil {
 		return Latency{}, 0, err
 	}
-	if err := waitUntil(ctx, time.Minute, 5*time.Millisecond, "the CQRS handler applied every event", func() (bool, error) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		return len(a.visible) >= appended, nil
-	}); err != nil {
+	if err := waitUntil(ctx, time.Minute, 5*time.Millisecond, "the CQRS handler applied every event", applied(warmed+appended)); err != nil {
 		return Latency{}, 0, err
 	}
 	return stp.latencies(a), Rate(appended, cs.liveDuration), nil

@@ -253,6 +253,13 @@ func (s *saveThenPublish) Append(ctx context.Context, streamID string, expected 
 	return res, nil
 }
 
+// forget drops the commit times recorded so far: latencies counts only later appends.
+func (s *saveThenPublish) forget() {
+	s.mu.Lock()
+	clear(s.committed)
+	s.mu.Unlock()
+}
+
 // appender appends to one stream: the event store, or a command side in front of it.
 type appender interface {
 	Append(ctx context.Context, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error)

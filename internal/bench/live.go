@@ -186,13 +186,15 @@ type liveRecorder struct {
 
 	mu        sync.Mutex
 	committed map[uuid.UUID]time.Time
-	pending   map[string][]uuid.UUID // projection → the events of its batch in flight
-	visible   map[string]map[uuid.UUID]time.Time
+	// warm are the events appended to warm up, awaited like the others but not measured.
+	warm    map[uuid.UUID]struct{}
+	pending map[string][]uuid.UUID // projection → the events of its batch in flight
+	visible map[string]map[uuid.UUID]time.Time
 }
 
 func newLiveRecorder(measured []string) *liveRecorder {
-	r := &liveRecorder{measured: measured, committed: map[uuid.UUID]time.Time{}, pending: map[string][]uuid.UUID{},
-		visible: map[string]map[uuid.UUID]time.Time{}}
+	r := &liveRecorder{measured: measured, committed: map[uuid.UUID]time.Time{}, warm: map[uuid.UUID]struct{}{},
+		pending: map[string][]uuid.UUID{}, visible: map[string]map[uuid.UUID]time.Time{}}
 	for _, name := range measured {
 		r.visible[name] = map[uuid.UUID]time.Time{}
 	}
@@ -203,6 +205,14 @@ func newLiveRecorder(measured []string) *liveRecorder {
 func (r *liveRecorder) appended(id uuid.UUID, at time.Time) {
 	r.mu.Lock()
 	r.committed[id] = at
+	r.mu.Unlock()
+}
+
+// warmedUp records that the warm-up event id was appended: complete awaits it, no sample
+// counts it.
+func (r *liveRecorder) warmedUp(id uuid.UUID, _ time.Time) {
+	r.mu.Lock()
+	r.warm[id] = struct{}{}
 	r.mu.Unlock()
 }
 
@@ -238,15 +248,21 @@ func (r *liveRecorder) onBatch(b projection.BatchReport) {
 	}
 }
 
-// complete reports whether every measured projection has made every appended event visible.
+// complete reports whether every measured projection has made every appended event visible,
+// those of the warm-up included.
 func (r *liveRecorder) complete() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, name := range r.measured {
-		if len(r.visible[name]) < len(r.committed) {
+		if len(r.visible[name]) < len(r.committed)+len(r.warm) {
 			return false
 		}
 		for id := range r.committed { // visible may hold events appended before the run
+			if _, ok := r.visible[name][id]; !ok {
+				return false
+			}
+		}
+		for id := range r.warm {
 			if _, ok := r.visible[name][id]; !ok {
 				return false
 			}
@@ -457,7 +473,10 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 			return res, err
 		}
 	}
-	appended, err := appendPaced(ctx, w, cfg, rec)
+	if err := warmUp(ctx, w, cfg, rec, h.opts.liveWarmup); err != nil {
+		return res, err
+	}
+	appended, err := appendPaced(ctx, w, cfg, rec.appended)
 	if err != nil {
 		return res, err
 	}
@@ -487,10 +506,34 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 	return res, nil
 }
 
+// liveWarmupDefault is -live-warmup's default: long enough for every connection of the pools
+// to be open and every statement prepared, a few hundred batches in.
+const liveWarmupDefault = time.Second
+
+// warmUp appends as a live run does for d, unmeasured, and waits until every measured
+// projection has made those events visible: the measured window starts with the pools'
+// connections open, the statements prepared and the broker's consumers running, as in a
+// worker that has been up a while.
+func warmUp(ctx context.Context, w *wiring, cfg liveConfig, rec *liveRecorder, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	warm := cfg
+	warm.duration = d
+	if _, err := appendPaced(ctx, w, warm, rec.warmedUp); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	if err := waitUntil(ctx, time.Minute, 5*time.Millisecond, "every projection made every warm-up event visible",
+		func() (bool, error) { return rec.complete(), nil }); err != nil {
+		return fmt.Errorf("warm-up: %w (%s)", err, rec.progress())
+	}
+	return nil
+}
+
 // appendPaced appends one event per tick from cfg.writers writers, cfg.rate events a second
-// in all, over cfg.streams streams, for cfg.duration, recording each append's return in rec.
-// It returns how many events were appended.
-func appendPaced(ctx context.Context, w *wiring, cfg liveConfig, rec *liveRecorder) (int, error) {
+// in all, over cfg.streams streams, for cfg.duration, calling record with each event's ID and
+// its append's return. It returns how many events were appended.
+func appendPaced(ctx context.Context, w *wiring, cfg liveConfig, record func(uuid.UUID, time.Time)) (int, error) {
 	interval := time.Second * time.Duration(cfg.writers) / time.Duration(cfg.rate)
 	deadline := time.Now().Add(cfg.duration)
 	var (
@@ -516,7 +559,7 @@ func appendPaced(ctx context.Context, w *wiring, cfg liveConfig, rec *liveRecord
 					res, err = w.store.Append(ctx, stream, eventstore.Any, data)
 					if err == nil {
 						if !cfg.poison || stream != poisonStream {
-							rec.appended(res.Events[0].ID, time.Now())
+							record(res.Events[0].ID, time.Now())
 						}
 						total.Add(1)
 						continue

@@ -109,7 +109,9 @@ type options struct {
 	relayInterval time.Duration
 	// noListen turns LISTEN/NOTIFY wake-ups off: relays and the PostgreSQL queue only poll.
 	noListen bool
-	logLevel slog.Level
+	// liveWarmup is how long live runs append, unmeasured, before their measured window.
+	liveWarmup time.Duration
+	logLevel   slog.Level
 }
 
 // scenario is one benchmark scenario.
@@ -162,6 +164,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.DurationVar(&o.pgPoll, "pg-poll", pgchannel.PollIntervalDefault, "poll interval of the PostgreSQL-queue channel")
 	fs.BoolVar(&o.noListen, "no-listen", false, "relays and the PostgreSQL queue poll only, without LISTEN/NOTIFY wake-ups (the idle scenario measures both)")
 	fs.DurationVar(&o.relayInterval, "relay-interval", relay.MinIntervalDefault, "the trigger relays' MinInterval: their wait after a publish")
+	fs.DurationVar(&o.liveWarmup, "live-warmup", liveWarmupDefault, "how long live runs append before their measured window, every event of it awaited and none measured (0: none)")
 	fs.StringVar(&logLevel, "log-level", "info", "level of the library's own logs, written to <out>/bench-<time>.log (debug, info, warn, error)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: go run ./internal/bench [flags]\n\nMeasures nudge against real PostgreSQL and RabbitMQ; every figure beside its baseline.\n\n")
@@ -194,6 +197,9 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	}
 	if o.pgPoll <= 0 {
 		return o, fmt.Errorf("-pg-poll %s: must be positive", o.pgPoll)
+	}
+	if o.liveWarmup < 0 {
+		return o, fmt.Errorf("-live-warmup %s: must not be negative", o.liveWarmup)
 	}
 	if o.pprofDir != "" {
 		o.cpuProfile = true

@@ -258,6 +258,12 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, 20*time.Millisecond, o.relayInterval)
 	_, err = parseFlags([]string{"-relay-interval", "0s"}, io.Discard)
 	require.ErrorContains(t, err, "-relay-interval 0s: must be positive")
+	require.Equal(t, liveWarmupDefault, o.liveWarmup)
+	o, err = parseFlags([]string{"-live-warmup", "0s"}, io.Discard)
+	require.NoError(t, err)
+	require.Zero(t, o.liveWarmup)
+	_, err = parseFlags([]string{"-live-warmup", "-1s"}, io.Discard)
+	require.ErrorContains(t, err, "-live-warmup -1s: must not be negative")
 
 	require.Less(t, sizesFor(true).rebuildEvents, sizesFor(false).rebuildEvents)
 	require.Less(t, sizesFor(true).statusEvents, sizesFor(false).statusEvents)
