@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,8 +37,10 @@ type Backend interface {
 	// RunBatch runs fn in one unit of work that holds the projection's lock (in PostgreSQL: one
 	// transaction holding an advisory lock on the projection's name, which serialises every
 	// worker of the projection, in any process). If fn returns nil, the unit stores fn's Outcome and commits;
-	// otherwise it rolls back and returns fn's error.
-	RunBatch(ctx context.Context, p *Projection, fn BatchFunc) error
+	// otherwise it rolls back and returns fn's error. When ahead is not nil, the unit's first
+	// Read with exactly ahead's position and options may return events the backend read
+	// under the lock before fn ran (see ReadAhead).
+	RunBatch(ctx context.Context, p *Projection, ahead *ReadAhead, fn BatchFunc) error
 	// RecordFailure stores a handler failure in the status row, in a unit of its own, unless
 	// the projection has meanwhile moved past the failing event.
 	RecordFailure(ctx context.Context, p *Projection, f Failure) error
@@ -120,6 +123,24 @@ type CutOver struct {
 
 // BatchFunc is the runner's work inside one unit.
 type BatchFunc func(ctx context.Context, u Unit) (Outcome, error)
+
+// ReadAhead is the read a batch expects to start with: the events after the position it last
+// committed, with its read options. A backend may run it in the round trip that takes the
+// batch's lock (PostgreSQL: one round trip fewer per batch); the unit's Read returns that
+// result only when the batch asks for exactly this read — so only when the position the unit
+// found is ahead's — and reads anew otherwise (another worker moved the projection meanwhile).
+// It reads as a Read right after the lock would: in PostgreSQL's READ COMMITTED, each
+// statement sees what committed before it started, behind the store's horizon.
+type ReadAhead struct {
+	After   eventstore.Position
+	Options eventstore.ReadOptions
+}
+
+// Matches reports whether a read after after with opts is the read r describes.
+func (r *ReadAhead) Matches(after eventstore.Position, opts eventstore.ReadOptions) bool {
+	return r != nil && after == r.After && opts.Limit == r.Options.Limit && opts.OmitPayload == r.Options.OmitPayload &&
+		opts.Partition == r.Options.Partition && slices.Equal(opts.Types, r.Options.Types)
+}
 
 // Unit is what a Backend hands the runner for one batch.
 type Unit struct {

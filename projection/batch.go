@@ -108,7 +108,7 @@ func (r *Runner) newBatch(p *Projection, limit int) *batch {
 func (b *batch) run(ctx context.Context, res *Result) (bool, error) {
 	unitCtx, cancel := context.WithTimeout(ctx, b.p.cfg.BatchTimeout)
 	defer cancel()
-	err := b.r.backend.RunBatch(unitCtx, b.p, b.unit)
+	err := b.r.backend.RunBatch(unitCtx, b.p, b.readAhead(), b.unit)
 	if err != nil && ctx.Err() == nil && unitCtx.Err() != nil {
 		// The batch's own deadline ended it, whatever a handler made of that: not the event's
 		// fault, so the error keeps the cause's text but not its *HandlerError.
@@ -182,9 +182,27 @@ func (b *batch) unit(ctx context.Context, u Unit) (Outcome, error) {
 	return b.outcome(st, passed, len(handled)), nil
 }
 
+// readOptions are the options of the batch's read.
+func (b *batch) readOptions() eventstore.ReadOptions {
+	return eventstore.ReadOptions{Limit: b.limit, Types: b.p.types, OmitPayload: b.p.cfg.OmitPayloads, Partition: b.p.partition}
+}
+
+// readAhead is the read the batch expects to make: after the position this runner last saw
+// committed for the unit. Nil before the runner has seen one (a batch would read from the
+// start for nothing if the projection is further on).
+func (b *batch) readAhead() *ReadAhead {
+	b.r.mu.Lock()
+	at, ok := b.r.positions[b.p.name]
+	b.r.mu.Unlock()
+	if !ok || at.IsZero() {
+		return nil
+	}
+	return &ReadAhead{After: at, Options: b.readOptions()}
+}
+
 // read reads the batch's events after the position the unit found.
 func (b *batch) read(ctx context.Context, u Unit) ([]eventstore.Event, error) {
-	events, err := u.Read(ctx, u.Status.Position, eventstore.ReadOptions{Limit: b.limit, Types: b.p.types, OmitPayload: b.p.cfg.OmitPayloads, Partition: b.p.partition})
+	events, err := u.Read(ctx, u.Status.Position, b.readOptions())
 	if err != nil {
 		return nil, fmt.Errorf("projection %s: read events after %s: %w", b.p.name, u.Status.Position, err)
 	}

@@ -162,7 +162,7 @@ func (b *batch) park(ctx context.Context, res *Result) bool {
 		return false
 	}
 	var parked ParkedStream
-	err := b.r.backend.RunBatch(ctx, b.p, func(ctx context.Context, u Unit) (Outcome, error) {
+	err := b.r.backend.RunBatch(ctx, b.p, nil, func(ctx context.Context, u Unit) (Outcome, error) {
 		out, ps, err := b.parkUnit(ctx, u)
 		parked = ps
 		return out, err
@@ -284,7 +284,7 @@ func (r *Runner) Redrive(ctx context.Context, name, streamID, by string) (int, e
 	}
 	p = p.unit(streamID) // the stream's partition
 	d := &redrive{r: r, p: p, stream: streamID, by: by}
-	err = r.backend.RunBatch(ctx, p, d.unit)
+	err = r.backend.RunBatch(ctx, p, nil, d.unit)
 	if d.failed == nil || ctx.Err() != nil {
 		if err == nil {
 			r.logger.InfoContext(ctx, "projection redrove a parked stream", slog.String("projection", name),
@@ -293,7 +293,7 @@ func (r *Runner) Redrive(ctx context.Context, name, streamID, by string) (int, e
 		return d.applied, err
 	}
 	fail := ParkFailure{StreamID: streamID, Err: d.failed.Err, At: r.now()}
-	if rerr := r.backend.RunBatch(ctx, p, func(_ context.Context, u Unit) (Outcome, error) {
+	if rerr := r.backend.RunBatch(ctx, p, nil, func(_ context.Context, u Unit) (Outcome, error) {
 		return Outcome{Position: u.Status.Position, State: u.Status.State, ParkFailed: &fail}, nil
 	}); rerr != nil {
 		return 0, errors.Join(err, fmt.Errorf("projection %s: record the failed redrive: %w", name, rerr))
@@ -440,7 +440,7 @@ func (r *Runner) unpark(ctx context.Context, name, streamID string, action ParkA
 // unparkIn is unpark in the unit p.
 func (r *Runner) unparkIn(ctx context.Context, p *Projection, streamID string, action ParkAction, opts ParkOptions) error {
 	name := p.name
-	return r.backend.RunBatch(ctx, p, func(_ context.Context, u Unit) (Outcome, error) {
+	return r.backend.RunBatch(ctx, p, nil, func(_ context.Context, u Unit) (Outcome, error) {
 		out := Outcome{Position: u.Status.Position, State: u.Status.State}
 		for id, ps := range u.Parked {
 			if streamID == "" || id == streamID {

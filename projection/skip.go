@@ -57,7 +57,7 @@ func (r *Runner) Skip(ctx context.Context, name string, eventID uuid.UUID, opts 
 func (r *Runner) skip(ctx context.Context, p *Projection, eventID uuid.UUID, opts SkipOptions) (eventstore.Event, error) {
 	name := p.name
 	var skipped eventstore.Event
-	err := r.backend.RunBatch(ctx, p, func(ctx context.Context, u Unit) (Outcome, error) {
+	err := r.backend.RunBatch(ctx, p, nil, func(ctx context.Context, u Unit) (Outcome, error) {
 		if err := checkFailingOn(name, u.Status, eventID, opts.Force); err != nil {
 			return Outcome{}, err
 		}

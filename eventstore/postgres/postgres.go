@@ -456,6 +456,31 @@ func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, 
 	return events, s.translate(err)
 }
 
+// QueueReadTx queues on batch the read ReadTx(ctx, tx, after, opts) would run, for a caller
+// that sends batch in its transaction — after the statements that take its locks, say, so the
+// read costs no round trip of its own. When batch is sent, done receives the events (or the
+// error) the read returned. A read QueueReadTx cannot queue (invalid options, or a partition's,
+// which takes several statements) is not queued: it returns false, and done is not called.
+func (s *Store) QueueReadTx(batch *pgx.Batch, after eventstore.Position, opts eventstore.ReadOptions, done func([]eventstore.Event, error)) bool {
+	limit, err := storecheck.ReadOptions(opts)
+	if err != nil || opts.Partition.Partitioned() {
+		return false
+	}
+	var q *pgx.QueuedQuery
+	if len(opts.Types) == 0 {
+		q = batch.Queue(s.sql.read[omit(opts)], after.TransactionID, after.GlobalPosition, limit)
+	} else {
+		q = batch.Queue(s.sql.readTypes[omit(opts)], after.TransactionID, after.GlobalPosition, limit, opts.Types)
+	}
+	q.Query(func(rows pgx.Rows) error {
+		events, err := collectEvents(rows, limit)
+		err = s.translate(err)
+		done(events, err)
+		return err
+	})
+	return true
+}
+
 // omit indexes the read statements.
 func omit(opts eventstore.ReadOptions) int {
 	if opts.OmitPayload {

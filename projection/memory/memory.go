@@ -243,7 +243,7 @@ func runHook(ctx context.Context, hook projection.HookFunc) error {
 func (*Backend) Seal(seal.Token) {}
 
 // RunBatch implements projection.Backend.
-func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn projection.BatchFunc) error {
+func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, _ *projection.ReadAhead, fn projection.BatchFunc) error {
 	return b.locked(ctx, p.Name(), func(r *row) error {
 		ver, err := b.versionInfo(ctx, p)
 		if err != nil {

@@ -49,7 +49,7 @@ func (b *Backend) Unpark(ctx context.Context, name, streamID string, action proj
 	var done []projection.ParkedStream
 	err := b.inTx(ctx, func(tx pgx.Tx) error {
 		parked := make(map[string]projection.ParkedStream)
-		if _, err := b.lockWith(ctx, tx, name, parked, nil); err != nil {
+		if _, err := b.lockWith(ctx, tx, name, parked, nil, nil); err != nil {
 			return err
 		}
 		var out projection.Outcome

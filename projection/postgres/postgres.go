@@ -128,12 +128,13 @@ func (b *Backend) translate(err error) error {
 
 // lock takes the projection's advisory lock and reads its status row, in one round trip.
 func (b *Backend) lock(ctx context.Context, tx pgx.Tx, name string) (projection.Status, error) {
-	return b.lockWith(ctx, tx, name, nil, nil)
+	return b.lockWith(ctx, tx, name, nil, nil, nil)
 }
 
 // lockWith is lock; when parked is not nil, it also reads the projection's parked streams into
-// it, and when ver is not nil its version record, in the same round trip.
-func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked map[string]projection.ParkedStream, ver *versionRead) (projection.Status, error) {
+// it, when ver is not nil its version record, and when ahead is not nil the events it
+// describes, in the same round trip.
+func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked map[string]projection.ParkedStream, ver *versionRead, ahead *readAhead) (projection.Status, error) {
 	var (
 		batch pgx.Batch
 		st    projection.Status
@@ -159,7 +160,43 @@ func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked m
 		}
 		return err
 	})
+	ahead.queue(b.store, &batch)
 	return st, tx.SendBatch(ctx, &batch).Close()
+}
+
+// readAhead is a batch's read run in the round trip that takes its lock (projection.ReadAhead).
+type readAhead struct {
+	want   *projection.ReadAhead
+	queued bool // the store could queue the read
+	used   bool // the unit's Read returned the events
+	events []eventstore.Event
+}
+
+// newReadAhead returns the read-ahead of want; nil when want is nil.
+func newReadAhead(want *projection.ReadAhead) *readAhead {
+	if want == nil {
+		return nil
+	}
+	return &readAhead{want: want}
+}
+
+// queue queues the read on batch, after the statements that lock and read the status.
+func (r *readAhead) queue(store *espg.Store, batch *pgx.Batch) {
+	if r == nil {
+		return
+	}
+	r.queued = store.QueueReadTx(batch, r.want.After, r.want.Options, func(events []eventstore.Event, _ error) {
+		r.events = events // an error fails the round trip, and with it the batch
+	})
+}
+
+// take returns the events read ahead when a read after after with opts is that read, once.
+func (r *readAhead) take(after eventstore.Position, opts eventstore.ReadOptions) ([]eventstore.Event, bool) {
+	if r == nil || !r.queued || r.used || !r.want.Matches(after, opts) {
+		return nil, false
+	}
+	r.used = true
+	return r.events, true
 }
 
 // Register implements projection.Backend. It also records the event types the projection
@@ -216,15 +253,26 @@ func runHook(ctx context.Context, tx pgx.Tx, hook projection.HookFunc) error {
 func (*Backend) Seal(seal.Token) {}
 
 // RunBatch implements projection.Backend.
-func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, fn projection.BatchFunc) error {
+func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, want *projection.ReadAhead, fn projection.BatchFunc) error {
 	return b.inTxWith(ctx, b.batchOptions(p), func(tx pgx.Tx) error {
 		parked := make(map[string]projection.ParkedStream)
 		var ver projection.VersionInfo
-		st, err := b.lockWith(ctx, tx, p.Name(), parked, versionOf(p, &ver))
+		ahead := newReadAhead(want)
+		st, err := b.lockWith(ctx, tx, p.Name(), parked, versionOf(p, &ver), ahead)
 		if err != nil {
 			return err
 		}
-		out, err := fn(ctx, b.unit(tx, st, parked, ver))
+		u := b.unit(tx, st, parked, ver)
+		if ahead != nil {
+			read := u.Read
+			u.Read = func(ctx context.Context, after eventstore.Position, opts eventstore.ReadOptions) ([]eventstore.Event, error) {
+				if events, ok := ahead.take(after, opts); ok {
+					return events, nil
+				}
+				return read(ctx, after, opts)
+			}
+		}
+		out, err := fn(ctx, u)
 		if err != nil {
 			return err
 		}

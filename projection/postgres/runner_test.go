@@ -151,6 +151,20 @@ func (l *queryLog) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.Trac
 	l.mu.Unlock()
 }
 
+// TraceBatchStart, TraceBatchQuery and TraceBatchEnd log the statements of pipelined batches
+// too (a batch reads its events in the round trip that takes its lock).
+func (l *queryLog) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (l *queryLog) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	l.mu.Lock()
+	l.queries = append(l.queries, loggedQuery{sql: data.SQL, args: data.Args, rows: data.CommandTag.RowsAffected()})
+	l.mu.Unlock()
+}
+
+func (l *queryLog) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
 // TestTypeFilterRunsInTheStore: a projection of 2 of 10 event types asks the store only for those
 // types, and the store returns only their rows.
 func TestTypeFilterRunsInTheStore(t *testing.T) {

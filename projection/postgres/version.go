@@ -397,7 +397,7 @@ func (c *cutover) lockAndCheck(ctx context.Context) (bool, error) {
 	}
 	for _, u := range p.Units() {
 		cu := cutoverUnit{p: u, parked: make(map[string]projection.ParkedStream)}
-		if cu.st, err = c.b.lockWith(ctx, tx, u.Name(), cu.parked, versionOf(u, &cu.ver)); err != nil {
+		if cu.st, err = c.b.lockWith(ctx, tx, u.Name(), cu.parked, versionOf(u, &cu.ver), nil); err != nil {
 			return false, err
 		}
 		cu.ver.ActivePartitions = activeParts
