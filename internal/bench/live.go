@@ -360,6 +360,9 @@ type liveConfig struct {
 	duration  time.Duration
 	// until, if set, ends the appends before duration when it returns true.
 	until func() bool
+	// relayQueue feeds the PostgreSQL queue through a relay, as the other channels are fed;
+	// else its triggers are written in the appends' transactions (relay.Appender).
+	relayQueue bool
 	// newProjection makes the measured projections; defaults to liveProjection.
 	newProjection func(name string, onFailure projection.OnFailure, flush func(ctx context.Context, p projection.FlushParams) error) (*projection.Projection, error)
 }
@@ -462,6 +465,9 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 		return res, err
 	}
 	defer w.close()
+	if cfg.relayQueue {
+		w.appender, w.store = nil, f.store // startWorker starts a relay
+	}
 	_, stop, err := h.startWorker(ctx, f, w, runner, worker.Config{SafetyNetInterval: -1})
 	if err != nil {
 		return res, err
