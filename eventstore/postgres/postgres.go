@@ -178,10 +178,17 @@ func (s *Store) Append(ctx context.Context, streamID string, expected eventstore
 		return eventstore.AppendResult{}, err
 	}
 	var res eventstore.AppendResult
-	err := s.RunInTx(ctx, func(tx pgx.Tx) error {
+	pool, pooled := s.db.(acquirer)
+	err := s.retryConflicts(ctx, func() error {
 		var err error
-		res, err = s.appendTx(ctx, tx, streamID, expected, events, s.notifier != nil)
-		return err
+		if pooled {
+			res, err = s.appendPipelined(ctx, pool, streamID, expected, events)
+			return err
+		}
+		return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+			res, err = s.appendTx(ctx, tx, streamID, expected, events, s.notifier != nil)
+			return err
+		})
 	})
 	if err != nil {
 		return eventstore.AppendResult{}, err
@@ -198,14 +205,21 @@ func (s *Store) Append(ctx context.Context, streamID string, expected eventstore
 // for command handlers that call AppendTx, so a conflict is retried like Append retries it; fn
 // must be safe to run more than once.
 func (s *Store) RunInTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	return s.retryConflicts(ctx, func() error { return pgx.BeginFunc(ctx, s.db, fn) })
+}
+
+// retryConflicts runs attempt (one transaction) until it does not fail with an
+// eventstore.ErrConflict, up to Config.AppendAttempts times in all, with a short random pause
+// between; it returns attempt's last error, translated.
+func (s *Store) retryConflicts(ctx context.Context, attempt func() error) error {
 	// Back off a little, with jitter, so two racing appenders do not race again.
 	wait := backoff.Exponential{Initial: 3 * time.Millisecond, Max: 50 * time.Millisecond, Multiplier: 1.5, Jitter: 0.6}
-	for attempt := 1; ; attempt++ {
-		err := s.translate(pgx.BeginFunc(ctx, s.db, fn))
+	for n := 1; ; n++ {
+		err := s.translate(attempt())
 		if err == nil {
 			return nil
 		}
-		if !errors.Is(err, eventstore.ErrConflict) || attempt >= s.attempts {
+		if !errors.Is(err, eventstore.ErrConflict) || n >= s.attempts {
 			return err
 		}
 		if err := backoff.Sleep(ctx, wait.Next()); err != nil {
@@ -231,27 +245,90 @@ func (s *Store) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expect
 	return res, s.translate(err)
 }
 
+// acquirer is a pool (a *pgxpool.Pool): Append then runs its transaction on a connection of
+// its own, in two round trips.
+type acquirer interface {
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+}
+
+// appendPipelined is Append's transaction in two round trips, where pgx.BeginFunc around
+// appendTx takes four: BEGIN goes with the statements that lock the stream, COMMIT with the
+// insert. An insert that fails makes the server skip the COMMIT queued behind it (a pipeline
+// stops at its first error), so nothing commits unless every event was inserted; a transaction
+// that did not commit is rolled back before its connection goes back to the pool.
+func (s *Store) appendPipelined(ctx context.Context, pool acquirer, streamID string, expected eventstore.ExpectedVersion, events []eventstore.EventData) (eventstore.AppendResult, error) {
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		return eventstore.AppendResult{}, err
+	}
+	defer pc.Release() // a connection left inside a transaction is closed, not reused
+	conn, committed := pc.Conn(), false
+	defer func() {
+		if !committed && conn.PgConn().TxStatus() != 'I' {
+			rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), notifyTimeout)
+			defer cancel()
+			_, _ = conn.Exec(rbCtx, "rollback")
+		}
+	}()
+	st, err := s.lockStreamWith(ctx, conn, "begin", streamID, events, s.notifier != nil)
+	if err != nil {
+		return eventstore.AppendResult{}, err
+	}
+	if res, done, err := s.checkAppend(streamID, expected, events, st); done || err != nil {
+		return res, err
+	}
+	var (
+		batch pgx.Batch
+		res   eventstore.AppendResult
+	)
+	s.queueInsert(&batch, streamID, st.version, events, &res)
+	batch.Queue("commit")
+	if err := conn.SendBatch(ctx, &batch).Close(); err != nil {
+		return eventstore.AppendResult{}, conflictOn(err, streamID)
+	}
+	committed = true
+	return res, nil
+}
+
+// checkAppend decides, from what the stream's lock found, whether an append can insert: done
+// with the earlier result when it repeats an earlier append, an error when the expected
+// version or the stream's order forbids it.
+func (s *Store) checkAppend(streamID string, expected eventstore.ExpectedVersion, events []eventstore.EventData, st lockedStream) (eventstore.AppendResult, bool, error) {
+	if len(st.found) > 0 {
+		if err := storecheck.Repeat(streamID, events, st.found); err != nil {
+			return eventstore.AppendResult{}, true, err
+		}
+		return eventstore.AppendResult{Events: st.found, StreamVersion: st.found[len(st.found)-1].StreamVersion, Idempotent: true}, true, nil
+	}
+	if !expected.Check(st.version) {
+		return eventstore.AppendResult{}, true, &eventstore.WrongExpectedVersionError{StreamID: streamID, Expected: expected, Actual: st.version}
+	}
+	if st.exists && st.lastTx > st.ownTx {
+		return eventstore.AppendResult{}, true, &eventstore.ConflictError{StreamID: streamID, Reason: eventstore.ConflictStreamOrder}
+	}
+	return eventstore.AppendResult{}, false, nil
+}
+
 // appendTx appends events in two round trips: the first locks the stream and looks for an
 // earlier append of the same events, the second inserts them. With deferNotify the store's
 // NOTIFY trigger skips the transaction: the caller notifies after the commit.
 func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expected eventstore.ExpectedVersion, events []eventstore.EventData, deferNotify bool) (eventstore.AppendResult, error) {
-	st, err := s.lockStream(ctx, tx, streamID, events, deferNotify)
+	st, err := s.lockStreamWith(ctx, tx, "", streamID, events, deferNotify)
 	if err != nil {
 		return eventstore.AppendResult{}, err
 	}
-	if len(st.found) > 0 {
-		if err := storecheck.Repeat(streamID, events, st.found); err != nil {
-			return eventstore.AppendResult{}, err
-		}
-		return eventstore.AppendResult{Events: st.found, StreamVersion: st.found[len(st.found)-1].StreamVersion, Idempotent: true}, nil
+	if res, done, err := s.checkAppend(streamID, expected, events, st); done || err != nil {
+		return res, err
 	}
-	if !expected.Check(st.version) {
-		return eventstore.AppendResult{}, &eventstore.WrongExpectedVersionError{StreamID: streamID, Expected: expected, Actual: st.version}
+	var (
+		batch pgx.Batch
+		res   eventstore.AppendResult
+	)
+	s.queueInsert(&batch, streamID, st.version, events, &res)
+	if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
+		return eventstore.AppendResult{}, conflictOn(err, streamID)
 	}
-	if st.exists && st.lastTx > st.ownTx {
-		return eventstore.AppendResult{}, &eventstore.ConflictError{StreamID: streamID, Reason: eventstore.ConflictStreamOrder}
-	}
-	return s.insertEvents(ctx, tx, streamID, st.version, events)
+	return res, nil
 }
 
 // lockedStream is what an append learns in its first round trip.
@@ -265,10 +342,16 @@ type lockedStream struct {
 	found []eventstore.Event
 }
 
-// lockStream locks the stream's row (if the stream exists) and reads its state and whether the
-// transaction is exempt from the horizon (then it fails with ErrExempt); in the same round
-// trip, it looks for stored events with the IDs of events.
-func (s *Store) lockStream(ctx context.Context, tx pgx.Tx, streamID string, events []eventstore.EventData, deferNotifying bool) (lockedStream, error) {
+// batchSender sends a pipelined batch: a transaction, or a connection.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// lockStreamWith locks the stream's row (if the stream exists) and reads its state and whether
+// the transaction is exempt from the horizon (then it fails with ErrExempt); in the same round
+// trip, it looks for stored events with the IDs of events. begin, if not empty, is sent first
+// in that round trip: the statement that begins the transaction on a connection.
+func (s *Store) lockStreamWith(ctx context.Context, tx batchSender, begin, streamID string, events []eventstore.EventData, deferNotifying bool) (lockedStream, error) {
 	// IDs travel as [16]byte: pgx encodes those natively, while uuid.UUID would go through
 	// its text form.
 	var ids [][16]byte
@@ -281,6 +364,9 @@ func (s *Store) lockStream(ctx context.Context, tx pgx.Tx, streamID string, even
 		st    lockedStream
 		batch pgx.Batch
 	)
+	if begin != "" {
+		batch.Queue(begin)
+	}
 	batch.Queue(s.sql.lockStream, streamID).QueryRow(func(row pgx.Row) error {
 		var v *int64
 		var last *uint64
@@ -309,41 +395,38 @@ func (s *Store) lockStream(ctx context.Context, tx pgx.Tx, streamID string, even
 	return st, nil
 }
 
-// insertEvents inserts events as the stream's versions after version and returns them stored.
-func (s *Store) insertEvents(ctx context.Context, tx pgx.Tx, streamID string, version int64, events []eventstore.EventData) (eventstore.AppendResult, error) {
+// queueInsert queues on batch the insert of events as the stream's versions after version;
+// when the batch is sent, *res holds them stored.
+func (s *Store) queueInsert(batch *pgx.Batch, streamID string, version int64, events []eventstore.EventData, res *eventstore.AppendResult) {
 	n := len(events)
 	ids, types, payloads, metadata := insertColumns(events)
-	rows, err := tx.Query(ctx, s.sql.insertEvents, streamID, version, ids, types, payloads, metadata)
-	if err != nil {
-		return eventstore.AppendResult{}, conflictOn(err, streamID)
-	}
-	res := eventstore.AppendResult{Events: make([]eventstore.Event, 0, n), StreamVersion: version + int64(n)}
-	for i := 0; rows.Next(); i++ {
-		if i == n {
-			rows.Close()
-			return eventstore.AppendResult{}, fmt.Errorf("postgres: append to %q returned more rows than the %d events it wrote", streamID, n)
+	batch.Queue(s.sql.insertEvents, streamID, version, ids, types, payloads, metadata).Query(func(rows pgx.Rows) error {
+		*res = eventstore.AppendResult{Events: make([]eventstore.Event, 0, n), StreamVersion: version + int64(n)}
+		for i := 0; rows.Next(); i++ {
+			if i == n {
+				return fmt.Errorf("postgres: append to %q returned more rows than the %d events it wrote", streamID, n)
+			}
+			e := eventstore.Event{
+				ID:            ids[i],
+				StreamID:      streamID,
+				StreamVersion: version + int64(i) + 1,
+				Type:          types[i],
+				Payload:       events[i].Payload,
+				Metadata:      events[i].Metadata,
+			}
+			if err := rows.Scan(&e.Position.GlobalPosition, &e.Position.TransactionID, &e.RecordedAt); err != nil {
+				return err
+			}
+			res.Events = append(res.Events, e)
 		}
-		e := eventstore.Event{
-			ID:            ids[i],
-			StreamID:      streamID,
-			StreamVersion: version + int64(i) + 1,
-			Type:          types[i],
-			Payload:       events[i].Payload,
-			Metadata:      events[i].Metadata,
+		if err := rows.Err(); err != nil {
+			return err
 		}
-		if err := rows.Scan(&e.Position.GlobalPosition, &e.Position.TransactionID, &e.RecordedAt); err != nil {
-			rows.Close()
-			return eventstore.AppendResult{}, err
+		if len(res.Events) < n {
+			return fmt.Errorf("postgres: append to %q wrote %d events, want %d", streamID, len(res.Events), n)
 		}
-		res.Events = append(res.Events, e)
-	}
-	if err := rows.Err(); err != nil {
-		return eventstore.AppendResult{}, conflictOn(err, streamID)
-	}
-	if len(res.Events) < n {
-		return eventstore.AppendResult{}, fmt.Errorf("postgres: append to %q wrote %d events, want %d", streamID, len(res.Events), n)
-	}
-	return res, nil
+		return nil
+	})
 }
 
 // insertColumns returns the columns of the insert statement for events; an event without an ID
