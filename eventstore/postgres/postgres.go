@@ -262,15 +262,24 @@ func (s *Store) appendPipelined(ctx context.Context, pool acquirer, streamID str
 		return eventstore.AppendResult{}, err
 	}
 	defer pc.Release() // a connection left inside a transaction is closed, not reused
-	conn, committed := pc.Conn(), false
+	conn := pc.Conn()
 	defer func() {
-		if !committed && conn.PgConn().TxStatus() != 'I' {
+		if conn.PgConn().TxStatus() != 'I' { // not committed: refused, a repeat, or failed
 			rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), notifyTimeout)
 			defer cancel()
 			_, _ = conn.Exec(rbCtx, "rollback")
 		}
 	}()
-	st, err := s.lockStreamWith(ctx, conn, "begin", streamID, events, s.notifier != nil)
+	return s.appendVia(ctx, conn, true, streamID, expected, events, s.notifier != nil)
+}
+
+// appendVia appends events through q in two round trips: the first locks the stream and looks
+// for an earlier append of the same events, the second inserts them. With own, q is a
+// connection and the append its own transaction: BEGIN is sent with the first round trip and
+// COMMIT with the second. With deferNotify the store's NOTIFY trigger skips the transaction:
+// the caller notifies after the commit.
+func (s *Store) appendVia(ctx context.Context, q batchSender, own bool, streamID string, expected eventstore.ExpectedVersion, events []eventstore.EventData, deferNotify bool) (eventstore.AppendResult, error) {
+	st, err := s.lockStream(ctx, q, own, streamID, events, deferNotify)
 	if err != nil {
 		return eventstore.AppendResult{}, err
 	}
@@ -282,11 +291,12 @@ func (s *Store) appendPipelined(ctx context.Context, pool acquirer, streamID str
 		res   eventstore.AppendResult
 	)
 	s.queueInsert(&batch, streamID, st.version, events, &res)
-	batch.Queue("commit")
-	if err := conn.SendBatch(ctx, &batch).Close(); err != nil {
+	if own {
+		batch.Queue("commit")
+	}
+	if err := q.SendBatch(ctx, &batch).Close(); err != nil {
 		return eventstore.AppendResult{}, conflictOn(err, streamID)
 	}
-	committed = true
 	return res, nil
 }
 
@@ -309,26 +319,9 @@ func (s *Store) checkAppend(streamID string, expected eventstore.ExpectedVersion
 	return eventstore.AppendResult{}, false, nil
 }
 
-// appendTx appends events in two round trips: the first locks the stream and looks for an
-// earlier append of the same events, the second inserts them. With deferNotify the store's
-// NOTIFY trigger skips the transaction: the caller notifies after the commit.
+// appendTx appends events in tx (see appendVia).
 func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expected eventstore.ExpectedVersion, events []eventstore.EventData, deferNotify bool) (eventstore.AppendResult, error) {
-	st, err := s.lockStreamWith(ctx, tx, "", streamID, events, deferNotify)
-	if err != nil {
-		return eventstore.AppendResult{}, err
-	}
-	if res, done, err := s.checkAppend(streamID, expected, events, st); done || err != nil {
-		return res, err
-	}
-	var (
-		batch pgx.Batch
-		res   eventstore.AppendResult
-	)
-	s.queueInsert(&batch, streamID, st.version, events, &res)
-	if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
-		return eventstore.AppendResult{}, conflictOn(err, streamID)
-	}
-	return res, nil
+	return s.appendVia(ctx, tx, false, streamID, expected, events, deferNotify)
 }
 
 // lockedStream is what an append learns in its first round trip.
@@ -347,11 +340,11 @@ type batchSender interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// lockStreamWith locks the stream's row (if the stream exists) and reads its state and whether
+// lockStream locks the stream's row (if the stream exists) and reads its state and whether
 // the transaction is exempt from the horizon (then it fails with ErrExempt); in the same round
-// trip, it looks for stored events with the IDs of events. begin, if not empty, is sent first
-// in that round trip: the statement that begins the transaction on a connection.
-func (s *Store) lockStreamWith(ctx context.Context, tx batchSender, begin, streamID string, events []eventstore.EventData, deferNotifying bool) (lockedStream, error) {
+// trip, it looks for stored events with the IDs of events. With begin, tx is a connection and
+// the round trip begins its transaction first.
+func (s *Store) lockStream(ctx context.Context, tx batchSender, begin bool, streamID string, events []eventstore.EventData, deferNotifying bool) (lockedStream, error) {
 	// IDs travel as [16]byte: pgx encodes those natively, while uuid.UUID would go through
 	// its text form.
 	var ids [][16]byte
@@ -364,8 +357,8 @@ func (s *Store) lockStreamWith(ctx context.Context, tx batchSender, begin, strea
 		st    lockedStream
 		batch pgx.Batch
 	)
-	if begin != "" {
-		batch.Queue(begin)
+	if begin {
+		batch.Queue("begin")
 	}
 	batch.Queue(s.sql.lockStream, streamID).QueryRow(func(row pgx.Row) error {
 		var v *int64
