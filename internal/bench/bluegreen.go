@@ -43,7 +43,7 @@ type bgBuild struct {
 func (h *harness) bgBuilds() []bgBuild {
 	window := 10 * time.Second
 	if h.sizes.blueGreenEvents < 1_000_000 {
-		window = 5 * time.Second
+		window = 2 * time.Second
 	}
 	return []bgBuild{
 		{label: "paced by the live lag", target: 0},

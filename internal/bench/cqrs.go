@@ -54,7 +54,7 @@ type cqrsSizes struct {
 func cqrsSizesFor(quick bool) cqrsSizes {
 	s := cqrsSizes{rate: 1000, writers: 8, streams: 100, liveDuration: 3 * time.Second, faultEvents: 2000, kills: 3, failedPublishes: 10}
 	if quick {
-		s.liveDuration, s.faultEvents, s.kills, s.failedPublishes = 2*time.Second, 600, 2, 5
+		s.liveDuration, s.faultEvents, s.kills, s.failedPublishes = time.Second, 600, 2, 5
 	}
 	return s
 }

@@ -513,8 +513,11 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 }
 
 // liveWarmupDefault is -live-warmup's default: long enough for every connection of the pools
-// to be open and every statement prepared, a few hundred batches in.
-const liveWarmupDefault = time.Second
+// to be open and every statement prepared, a few hundred batches in; liveWarmupQuick is -quick's.
+const (
+	liveWarmupDefault = time.Second
+	liveWarmupQuick   = 250 * time.Millisecond
+)
 
 // warmUp appends as a live run does for d, unmeasured, and waits until every measured
 // projection has made those events visible: the measured window starts with the pools'

@@ -109,9 +109,11 @@ type options struct {
 	relayInterval time.Duration
 	// noListen turns LISTEN/NOTIFY wake-ups off: relays and the PostgreSQL queue only poll.
 	noListen bool
-	// liveWarmup is how long live runs append, unmeasured, before their measured window.
-	liveWarmup time.Duration
-	logLevel   slog.Level
+	// liveWarmup is how long live runs append, unmeasured, before their measured window;
+	// liveWarmupSet: -live-warmup was given.
+	liveWarmup    time.Duration
+	liveWarmupSet bool
+	logLevel      slog.Level
 }
 
 // scenario is one benchmark scenario.
@@ -164,7 +166,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.DurationVar(&o.pgPoll, "pg-poll", pgchannel.PollIntervalDefault, "poll interval of the PostgreSQL-queue channel")
 	fs.BoolVar(&o.noListen, "no-listen", false, "relays and the PostgreSQL queue poll only, without LISTEN/NOTIFY wake-ups (the idle scenario measures both)")
 	fs.DurationVar(&o.relayInterval, "relay-interval", relay.MinIntervalDefault, "the trigger relays' MinInterval: their wait after a publish")
-	fs.DurationVar(&o.liveWarmup, "live-warmup", liveWarmupDefault, "how long live runs append before their measured window, every event of it awaited and none measured (0: none)")
+	fs.DurationVar(&o.liveWarmup, "live-warmup", liveWarmupDefault, "how long live runs append before their measured window, every event of it awaited and none measured (0: none; -quick: "+liveWarmupQuick.String()+" unless set)")
 	fs.StringVar(&logLevel, "log-level", "info", "level of the library's own logs, written to <out>/bench-<time>.log (debug, info, warn, error)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: go run ./internal/bench [flags]\n\nMeasures nudge against real PostgreSQL and RabbitMQ; every figure beside its baseline.\n\n")
@@ -197,6 +199,10 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	}
 	if o.pgPoll <= 0 {
 		return o, fmt.Errorf("-pg-poll %s: must be positive", o.pgPoll)
+	}
+	fs.Visit(func(f *flag.Flag) { o.liveWarmupSet = o.liveWarmupSet || f.Name == "live-warmup" })
+	if o.quick && !o.liveWarmupSet {
+		o.liveWarmup = liveWarmupQuick
 	}
 	if o.liveWarmup < 0 {
 		return o, fmt.Errorf("-live-warmup %s: must not be negative", o.liveWarmup)
@@ -443,7 +449,7 @@ func sizesFor(quick bool) sizes {
 		s.liveDuration, s.hopDuration = time.Second, 500*time.Millisecond
 		s.appendRun, s.appendRounds = 500*time.Millisecond, 1
 		s.idleWindow = 2 * time.Second
-		s.fanoutEvents, s.slowLiveDuration = 5_000, 2*time.Second
+		s.fanoutEvents, s.slowLiveDuration = 5_000, time.Second
 		s.recoveryEvents = 10_000
 		s.statusEvents, s.statusBudget = 50_000, 3*time.Second
 		s.horizonEvents, s.horizonRounds = 25_000, 1

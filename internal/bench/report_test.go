@@ -262,6 +262,12 @@ func TestParseFlags(t *testing.T) {
 	o, err = parseFlags([]string{"-live-warmup", "0s"}, io.Discard)
 	require.NoError(t, err)
 	require.Zero(t, o.liveWarmup)
+	o, err = parseFlags([]string{"-quick"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, liveWarmupQuick, o.liveWarmup, "-quick warms up shorter")
+	o, err = parseFlags([]string{"-quick", "-live-warmup", "2s"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 2*time.Second, o.liveWarmup, "unless told")
 	_, err = parseFlags([]string{"-live-warmup", "-1s"}, io.Discard)
 	require.ErrorContains(t, err, "-live-warmup -1s: must not be negative")
 
