@@ -191,10 +191,8 @@ func (b *batch) readOptions() eventstore.ReadOptions {
 // committed for the unit. Nil before the runner has seen one (a batch would read from the
 // start for nothing if the projection is further on).
 func (b *batch) readAhead() *ReadAhead {
-	b.r.mu.Lock()
-	at, ok := b.r.positions[b.p.name]
-	b.r.mu.Unlock()
-	if !ok || at.IsZero() {
+	at := b.r.CommittedPosition(b.p.name) // a unit's own: partitions are units
+	if at.IsZero() {
 		return nil
 	}
 	return &ReadAhead{After: at, Options: b.readOptions()}

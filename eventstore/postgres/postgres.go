@@ -120,6 +120,9 @@ type Store struct {
 	attempts int
 	limits   eventstore.Limits
 	sql      statements
+	// pool is db when it is a pool: Append then runs on a connection of its own, and notifies
+	// after its commit through notifier (nil otherwise).
+	pool     acquirer
 	notifier *notifier
 	// partitions are the partitioned read statements, made per partition count.
 	partitions *partitionStatements
@@ -138,12 +141,10 @@ func New(db postgres.DB, cfg Config) (*Store, error) {
 	}
 	s := &Store{db: db, schema: cfg.Schema, attempts: cfg.AppendAttempts, limits: cfg.Limits, sql: newStatements(cfg.Schema)}
 	s.partitions = &partitionStatements{events: s.qualified("nudge_events"), readable: s.sql.horizon}
-	if _, pooled := db.(interface {
-		Acquire(ctx context.Context) (*pgxpool.Conn, error)
-	}); pooled {
+	if pool, pooled := db.(acquirer); pooled {
 		// A notification after the commit runs beside the next appends, so it needs a pool; on
 		// a single connection the NOTIFY stays in the append's transaction.
-		s.notifier = &notifier{db: db, payload: cfg.Schema}
+		s.pool, s.notifier = pool, &notifier{db: db, payload: cfg.Schema}
 	}
 	return s, nil
 }
@@ -178,11 +179,10 @@ func (s *Store) Append(ctx context.Context, streamID string, expected eventstore
 		return eventstore.AppendResult{}, err
 	}
 	var res eventstore.AppendResult
-	pool, pooled := s.db.(acquirer)
 	err := s.retryConflicts(ctx, func() error {
 		var err error
-		if pooled {
-			res, err = s.appendPipelined(ctx, pool, streamID, expected, events)
+		if s.pool != nil {
+			res, err = s.appendPipelined(ctx, streamID, expected, events)
 			return err
 		}
 		return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
@@ -256,8 +256,8 @@ type acquirer interface {
 // insert. An insert that fails makes the server skip the COMMIT queued behind it (a pipeline
 // stops at its first error), so nothing commits unless every event was inserted; a transaction
 // that did not commit is rolled back before its connection goes back to the pool.
-func (s *Store) appendPipelined(ctx context.Context, pool acquirer, streamID string, expected eventstore.ExpectedVersion, events []eventstore.EventData) (eventstore.AppendResult, error) {
-	pc, err := pool.Acquire(ctx)
+func (s *Store) appendPipelined(ctx context.Context, streamID string, expected eventstore.ExpectedVersion, events []eventstore.EventData) (eventstore.AppendResult, error) {
+	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return eventstore.AppendResult{}, err
 	}
@@ -534,10 +534,11 @@ func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, 
 
 // QueueReadTx queues on batch the read ReadTx(ctx, tx, after, opts) would run, for a caller
 // that sends batch in its transaction — after the statements that take its locks, say, so the
-// read costs no round trip of its own. When batch is sent, done receives the events (or the
-// error) the read returned. A read QueueReadTx cannot queue (invalid options, or a partition's,
-// which takes several statements) is not queued: it returns false, and done is not called.
-func (s *Store) QueueReadTx(batch *pgx.Batch, after eventstore.Position, opts eventstore.ReadOptions, done func([]eventstore.Event, error)) bool {
+// read costs no round trip of its own. When batch is sent, done receives the events the read
+// returned; a read that fails fails the batch instead. A read QueueReadTx cannot queue (invalid
+// options, or a partition's, which takes several statements) is not queued: it returns false,
+// and done is not called.
+func (s *Store) QueueReadTx(batch *pgx.Batch, after eventstore.Position, opts eventstore.ReadOptions, done func([]eventstore.Event)) bool {
 	limit, err := storecheck.ReadOptions(opts)
 	if err != nil || opts.Partition.Partitioned() {
 		return false
@@ -550,9 +551,11 @@ func (s *Store) QueueReadTx(batch *pgx.Batch, after eventstore.Position, opts ev
 	}
 	q.Query(func(rows pgx.Rows) error {
 		events, err := collectEvents(rows, limit)
-		err = s.translate(err)
-		done(events, err)
-		return err
+		if err != nil {
+			return s.translate(err)
+		}
+		done(events)
+		return nil
 	})
 	return true
 }

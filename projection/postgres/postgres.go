@@ -185,9 +185,7 @@ func (r *readAhead) queue(store *espg.Store, batch *pgx.Batch) {
 	if r == nil {
 		return
 	}
-	r.queued = store.QueueReadTx(batch, r.want.After, r.want.Options, func(events []eventstore.Event, _ error) {
-		r.events = events // an error fails the round trip, and with it the batch
-	})
+	r.queued = store.QueueReadTx(batch, r.want.After, r.want.Options, func(events []eventstore.Event) { r.events = events })
 }
 
 // take returns the events read ahead when a read after after with opts is that read, once.
