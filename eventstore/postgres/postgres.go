@@ -472,6 +472,17 @@ func (s *Store) ExemptTxOptions(opts pgx.TxOptions) pgx.TxOptions {
 	return opts
 }
 
+// BeginExemptBatch begins batch's transaction with opts (pgx.Batch.BeginTx) and declares it
+// exempt from the horizon, as ExemptTxOptions does, in the same round trip: the transaction's
+// first statements are queued after it, and its pgx.Tx is the sent batch's BatchResults.Tx.
+// The declaration is a prepared statement there, where ExemptTxOptions' BEGIN is parsed and
+// planned anew by every transaction. batch must be empty (pgx panics otherwise), and
+// opts.BeginQuery, if set, a single statement.
+func (s *Store) BeginExemptBatch(batch *pgx.Batch, opts pgx.TxOptions) {
+	batch.BeginTx(opts)
+	batch.Queue(s.sql.exempt)
+}
+
 // beginSQL is the BEGIN statement pgx sends for opts without a BeginQuery.
 func beginSQL(opts pgx.TxOptions) string {
 	var b strings.Builder

@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
@@ -49,7 +50,10 @@ import (
 
 // Backend is the PostgreSQL projection.Backend. It is safe for concurrent use.
 type Backend struct {
-	db         postgres.DB
+	db postgres.DB
+	// pool is db when it is a pool (nil otherwise): a batch then begins its transaction in
+	// the round trip that takes its lock.
+	pool       acquirer
 	store      *espg.Store
 	sql        statements
 	partitions partitionLag
@@ -63,8 +67,15 @@ func New(store *espg.Store) (*Backend, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: projection/postgres.New needs an event store (an *espg.Store), got nil", projection.ErrInvalidConfig)
 	}
-	return &Backend{db: store.DB(), store: store, sql: newStatements(store.Schema(), store.HorizonSQL()),
-		partitions: newPartitionLag(store.Schema(), store.HorizonSQL())}, nil
+	b := &Backend{db: store.DB(), store: store, sql: newStatements(store.Schema(), store.HorizonSQL()),
+		partitions: newPartitionLag(store.Schema(), store.HorizonSQL())}
+	b.pool, _ = b.db.(acquirer)
+	return b, nil
+}
+
+// acquirer is a pool (a *pgxpool.Pool).
+type acquirer interface {
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
 
 // Migrate creates or upgrades the status tables alone: postgres.Migrate with
@@ -139,6 +150,13 @@ func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked m
 		batch pgx.Batch
 		st    projection.Status
 	)
+	b.queueLock(&batch, name, &st, parked, ver, ahead)
+	return st, tx.SendBatch(ctx, &batch).Close()
+}
+
+// queueLock queues on batch the statements of lockWith, which read the status into st when
+// batch is sent.
+func (b *Backend) queueLock(batch *pgx.Batch, name string, st *projection.Status, parked map[string]projection.ParkedStream, ver *versionRead, ahead *readAhead) {
 	batch.Queue(b.sql.lock, name)
 	if parked != nil {
 		batch.Queue(b.sql.selectParkedOf, name).Query(func(rows pgx.Rows) error {
@@ -150,18 +168,17 @@ func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked m
 		})
 	}
 	if ver != nil {
-		b.queueVersionInfo(&batch, ver)
+		b.queueVersionInfo(batch, ver)
 	}
 	batch.Queue(b.sql.selectStatus, name).QueryRow(func(row pgx.Row) error {
 		var err error
-		st, _, err = scanStatus(row)
+		*st, _, err = scanStatus(row)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("projection %s: %w", name, projection.ErrNotRegistered)
 		}
 		return err
 	})
-	ahead.queue(b.store, &batch)
-	return st, tx.SendBatch(ctx, &batch).Close()
+	ahead.queue(b.store, batch)
 }
 
 // readAhead is a batch's read run in the round trip that takes its lock (projection.ReadAhead).
@@ -252,14 +269,14 @@ func (*Backend) Seal(seal.Token) {}
 
 // RunBatch implements projection.Backend.
 func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, want *projection.ReadAhead, fn projection.BatchFunc) error {
-	return b.inTxWith(ctx, b.batchOptions(p), func(tx pgx.Tx) error {
-		parked := make(map[string]projection.ParkedStream)
-		var ver projection.VersionInfo
-		ahead := newReadAhead(want)
-		st, err := b.lockWith(ctx, tx, p.Name(), parked, versionOf(p, &ver), ahead)
-		if err != nil {
-			return err
-		}
+	var (
+		st     projection.Status
+		parked = make(map[string]projection.ParkedStream)
+		ver    projection.VersionInfo
+		ahead  = newReadAhead(want)
+	)
+	queue := func(batch *pgx.Batch) { b.queueLock(batch, p.Name(), &st, parked, versionOf(p, &ver), ahead) }
+	return b.inLockedTx(ctx, !p.Config().AppendsEvents, queue, func(tx pgx.Tx) error {
 		u := b.unit(tx, st, parked, ver)
 		if ahead != nil {
 			read := u.Read
@@ -276,6 +293,50 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, want *
 		}
 		return b.storeOutcome(ctx, tx, p, st, out)
 	})
+}
+
+// inLockedTx runs fn in a READ COMMITTED transaction, exempt from the store's horizon when
+// exempt, whose first round trip sends the statements queue queued — with BEGIN, when the
+// backend's database is a pool: a connection of the pool then runs the transaction, and
+// BEGIN costs no round trip of its own.
+func (b *Backend) inLockedTx(ctx context.Context, exempt bool, queue func(*pgx.Batch), fn func(pgx.Tx) error) error {
+	if b.pool == nil {
+		opts := readCommitted
+		if exempt {
+			opts = b.store.ExemptTxOptions(opts)
+		}
+		return b.inTxWith(ctx, opts, func(tx pgx.Tx) error {
+			var batch pgx.Batch
+			queue(&batch)
+			if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
+				return err
+			}
+			return fn(tx)
+		})
+	}
+	pc, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer pc.Release() // a connection left inside a transaction is closed, not reused
+	var batch pgx.Batch
+	if exempt {
+		b.store.BeginExemptBatch(&batch, readCommitted)
+	} else {
+		batch.BeginTx(readCommitted)
+	}
+	queue(&batch)
+	results := pc.Conn().SendBatch(ctx, &batch)
+	tx := results.Tx()
+	if err := results.Close(); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx)) // ErrTxClosed when BEGIN itself failed
+		return b.translate(err)
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return b.translate(err)
+	}
+	return b.translate(tx.Commit(ctx))
 }
 
 // batchOptions are the options of p's batch transactions: exempt from the store's horizon
