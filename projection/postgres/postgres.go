@@ -21,7 +21,9 @@
 // # The store's horizon
 //
 // The store reads only below the oldest running transaction that may append events. Each
-// batch declares in its BEGIN that it appends none (espg.Store.ExemptTxOptions), so a batch
+// batch declares right after its BEGIN that it appends none (espg.Store.BeginExemptBatch on a
+// pool, where BEGIN, the declaration and the batch's lock go in one round trip, and its COMMIT
+// with the position's advance; espg.Store.ExemptTxOptions elsewhere), so a batch
 // that writes its read model and then takes its time (a slow handler, a flush to another
 // service) holds back no other projection, nor the trigger relay. A handler
 // that appends events in the batch's transaction gets espg.ErrExempt unless its projection
@@ -38,6 +40,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/nudgeworks/nudge/eventstore"
@@ -276,7 +279,7 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, want *
 		ahead  = newReadAhead(want)
 	)
 	queue := func(batch *pgx.Batch) { b.queueLock(batch, p.Name(), &st, parked, versionOf(p, &ver), ahead) }
-	return b.inLockedTx(ctx, !p.Config().AppendsEvents, queue, func(tx pgx.Tx) error {
+	return b.inLockedTx(ctx, !p.Config().AppendsEvents, queue, func(tx pgx.Tx) (*pgx.Batch, error) {
 		u := b.unit(tx, st, parked, ver)
 		if ahead != nil {
 			read := u.Read
@@ -289,30 +292,20 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, want *
 		}
 		out, err := fn(ctx, u)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		return b.storeOutcome(ctx, tx, p, st, out)
+		return b.outcome(p, st, out), nil
 	})
 }
 
 // inLockedTx runs fn in a READ COMMITTED transaction, exempt from the store's horizon when
-// exempt, whose first round trip sends the statements queue queued — with BEGIN, when the
-// backend's database is a pool: a connection of the pool then runs the transaction, and
-// BEGIN costs no round trip of its own.
-func (b *Backend) inLockedTx(ctx context.Context, exempt bool, queue func(*pgx.Batch), fn func(pgx.Tx) error) error {
+// exempt: its first round trip sends the statements queue queued, its last the statements
+// fn returned (nil: none). On a pool a connection of the pool runs the transaction, BEGIN goes
+// in the first round trip and COMMIT in the last, and fn's transaction is closed before the
+// COMMIT is sent (see batchTx); elsewhere BEGIN and COMMIT take round trips of their own.
+func (b *Backend) inLockedTx(ctx context.Context, exempt bool, queue func(*pgx.Batch), fn func(pgx.Tx) (*pgx.Batch, error)) error {
 	if b.pool == nil {
-		opts := readCommitted
-		if exempt {
-			opts = b.store.ExemptTxOptions(opts)
-		}
-		return b.inTxWith(ctx, opts, func(tx pgx.Tx) error {
-			var batch pgx.Batch
-			queue(&batch)
-			if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
-				return err
-			}
-			return fn(tx)
-		})
+		return b.inLockedTxOnDB(ctx, exempt, queue, fn)
 	}
 	pc, err := b.pool.Acquire(ctx)
 	if err != nil {
@@ -332,11 +325,55 @@ func (b *Backend) inLockedTx(ctx context.Context, exempt bool, queue func(*pgx.B
 		_ = tx.Rollback(context.WithoutCancel(ctx)) // ErrTxClosed when BEGIN itself failed
 		return b.translate(err)
 	}
-	if err := fn(tx); err != nil {
+	handlers := newBatchTx(tx)
+	last, err := fn(handlers)
+	handlers.close()
+	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return b.translate(err)
 	}
-	return b.translate(tx.Commit(ctx))
+	return b.translate(commitWith(ctx, tx, last))
+}
+
+// commitWith sends last and COMMIT in one round trip on tx, a transaction of a pool's
+// connection, and rolls tx back if a statement of last failed. tx is left open in pgx's eyes
+// after a commit: it must not be used again.
+func commitWith(ctx context.Context, tx pgx.Tx, last *pgx.Batch) error {
+	if last == nil {
+		last = &pgx.Batch{}
+	}
+	last.Queue("commit").Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() == "ROLLBACK" {
+			return pgx.ErrTxCommitRollback
+		}
+		return nil
+	})
+	err := tx.SendBatch(ctx, last).Close()
+	if err != nil && tx.Conn().PgConn().TxStatus() != 'I' { // a statement before the COMMIT failed
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+	}
+	return err
+}
+
+// inLockedTxOnDB is inLockedTx on a database that is not a pool (a connection, say): BEGIN and
+// COMMIT take round trips of their own.
+func (b *Backend) inLockedTxOnDB(ctx context.Context, exempt bool, queue func(*pgx.Batch), fn func(pgx.Tx) (*pgx.Batch, error)) error {
+	opts := readCommitted
+	if exempt {
+		opts = b.store.ExemptTxOptions(opts)
+	}
+	return b.inTxWith(ctx, opts, func(tx pgx.Tx) error {
+		var batch pgx.Batch
+		queue(&batch)
+		if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
+			return err
+		}
+		last, err := fn(tx)
+		if err != nil || last == nil || last.Len() == 0 {
+			return err
+		}
+		return tx.SendBatch(ctx, last).Close()
+	})
 }
 
 // batchOptions are the options of p's batch transactions: exempt from the store's horizon
@@ -367,9 +404,19 @@ func (b *Backend) unit(tx pgx.Tx, st projection.Status, parked map[string]projec
 // storeOutcome writes a batch's outcome (parking, skip, position) in one round trip; nothing
 // when nothing changed.
 func (b *Backend) storeOutcome(ctx context.Context, tx pgx.Tx, p *projection.Projection, st projection.Status, out projection.Outcome) error {
-	var batch pgx.Batch
+	batch := b.outcome(p, st, out)
+	if batch.Len() == 0 {
+		return nil
+	}
+	return tx.SendBatch(ctx, batch).Close()
+}
+
+// outcome returns the statements that write a batch's outcome (parking, skip, position), none
+// when nothing changed.
+func (b *Backend) outcome(p *projection.Projection, st projection.Status, out projection.Outcome) *pgx.Batch {
+	batch := &pgx.Batch{}
 	if out.ChangesParking() {
-		b.queueParking(&batch, p.Name(), out)
+		b.queueParking(batch, p.Name(), out)
 	}
 	if k := out.Skip; k != nil {
 		batch.Queue(b.sql.recordSkip, p.Name(), [16]byte(k.Event.ID), k.Event.Type, k.Event.StreamID,
@@ -379,10 +426,7 @@ func (b *Backend) storeOutcome(ctx context.Context, tx pgx.Tx, p *projection.Pro
 		batch.Queue(b.sql.advance, p.Name(), out.Position.TransactionID, out.Position.GlobalPosition,
 			out.Processed, string(out.State), out.ClearFailure)
 	}
-	if batch.Len() == 0 {
-		return nil
-	}
-	return tx.SendBatch(ctx, &batch).Close()
+	return batch
 }
 
 // RecordFailure implements projection.Backend.
