@@ -180,6 +180,9 @@ type Outcome struct {
 	Unpark []Unpark
 	// ParkFailed records a failed redrive on its parked stream (error, attempts).
 	ParkFailed *ParkFailure
+	// Statements, when not nil, are statements of the batch's handlers not sent yet: the
+	// backend sends them first, in the unit's transaction (Statements.AppendTo).
+	Statements *Statements
 }
 
 // ChangesParking reports whether the outcome changes parked records.

@@ -94,6 +94,8 @@ type batch struct {
 	// events of those streams the batch passed without handling them.
 	parked map[string]ParkedStream
 	held   map[string]Held
+	// statements are the OnQueued handlers' statements left to the backend's commit.
+	statements *Statements
 }
 
 func (r *Runner) newBatch(p *Projection, limit int) *batch {
@@ -179,7 +181,9 @@ func (b *batch) unit(ctx context.Context, u Unit) (Outcome, error) {
 	if err := b.flush(ctx, u.Tx, handled); err != nil {
 		return Outcome{}, err
 	}
-	return b.outcome(st, passed, len(handled)), nil
+	out := b.outcome(st, passed, len(handled))
+	out.Statements = b.statements
+	return out, nil
 }
 
 // readOptions are the options of the batch's read.
@@ -291,6 +295,15 @@ func (b *batch) handle(ctx context.Context, tx pgx.Tx, events []eventstore.Event
 			return nil, nil, b.failAt(err, events)
 		}
 		handled = append(handled, events[i])
+	}
+	if tx != nil && b.p.cfg.FlushFunc == nil && queue.Len() > 0 {
+		// Nothing runs between the last handler and the commit: the statements go in the
+		// commit's round trip (Outcome.Statements).
+		b.statements = &Statements{q: queue, events: events, fail: func(he *HandlerError) error {
+			he.Projection = b.p.name
+			return b.failAt(he, events)
+		}}
+		return events, handled, nil
 	}
 	if err := b.p.sendQueue(ctx, tx, &queue, events); err != nil {
 		return nil, nil, b.failAt(err, events)

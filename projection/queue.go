@@ -12,7 +12,10 @@ import (
 // Queue collects the SQL statements that OnQueued handlers write for one batch. The runner
 // sends them to PostgreSQL in one round trip (a pgx.Batch) inside the batch's transaction, after
 // the batch's last handler and before the flush hook, so a read model written statement by
-// statement costs one network round trip per batch instead of one per event.
+// statement costs one network round trip per batch instead of one per event. A projection
+// without a flush hook sends them in the round trip that commits the batch, with the
+// position's advance and COMMIT: its batch is then two round trips in all on a pool (the
+// first begins the transaction, takes the lock and reads the events).
 //
 // A statement that fails is charged to the event whose handler queued it: the batch rolls back,
 // the events before that one commit in a batch of their own, and the failure names that event,
@@ -90,4 +93,44 @@ func (q *Queue) send(ctx context.Context, tx pgx.Tx) (int, error) {
 		return owners[len(owners)-1], fmt.Errorf("queued statements: %w", err)
 	}
 	return 0, nil
+}
+
+// Statements are the statements of a batch's OnQueued handlers that the runner leaves to the
+// backend (Outcome.Statements), to be sent in the round trip that commits the batch, after the
+// batch's last handler, when the projection has no flush hook that must see them first.
+type Statements struct {
+	q      Queue
+	events []eventstore.Event
+	// fail charges a failed statement to the event that queued it and returns its error.
+	fail func(*HandlerError) error
+}
+
+// Len returns the number of statements.
+func (s *Statements) Len() int {
+	if s == nil {
+		return 0
+	}
+	return s.q.Len()
+}
+
+// AppendTo moves the statements onto b, in order. When b is sent, a statement that fails
+// fails b with the *HandlerError of the event that queued it (errors.Is(err, ErrHandler)),
+// and the batch then fails on that event as when the runner sends them: it rolls back, and
+// the events before it commit in a batch of their own.
+func (s *Statements) AppendTo(b *pgx.Batch) {
+	if s == nil {
+		return
+	}
+	for i, qq := range s.q.batch.QueuedQueries {
+		owner, n := s.q.owners[i], i+1
+		qq.Fn = func(br pgx.BatchResults) error {
+			if _, err := br.Exec(); err != nil {
+				e := s.events[owner]
+				return s.fail(&HandlerError{Event: e.Ref(), Err: fmt.Errorf("queued statement %d of the batch: %w", n, err)})
+			}
+			return nil
+		}
+		b.QueuedQueries = append(b.QueuedQueries, qq)
+	}
+	s.q = Queue{}
 }

@@ -411,10 +411,11 @@ func (b *Backend) storeOutcome(ctx context.Context, tx pgx.Tx, p *projection.Pro
 	return tx.SendBatch(ctx, batch).Close()
 }
 
-// outcome returns the statements that write a batch's outcome (parking, skip, position), none
-// when nothing changed.
+// outcome returns the statements that write a batch's outcome (its handlers' statements not sent
+// yet, parking, skip, position), none when nothing changed.
 func (b *Backend) outcome(p *projection.Projection, st projection.Status, out projection.Outcome) *pgx.Batch {
 	batch := &pgx.Batch{}
+	out.Statements.AppendTo(batch) // the handlers' statements, before the position moves on
 	if out.ChangesParking() {
 		b.queueParking(batch, p.Name(), out)
 	}

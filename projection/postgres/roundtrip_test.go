@@ -310,3 +310,81 @@ func TestBatchOnASingleConnection(t *testing.T) {
 	require.EqualValues(t, 3, st.EventsProcessed)
 	require.Equal(t, byte('I'), conn.PgConn().TxStatus())
 }
+
+// TestQueuedBatchTakesTwoRoundTrips: on a pool, a batch of an OnQueued projection without a
+// flush hook is two round trips — BEGIN, the lock and the read; then the handlers' statements,
+// the position's advance and COMMIT — while with a flush hook the statements go before the
+// hook, which sees what they wrote.
+func TestQueuedBatchTakesTwoRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(time.Minute))
+	defer cancel()
+	trips := &roundTrips{}
+	pool, store, b := openBackend(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
+	_, err := pool.Exec(ctx, "CREATE TABLE seen (projection text, n int, PRIMARY KEY (projection, n))")
+	require.NoError(t, err)
+	count := func(name string) int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM seen WHERE projection = $1", name).Scan(&n))
+		return n
+	}
+
+	for i, withFlush := range []bool{false, true} {
+		name := map[bool]string{false: "queued", true: "queued_flushed"}[withFlush]
+		var flushed atomic.Int64
+		cfg := projection.Config{}
+		if withFlush {
+			cfg.FlushFunc = func(ctx context.Context, p projection.FlushParams) error {
+				var n int64
+				if err := p.Tx.QueryRow(ctx, "SELECT count(*) FROM seen WHERE projection = $1", p.Projection).Scan(&n); err != nil {
+					return err
+				}
+				flushed.Store(n)
+				return nil
+			}
+		}
+		p, err := projection.New(name, cfg, projection.OnQueued("TicketWasRegistered",
+			func(_ context.Context, q *projection.Queue, e projection.Event[registered]) error {
+				q.Queue("INSERT INTO seen VALUES ($1, $2)", name, e.Data.N)
+				return nil
+			}))
+		require.NoError(t, err)
+		r := runner(t, b, p)
+		if i == 0 {
+			appendNumbers(t, store, 1, 1)
+		}
+		for count(name) == 0 { // the runner learns the position: later batches read ahead
+			_, err := r.CatchUp(ctx, name)
+			require.NoError(t, err)
+		}
+		if i == 0 {
+			appendNumbers(t, store, 2, 4)
+		}
+		for count(name) < 4 {
+			from := trips.len()
+			_, err := r.CatchUp(ctx, name)
+			require.NoError(t, err)
+			var batch [][]string // the batch's round trips, without the notifier's and the test's
+			for _, trip := range trips.since(from) {
+				if !strings.Contains(trip[0], "pg_notify") && !strings.Contains(trip[0], "FROM seen") {
+					batch = append(batch, trip)
+				}
+			}
+			if withFlush {
+				require.Greater(t, len(batch), 2, "the statements go before the flush hook")
+				require.EqualValues(t, count(name), flushed.Load(), "the flush hook saw the rows")
+				continue
+			}
+			require.Len(t, batch, 2, "two round trips")
+			last := batch[len(batch)-1]
+			if len(last) == 1 {
+				continue // nothing readable yet: the batch only commits
+			}
+			n := len(last) - 2
+			require.True(t, strings.HasPrefix(last[0], "INSERT INTO seen"), "the statements first")
+			require.True(t, strings.HasPrefix(last[n], "UPDATE nudge_projections SET"), "then the advance")
+			require.Equal(t, "commit", last[n+1])
+		}
+		require.Equal(t, 4, count(name), "every event once")
+	}
+}
