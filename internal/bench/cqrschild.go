@@ -107,7 +107,7 @@ func consumeNudge(ctx context.Context, spec cqrsSpec, pool *pgxpool.Pool, log *s
 	if err != nil {
 		return err
 	}
-	p, err := activityProjection(spec.Table, "", nil)
+	p, err := activityProjection(spec.Table, "", liveHooks{})
 	if err != nil {
 		return err
 	}

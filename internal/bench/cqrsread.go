@@ -39,7 +39,7 @@ const (
 
 // activityProjection is the nudge projection of the read model: a per-event On handler that
 // inserts one row through the batch's transaction (the flush hook is optional).
-func activityProjection(name string, onFailure projection.OnFailure, flush func(ctx context.Context, p projection.FlushParams) error) (*projection.Projection, error) {
+func activityProjection(name string, onFailure projection.OnFailure, hooks liveHooks) (*projection.Projection, error) {
 	table := pgx.Identifier{name}.Sanitize()
 	insert := fmt.Sprintf(activityInsert, table)
 	return projection.New(name, projection.Config{
@@ -47,9 +47,12 @@ func activityProjection(name string, onFailure projection.OnFailure, flush func(
 			_, err := p.Tx.Exec(ctx, fmt.Sprintf(activityDDL, table))
 			return err
 		},
-		FlushFunc: flush,
+		FlushFunc: hooks.flush,
 		OnFailure: onFailure,
 	}, projection.On("TicketWasUpdated", func(ctx context.Context, tx pgx.Tx, e projection.Event[livePayload]) error {
+		if err := hooks.see(name, e.Event); err != nil {
+			return err
+		}
 		_, err := tx.Exec(ctx, insert, e.ID, e.StreamID, e.StreamVersion)
 		return err
 	}))

@@ -71,7 +71,7 @@ func (h *harness) idleRun(ctx context.Context, window time.Duration) (float64, e
 	var names []string
 	var ps []*projection.Projection
 	for i := range idleProjections {
-		p, err := liveProjection(fmt.Sprintf("idle_%02d", i), "", nil)
+		p, err := liveProjection(fmt.Sprintf("idle_%02d", i), "", liveHooks{})
 		if err != nil {
 			return 0, err
 		}

@@ -364,7 +364,7 @@ type liveConfig struct {
 	// else its triggers are written in the appends' transactions (relay.Appender).
 	relayQueue bool
 	// newProjection makes the measured projections; defaults to liveProjection.
-	newProjection func(name string, onFailure projection.OnFailure, flush func(ctx context.Context, p projection.FlushParams) error) (*projection.Projection, error)
+	newProjection func(name string, onFailure projection.OnFailure, hooks liveHooks) (*projection.Projection, error)
 }
 
 // slowBatch is how long the slow projection's batches take.
@@ -387,10 +387,27 @@ type livePayload struct {
 	N      int `json:"n"`
 }
 
+// liveHooks are what a live run hangs on its projections: observe sees each event as its
+// handler runs (the recorder, and a parking run's poison: an error fails the event), flush is
+// the projection's flush hook (nil: none, so its handlers' statements go in the round trip
+// that commits the batch, as in a projection that needs no hook).
+type liveHooks struct {
+	observe func(name string, e eventstore.Event) error
+	flush   func(ctx context.Context, p projection.FlushParams) error
+}
+
+// see runs observe, if any, on e.
+func (hk liveHooks) see(name string, e eventstore.Event) error {
+	if hk.observe == nil {
+		return nil
+	}
+	return hk.observe(name, e)
+}
+
 // liveProjection writes the latest version of each stream into a table of its own: a
 // per-event handler that queues one upsert per event, sent in one round trip per batch
 // (OnQueued), the batch's commit making them visible.
-func liveProjection(name string, onFailure projection.OnFailure, flush func(ctx context.Context, p projection.FlushParams) error) (*projection.Projection, error) {
+func liveProjection(name string, onFailure projection.OnFailure, hooks liveHooks) (*projection.Projection, error) {
 	table := pgx.Identifier{name}.Sanitize()
 	upsert := `INSERT INTO ` + table + ` (stream, version, n) VALUES ($1, $2, $3)
 		ON CONFLICT (stream) DO UPDATE SET version = EXCLUDED.version, n = EXCLUDED.n WHERE ` + table + `.version < EXCLUDED.version`
@@ -399,9 +416,12 @@ func liveProjection(name string, onFailure projection.OnFailure, flush func(ctx 
 			_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (stream text PRIMARY KEY, version bigint NOT NULL, n bigint NOT NULL)`)
 			return err
 		},
-		FlushFunc: flush,
+		FlushFunc: hooks.flush,
 		OnFailure: onFailure,
 	}, projection.OnQueued("TicketWasUpdated", func(_ context.Context, q *projection.Queue, e projection.Event[livePayload]) error {
+		if err := hooks.see(name, e.Event); err != nil {
+			return err
+		}
 		q.Queue(upsert, e.StreamID, e.StreamVersion, e.Data.N)
 		return nil
 	}))
@@ -429,13 +449,13 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 	}
 	var ps []*projection.Projection
 	for _, name := range names {
-		p, err := newProjection(name, cfg.onFailure, func(_ context.Context, fp projection.FlushParams) error {
-			if err := cfg.poisoned(fp.Projection, fp.Events); err != nil {
+		p, err := newProjection(name, cfg.onFailure, liveHooks{observe: func(name string, e eventstore.Event) error {
+			if err := cfg.poisoned(name, e); err != nil {
 				return err
 			}
-			rec.flush(fp.Projection, fp.Events)
+			rec.flush(name, []eventstore.Event{e})
 			return nil
-		})
+		}})
 		if err != nil {
 			return res, err
 		}
@@ -443,10 +463,10 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 	}
 	var slowBatches atomic.Int64
 	if cfg.slow {
-		p, err := liveProjection("live_slow", cfg.onFailure, func(ctx context.Context, _ projection.FlushParams) error {
+		p, err := liveProjection("live_slow", cfg.onFailure, liveHooks{flush: func(ctx context.Context, _ projection.FlushParams) error {
 			slowBatches.Add(1)
 			return backoff.Sleep(ctx, slowBatch) // after the handlers wrote: the transaction holds an xid
-		})
+		}})
 		if err != nil {
 			return res, err
 		}

@@ -31,17 +31,11 @@ func poisonedProjection(name string) bool {
 	return err == nil && n%2 == 1
 }
 
-// poisoned returns the flush error of a poisoned run for a batch of a poisoned projection
-// with an event of poisonStream: it names the event, as a permanent error, so OnFailurePark
-// parks the stream at once.
-func (cfg liveConfig) poisoned(name string, events []eventstore.Event) error {
-	if !cfg.poison || !poisonedProjection(name) {
-		return nil
-	}
-	for _, e := range events {
-		if e.StreamID == poisonStream {
-			return projection.FlushFailedOn(e, retry.Permanent(errPoisonStream))
-		}
+// poisoned returns the handler error of a poisoned run for an event of poisonStream in a
+// poisoned projection: a permanent error, so OnFailurePark parks the stream at once.
+func (cfg liveConfig) poisoned(name string, e eventstore.Event) error {
+	if cfg.poison && poisonedProjection(name) && e.StreamID == poisonStream {
+		return retry.Permanent(errPoisonStream)
 	}
 	return nil
 }
@@ -105,7 +99,7 @@ func runPark(ctx context.Context, h *harness, sec *Section) error {
 		FormatValue(m.Ratio, "×"))
 	sec.AddCheck(targetParkedStream, parkedCase, 100*(m.Ratio-1))
 	h.log.InfoContext(ctx, "park run done", slog.Float64("p99_none_ms", Ms(noneP99)), slog.Float64("p99_parked_ms", Ms(oneP99)))
-	sec.Note("parked: in each run the odd-numbered projections park %s at its first event (their flush names it, a permanent error; "+
+	sec.Note("parked: in each run the odd-numbered projections park %s at its first event (their handler fails on it, a permanent error; "+
 		"the park is over before the measured appends start) and hold its later events, while the even-numbered ones handle it; "+
 		"latency is over the other %d streams' events only, %d appends/s from %d writers, all projections OnFailure park, side by side "+
 		"under the same load; %d runs; p50, p99 and max pool each half's samples, the target compares the median of the projections' own p99s "+
