@@ -296,9 +296,10 @@ func (b *batch) handle(ctx context.Context, tx pgx.Tx, events []eventstore.Event
 		}
 		handled = append(handled, events[i])
 	}
-	if tx != nil && b.p.cfg.FlushFunc == nil && queue.Len() > 0 {
+	if tx != nil && b.p.cfg.FlushFunc == nil && !b.cutOver && queue.Len() > 0 {
 		// Nothing runs between the last handler and the commit: the statements go in the
-		// commit's round trip (Outcome.Statements).
+		// commit's round trip (Outcome.Statements). Not in a cut-over, whose batches follow
+		// one another in one transaction before their outcomes are stored.
 		b.statements = &Statements{q: queue, events: events, fail: func(he *HandlerError) error {
 			he.Projection = b.p.name
 			return b.failAt(he, events)
