@@ -300,9 +300,8 @@ func (b *batch) handle(ctx context.Context, tx pgx.Tx, events []eventstore.Event
 		// Nothing runs between the last handler and the commit: the statements go in the
 		// commit's round trip (Outcome.Statements). Not in a cut-over, whose batches follow
 		// one another in one transaction before their outcomes are stored.
-		b.statements = &Statements{q: queue, events: events, fail: func(he *HandlerError) error {
-			he.Projection = b.p.name
-			return b.failAt(he, events)
+		b.statements = &Statements{q: queue, fail: func(owner int, err error) error {
+			return b.failAt(b.p.handlerError(events[owner], err), events)
 		}}
 		return events, handled, nil
 	}

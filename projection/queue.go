@@ -100,9 +100,13 @@ func (q *Queue) send(ctx context.Context, tx pgx.Tx) (int, error) {
 // batch's last handler, when the projection has no flush hook that must see them first.
 type Statements struct {
 	q      Queue
-	events []eventstore.Event
-	// fail charges a failed statement to the event that queued it and returns its error.
-	fail func(*HandlerError) error
+	owners []int
+	// fail charges err, the failure of a statement, to the event at index owner among the
+	// batch's events and returns the batch's error.
+	fail func(owner int, err error) error
+	// ran counts the statements that ran; charged: a failure was charged to an event.
+	ran     int
+	charged bool
 }
 
 // Len returns the number of statements.
@@ -110,27 +114,41 @@ func (s *Statements) Len() int {
 	if s == nil {
 		return 0
 	}
-	return s.q.Len()
+	return len(s.owners)
 }
 
 // AppendTo moves the statements onto b, in order. When b is sent, a statement that fails
 // fails b with the *HandlerError of the event that queued it (errors.Is(err, ErrHandler)),
 // and the batch then fails on that event as when the runner sends them: it rolls back, and
-// the events before it commit in a batch of their own.
+// the events before it commit in a batch of their own. The backend passes b's error through
+// Failed.
 func (s *Statements) AppendTo(b *pgx.Batch) {
 	if s == nil {
 		return
 	}
+	s.owners = s.q.owners
 	for i, qq := range s.q.batch.QueuedQueries {
-		owner, n := s.q.owners[i], i+1
 		qq.Fn = func(br pgx.BatchResults) error {
 			if _, err := br.Exec(); err != nil {
-				e := s.events[owner]
-				return s.fail(&HandlerError{Event: e.Ref(), Err: fmt.Errorf("queued statement %d of the batch: %w", n, err)})
+				s.charged = true
+				return s.fail(s.owners[i], fmt.Errorf("queued statement %d of the batch: %w", i+1, err))
 			}
+			s.ran++
 			return nil
 		}
 		b.QueuedQueries = append(b.QueuedQueries, qq)
 	}
 	s.q = Queue{}
+}
+
+// Failed returns the error of the batch AppendTo filled: err as it is, unless the batch failed
+// before every statement ran without a statement's own failure — one that could not be
+// prepared or encoded fails the whole batch before any runs — which is charged, as when the
+// runner sends them, to the event that queued the first statement that did not run.
+func (s *Statements) Failed(err error) error {
+	if s == nil || err == nil || s.charged || s.ran >= len(s.owners) {
+		return err
+	}
+	s.charged = true
+	return s.fail(s.owners[s.ran], fmt.Errorf("queued statement %d of the batch: %w", s.ran+1, err))
 }

@@ -278,8 +278,9 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, want *
 		ver    projection.VersionInfo
 		ahead  = newReadAhead(want)
 	)
+	var statements *projection.Statements // the handlers' statements left to the commit
 	queue := func(batch *pgx.Batch) { b.queueLock(batch, p.Name(), &st, parked, versionOf(p, &ver), ahead) }
-	return b.inLockedTx(ctx, !p.Config().AppendsEvents, queue, func(tx pgx.Tx) (*pgx.Batch, error) {
+	err := b.inLockedTx(ctx, !p.Config().AppendsEvents, queue, func(tx pgx.Tx) (*pgx.Batch, error) {
 		u := b.unit(tx, st, parked, ver)
 		if ahead != nil {
 			read := u.Read
@@ -294,8 +295,10 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, want *
 		if err != nil {
 			return nil, err
 		}
+		statements = out.Statements
 		return b.outcome(p, st, out), nil
 	})
+	return statements.Failed(err)
 }
 
 // inLockedTx runs fn in a READ COMMITTED transaction, exempt from the store's horizon when
@@ -408,7 +411,7 @@ func (b *Backend) storeOutcome(ctx context.Context, tx pgx.Tx, p *projection.Pro
 	if batch.Len() == 0 {
 		return nil
 	}
-	return tx.SendBatch(ctx, batch).Close()
+	return out.Statements.Failed(tx.SendBatch(ctx, batch).Close())
 }
 
 // outcome returns the statements that write a batch's outcome (its handlers' statements not sent

@@ -388,3 +388,40 @@ func TestQueuedBatchTakesTwoRoundTrips(t *testing.T) {
 		require.Equal(t, 4, count(name), "every event once")
 	}
 }
+
+// TestQueuedStatementThatCannotBePreparedFailsOnItsEvent: a queued statement that PostgreSQL
+// cannot prepare (its table is missing) fails the whole round trip that commits the batch
+// before any statement runs; the batch still fails on an event — the one that queued the first
+// statement, as when the statements went in a round trip of their own — so the position stays
+// before it and the status names it.
+func TestQueuedStatementThatCannotBePreparedFailsOnItsEvent(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(time.Minute))
+	defer cancel()
+	_, store, b := openBackend(t, nil)
+	p, err := projection.New("missing", projection.Config{}, projection.OnQueued("TicketWasRegistered",
+		func(_ context.Context, q *projection.Queue, e projection.Event[registered]) error {
+			q.Queue("INSERT INTO no_such_table VALUES ($1)", e.Data.N)
+			return nil
+		}))
+	require.NoError(t, err)
+	r := runner(t, b, p)
+	appendNumbers(t, store, 1, 3)
+
+	var he *projection.HandlerError
+	for he == nil { // the events may not be readable at once (see catchUpUntil)
+		_, err := r.CatchUp(ctx, "missing")
+		if err != nil {
+			require.ErrorIs(t, err, projection.ErrHandler)
+			require.ErrorAs(t, err, &he)
+		}
+		require.NoError(t, ctx.Err())
+	}
+	require.ErrorContains(t, he, "no_such_table")
+	st, err := r.Status(ctx, "missing")
+	require.NoError(t, err)
+	require.Equal(t, projection.StateFailing, st.State)
+	require.True(t, st.Position.IsZero(), "nothing committed")
+	require.NotNil(t, st.FailingEvent)
+	require.Equal(t, he.Event.Position, st.FailingEvent.Position, "the status names the event")
+}
