@@ -14,7 +14,6 @@ import (
 
 	"github.com/nudgeworks/nudge/eventstore"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
-	"github.com/nudgeworks/nudge/internal/pgtest"
 	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/projection/postgres"
@@ -33,22 +32,11 @@ func (c *readCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx
 
 func (*readCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// tracedBackend is a store and backend on db whose pool counts the separate reads.
-func tracedBackend(t *testing.T, db *pgtest.DB) (*espg.Store, *postgres.Backend, *readCounter) {
+// tracedBackend is a store and backend on a new database whose pool counts the separate reads.
+func tracedBackend(t *testing.T) (*espg.Store, *postgres.Backend, *readCounter) {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	require.NoError(t, err)
 	counter := &readCounter{}
-	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	store, err := espg.New(pool, espg.Config{})
-	require.NoError(t, err)
-	b, err := postgres.New(store)
-	require.NoError(t, err)
-	require.NoError(t, store.Migrate(context.Background()))
-	require.NoError(t, b.Migrate(context.Background()))
+	_, store, b := openBackend(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = counter })
 	return store, b, counter
 }
 
@@ -102,7 +90,7 @@ func TestBatchReadsItsEventsInTheLockRoundTrip(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(time.Minute))
 	defer cancel()
-	store, b, counter := tracedBackend(t, pgtest.New(t))
+	store, b, counter := tracedBackend(t)
 	p, seen := handledBy(t, "tickets")
 	r := runner(t, b, p)
 
@@ -125,7 +113,7 @@ func TestReadAheadFromAStalePositionReadsAgain(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(time.Minute))
 	defer cancel()
-	store, b, counter := tracedBackend(t, pgtest.New(t))
+	store, b, counter := tracedBackend(t)
 	pa, seenA := handledBy(t, "tickets")
 	pb, seenB := handledBy(t, "tickets")
 	ra, rb := runner(t, b, pa), runner(t, b, pb)
