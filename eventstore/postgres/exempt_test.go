@@ -243,3 +243,39 @@ func TestExemptionKeyedByTable(t *testing.T) {
 		})
 	}
 }
+
+// TestBeginExemptBatch: a transaction begun by the first statements of a pipelined batch
+// (Store.BeginExemptBatch) is exempt as one begun with ExemptTxOptions: while it is open and
+// holds a transaction id, a later append becomes readable, and it cannot append itself.
+func TestBeginExemptBatch(t *testing.T) {
+	t.Parallel()
+	pgtest.HoldHorizonTurn(t) // it waits for the horizon with its writer open
+	ctx := context.Background()
+	s, db := newStore(t, postgres.Config{})
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE read_model (n int)`)
+	require.NoError(t, err)
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+
+	var batch pgx.Batch
+	s.BeginExemptBatch(&batch, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	batch.Queue(`INSERT INTO read_model VALUES (1)`) // the transaction takes an id
+	results := conn.Conn().SendBatch(ctx, &batch)
+	tx := results.Tx()
+	require.NoError(t, results.Close())
+	defer func() {
+		require.NoError(t, tx.Rollback(ctx))
+		conn.Release()
+	}()
+	require.Equal(t, byte('T'), conn.Conn().PgConn().TxStatus(), "inside the transaction")
+
+	res, err := s.Append(ctx, "s", eventstore.Any, storetest.Event("A", 1))
+	require.NoError(t, err)
+	storetest.Settle(t, s, res.Last()) // other tests' transactions only: never this one
+	events, err := s.Read(ctx, eventstore.Position{}, eventstore.ReadOptions{})
+	require.NoError(t, err)
+	require.Len(t, events, 1, "the open exempt transaction holds no reader back")
+
+	_, err = s.AppendTx(ctx, tx, "s", eventstore.Any, storetest.Event("A", 2))
+	require.ErrorIs(t, err, postgres.ErrExempt)
+}
