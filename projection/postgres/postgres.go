@@ -427,8 +427,11 @@ func (b *Backend) outcome(p *projection.Projection, st projection.Status, out pr
 			k.Event.Position.TransactionID, k.Event.Position.GlobalPosition, k.By, k.Reason, k.Forced, k.At)
 	}
 	if out.Processed != 0 || out.Position != st.Position || out.State != st.State || out.ClearFailure {
-		batch.Queue(b.sql.advance, p.Name(), out.Position.TransactionID, out.Position.GlobalPosition,
-			out.Processed, string(out.State), out.ClearFailure)
+		advance := b.sql.advance
+		if out.ClearFailure {
+			advance = b.sql.advanceClearing
+		}
+		batch.Queue(advance, p.Name(), out.Position.TransactionID, out.Position.GlobalPosition, out.Processed, string(out.State))
 	}
 	return batch
 }

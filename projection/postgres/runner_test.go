@@ -123,6 +123,9 @@ func TestBatchSemanticsWithSQLReadModel(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, projection.StateRunning, st.State)
 	require.Nil(t, st.FailingEvent)
+	require.Empty(t, st.LastError, "the failure is cleared with the advance past it")
+	require.Zero(t, st.Attempts)
+	require.True(t, st.FirstFailureAt.IsZero() && st.LastFailureAt.IsZero())
 }
 
 // queryLog is a pgx tracer that keeps the SQL and arguments of every query.

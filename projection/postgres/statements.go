@@ -12,8 +12,10 @@ import (
 )
 
 type statements struct {
-	lock, register, selectStatus, advance, recordFailure, reset, setState, delete, lag, recordSkip string
-	startAttempt, endAttempt                                                                       string
+	lock, register, selectStatus, recordFailure, reset, setState, delete, lag, recordSkip string
+	startAttempt, endAttempt                                                              string
+	// advance moves a projection's position on; advanceClearing also clears its failure.
+	advance, advanceClearing string
 	// Parked streams: see park.go.
 	selectParked, insertParked, addHeld, deleteParked, recordParkAction, parkFailed, clearParked string
 	// selectParkedOf is selectParked for one projection, the statement of every batch.
@@ -137,24 +139,22 @@ func (s *statements) addStatusSQL(r *strings.Replacer) {
 // addWriteSQL adds the statements that change a projection's status row: a batch's outcome, a
 // skip, a failure, a reset, a state change, a deletion.
 func (s *statements) addWriteSQL(r *strings.Replacer) {
-	s.advance = r.Replace(`UPDATE {projections} SET
-			transaction_id = $2, global_position = $3, events_processed = events_processed + $4, state = $5,
-			last_error = CASE WHEN $6 THEN NULL ELSE last_error END,
-			failing_transaction_id = CASE WHEN $6 THEN NULL ELSE failing_transaction_id END,
-			failing_global_position = CASE WHEN $6 THEN NULL ELSE failing_global_position END,
-			failing_event_id = CASE WHEN $6 THEN NULL ELSE failing_event_id END,
-			failing_event_type = CASE WHEN $6 THEN NULL ELSE failing_event_type END,
-			failing_stream_id = CASE WHEN $6 THEN NULL ELSE failing_stream_id END,
-			attempts = CASE WHEN $6 THEN 0 ELSE attempts END,
-			first_failed_at = CASE WHEN $6 THEN NULL ELSE first_failed_at END,
-			last_failed_at = CASE WHEN $6 THEN NULL ELSE last_failed_at END,
+	// The position's advance; advanceClearing also empties the failure fields (a batch that
+	// passed the failing event). Two statements, not one with a CASE per failure field: the
+	// common advance then writes only what it changes.
+	advance := `UPDATE {projections} SET
+			transaction_id = $2, global_position = $3, events_processed = events_processed + $4, state = $5,{clear}
 			attempt_transaction_id = NULL, attempt_global_position = NULL, attempt_starts = 0,
 			careful_transaction_id = CASE WHEN ($2::xid8, $3::bigint) >= (careful_transaction_id, careful_global_position)
 				THEN NULL ELSE careful_transaction_id END,
 			careful_global_position = CASE WHEN ($2::xid8, $3::bigint) >= (careful_transaction_id, careful_global_position)
 				THEN NULL ELSE careful_global_position END,
 			updated_at = now()
-		WHERE name = $1`)
+		WHERE name = $1`
+	s.advance = r.Replace(strings.ReplaceAll(advance, "{clear}", ""))
+	s.advanceClearing = r.Replace(strings.ReplaceAll(advance, "{clear}", `
+			last_error = NULL, failing_transaction_id = NULL, failing_global_position = NULL, failing_event_id = NULL,
+			failing_event_type = NULL, failing_stream_id = NULL, attempts = 0, first_failed_at = NULL, last_failed_at = NULL,`))
 	s.recordSkip = r.Replace(`INSERT INTO {skips} (projection, event_id, event_type, stream_id, transaction_id, global_position,
 			skipped_by, reason, forced, skipped_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`)
 	// Recorded only while the position is still before the failing event: another worker
