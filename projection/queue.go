@@ -86,7 +86,7 @@ func (q *Queue) send(ctx context.Context, tx pgx.Tx) (int, error) {
 	for i, owner := range owners {
 		if _, err := results.Exec(); err != nil {
 			_ = results.Close()
-			return owner, fmt.Errorf("queued statement %d of the batch: %w", i+1, err)
+			return owner, statementError(i, err)
 		}
 	}
 	if err := results.Close(); err != nil {
@@ -109,14 +109,6 @@ type Statements struct {
 	charged bool
 }
 
-// Len returns the number of statements.
-func (s *Statements) Len() int {
-	if s == nil {
-		return 0
-	}
-	return len(s.owners)
-}
-
 // AppendTo moves the statements onto b, in order. When b is sent, a statement that fails
 // fails b with the *HandlerError of the event that queued it (errors.Is(err, ErrHandler)),
 // and the batch then fails on that event as when the runner sends them: it rolls back, and
@@ -131,7 +123,7 @@ func (s *Statements) AppendTo(b *pgx.Batch) {
 		qq.Fn = func(br pgx.BatchResults) error {
 			if _, err := br.Exec(); err != nil {
 				s.charged = true
-				return s.fail(s.owners[i], fmt.Errorf("queued statement %d of the batch: %w", i+1, err))
+				return s.fail(s.owners[i], statementError(i, err))
 			}
 			s.ran++
 			return nil
@@ -150,5 +142,10 @@ func (s *Statements) Failed(err error) error {
 		return err
 	}
 	s.charged = true
-	return s.fail(s.owners[s.ran], fmt.Errorf("queued statement %d of the batch: %w", s.ran+1, err))
+	return s.fail(s.owners[s.ran], statementError(s.ran, err))
+}
+
+// statementError is the failure of statement i (from 0) of a batch's queued statements.
+func statementError(i int, err error) error {
+	return fmt.Errorf("queued statement %d of the batch: %w", i+1, err)
 }

@@ -216,8 +216,9 @@ func (r *liveRecorder) warmedUp(id uuid.UUID, _ time.Time) {
 	r.mu.Unlock()
 }
 
-// flush notes the events of a batch about to commit (a flush hook); the flushes of a unit of
-// work that commits several batches at once (a cut-over) add up until its report.
+// flush notes events of a batch about to commit (from its handlers or its flush hook); the
+// notes of a unit of work that commits several batches at once (a cut-over) add up until its
+// report.
 func (r *liveRecorder) flush(name string, events []eventstore.Event) {
 	r.mu.Lock()
 	for _, e := range events {

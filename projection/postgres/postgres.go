@@ -280,7 +280,7 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, want *
 	)
 	var statements *projection.Statements // the handlers' statements left to the commit
 	queue := func(batch *pgx.Batch) { b.queueLock(batch, p.Name(), &st, parked, versionOf(p, &ver), ahead) }
-	err := b.inLockedTx(ctx, !p.Config().AppendsEvents, queue, func(tx pgx.Tx) (*pgx.Batch, error) {
+	err := b.inLockedTx(ctx, batchExempt(p), queue, func(tx pgx.Tx) (*pgx.Batch, error) {
 		u := b.unit(tx, st, parked, ver)
 		if ahead != nil {
 			read := u.Read
@@ -379,10 +379,13 @@ func (b *Backend) inLockedTxOnDB(ctx context.Context, exempt bool, queue func(*p
 	})
 }
 
-// batchOptions are the options of p's batch transactions: exempt from the store's horizon
-// unless p appends events.
+// batchExempt reports whether p's batch transactions are exempt from the store's horizon: unless p
+// appends events.
+func batchExempt(p *projection.Projection) bool { return !p.Config().AppendsEvents }
+
+// batchOptions are the options of p's batch transactions (see batchExempt).
 func (b *Backend) batchOptions(p *projection.Projection) pgx.TxOptions {
-	if p.Config().AppendsEvents {
+	if !batchExempt(p) {
 		return readCommitted
 	}
 	return b.store.ExemptTxOptions(readCommitted)
