@@ -70,6 +70,13 @@ type PollerConfig struct {
 	// AfterPollFunc, if set, is called after every catch-up with what happened and the wait
 	// chosen. It runs on the projection's polling goroutine.
 	AfterPollFunc func(p PollParams)
+	// WaitedFunc, if set, is called after every catch-up of the named projection and returns
+	// how long that catch-up already waited on a hop that spaces catch-ups out as the wait after
+	// work does: a trigger relay's publish waiting for the broker's confirm (package relay).
+	// The wait after work (MinInterval, MaxBusyInterval) is shortened by it, to no less than
+	// zero, so that a slow hop is not waited for twice; the idle and failure waits are not.
+	// It runs on the projection's polling goroutine.
+	WaitedFunc func(projection string) time.Duration
 }
 
 // PollParams describes one poll, for PollerConfig.AfterPollFunc.
@@ -111,7 +118,7 @@ func (cfg PollerConfig) Validate() error {
 // projection polls on a goroutine of its own, so a failing or slow projection never delays
 // another. While a projection is idle its interval doubles up to MaxInterval; while it fails,
 // up to MaxFailureInterval; after work it drops back to MinInterval (or, with MaxBusyInterval,
-// to a wait that grows with the work done).
+// to a wait that grows with the work done), less what the catch-up waited (WaitedFunc).
 type Poller struct {
 	runner *Runner
 	cfg    PollerConfig
@@ -207,6 +214,10 @@ func (p *Poller) poll(ctx context.Context, name string) {
 		if ctx.Err() != nil {
 			return
 		}
+		var waited time.Duration
+		if p.cfg.WaitedFunc != nil {
+			waited = p.cfg.WaitedFunc(name)
+		}
 		var next time.Duration
 		busy = false
 		switch {
@@ -218,7 +229,7 @@ func (p *Poller) poll(ctx context.Context, name string) {
 					slog.Any("error", err), slog.Duration("retry_in", next))
 			}
 		case res.Events > 0:
-			next, busy = p.busyInterval(res.Events, batch), true
+			next, busy = max(p.busyInterval(res.Events, batch)-waited, 0), true
 			idle.Reset()
 			failing.Reset()
 		default:

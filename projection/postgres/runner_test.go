@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -612,4 +613,54 @@ func TestSlowBatchDoesNotHoldOtherProjections(t *testing.T) {
 			require.Equal(t, wantHeld, st.HeldByHorizon)
 		})
 	}
+}
+
+// TestPollerCountsWhatTheCatchUpWaited: the wait after a catch-up that handled events is
+// shortened by what WaitedFunc says the catch-up already waited, to no less than zero; the
+// idle wait is not.
+func TestPollerCountsWhatTheCatchUpWaited(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	rec := projectiontest.NewRecorder()
+	r := runner(t, e.backend, mustNew(t, "waited", projection.OnIdempotent("A", rec.Handle)))
+	var waited atomic.Int64
+	waited.Store(int64(30 * time.Millisecond))
+	polls := make(chan projection.PollParams, 100)
+	poller, err := projection.NewPoller(r, projection.PollerConfig{
+		MinInterval: 100 * time.Millisecond, MaxInterval: 200 * time.Millisecond,
+		WaitedFunc: func(name string) time.Duration {
+			require.Equal(t, "waited", name)
+			return time.Duration(waited.Load())
+		},
+		AfterPollFunc: func(p projection.PollParams) { polls <- p },
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- poller.Run(ctx) }()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+	busy := func() projection.PollParams {
+		t.Helper()
+		for {
+			select {
+			case p := <-polls:
+				require.NoError(t, p.Err)
+				if p.Result.Events > 0 {
+					return p
+				}
+				require.GreaterOrEqual(t, p.Next, 200*time.Millisecond, "an idle wait is not shortened")
+			case <-time.After(testwait.For(time.Minute)):
+				t.Fatal("no catch-up handled the appended events")
+				return projection.PollParams{}
+			}
+		}
+	}
+	projectiontest.AppendN(t, e.store, 0, 5, "A")
+	require.Equal(t, 70*time.Millisecond, busy().Next, "100 ms less the 30 ms the catch-up waited")
+	waited.Store(int64(time.Second))
+	projectiontest.AppendN(t, e.store, 5, 5, "A")
+	require.Zero(t, busy().Next, "a catch-up that waited longer than the wait polls again at once")
 }
