@@ -8,13 +8,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/eventstore"
-	espg "github.com/nudgeworks/nudge/eventstore/postgres"
-	"github.com/nudgeworks/nudge/internal/pgtest"
 	"github.com/nudgeworks/nudge/internal/testlog"
 	"github.com/nudgeworks/nudge/internal/testwait"
-	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
-	pjpg "github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/trigger"
 )
@@ -38,12 +34,7 @@ func TestRelayCountsThePublishTowardItsWait(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	db := pgtest.New(t)
-	store, err := espg.New(db.Pool, espg.Config{})
-	require.NoError(t, err)
-	require.NoError(t, postgres.Migrate(ctx, db.Pool, ""))
-	backend, err := pjpg.New(store)
-	require.NoError(t, err)
+	_, store, backend := newBackend(t)
 	res, err := store.Append(ctx, "ticket-1", eventstore.Any, eventstore.EventData{Type: "TicketWasRegistered", Payload: []byte(`{}`)})
 	require.NoError(t, err)
 

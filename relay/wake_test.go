@@ -25,12 +25,7 @@ func TestAppendWakesTheRelay(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	db := pgtest.New(t)
-	store, err := espg.New(db.Pool, espg.Config{})
-	require.NoError(t, err)
-	require.NoError(t, postgres.Migrate(ctx, db.Pool, ""))
-	backend, err := pjpg.New(store)
-	require.NoError(t, err)
+	db, store, backend := newBackend(t)
 
 	listening := make(chan struct{}, 1)
 	l, err := postgres.NewListener(postgres.PoolConnect(db.Pool), postgres.ListenerConfig{Channel: postgres.NotifyEvents, Logger: testlog.New(t),
@@ -82,4 +77,16 @@ func TestAppendWakesTheRelay(t *testing.T) {
 		_, err := db.Pool.Exec(ctx, `SELECT pg_notify($1, '')`, postgres.NotifyEvents)
 		require.NoError(t, err)
 	}
+}
+
+// newBackend returns a fresh database with the store and the projection backend migrated in it.
+func newBackend(t *testing.T) (*pgtest.DB, *espg.Store, *pjpg.Backend) {
+	t.Helper()
+	db := pgtest.New(t)
+	store, err := espg.New(db.Pool, espg.Config{})
+	require.NoError(t, err)
+	require.NoError(t, postgres.Migrate(context.Background(), db.Pool, ""))
+	backend, err := pjpg.New(store)
+	require.NoError(t, err)
+	return db, store, backend
 }

@@ -47,10 +47,7 @@ func pollerPolls(t *testing.T, cfg projection.PollerConfig, waker projection.Wak
 	}
 	poller, err := projection.NewPoller(r, cfg)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- poller.Run(ctx) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	runPoller(t, poller)
 	return e, rec, polls
 }
 
