@@ -54,9 +54,10 @@ type Config struct {
 	// MinInterval and MaxInterval bound the relay's polling: it waits MinInterval after work and
 	// doubles the wait while idle, up to MaxInterval, which bounds the latency an idle relay
 	// adds. Default to MinIntervalDefault and MaxIntervalDefault. The wait after work counts
-	// the time its publishes took: a publish that waits for the broker's confirm (RabbitMQ,
-	// a few milliseconds under load) already spaced the relay's polls out, and events appended
-	// meanwhile would otherwise wait for the confirm and then MinInterval more.
+	// the time its publishes took: a publish that waits for the broker's confirm (RabbitMQ)
+	// or commits a transaction of its own (the PostgreSQL queue), a few milliseconds under
+	// load, already spaced the relay's polls out, and events appended meanwhile would
+	// otherwise wait for it and then MinInterval more.
 	MinInterval, MaxInterval time.Duration
 	// MaxBusyInterval stretches the wait after work with the events the relay found: from
 	// MinInterval after a few events to MaxBusyInterval after a full batch (see
@@ -189,8 +190,8 @@ func New(backend projection.Backend, pub trigger.Publisher, cfg Config) (*Relay,
 		Waker:                cfg.Waker,
 		ListeningMaxInterval: cfg.ListeningMaxInterval,
 		AfterPollFunc:        cfg.AfterPollFunc,
-		// The publishes of a catch-up count toward the wait after it: RabbitMQ's confirm
-		// spaces them out already.
+		// The publishes of a catch-up count toward the wait after it: a broker's confirm
+		// or a queue's commit spaces them out already.
 		WaitedFunc: func(string) time.Duration { return time.Duration(r.publishing.Swap(0)) },
 		Logger:     cfg.Logger,
 	})
