@@ -103,9 +103,16 @@ func runAppend(ctx context.Context, h *harness, sec *Section) error {
 	sec.table = table
 	for _, size := range sizes {
 		rates := make([][]float64, len(variants))
-		// Rounds of every variant in turn (ABCD ABCD): a noisy spell hits all of them.
+		// Rounds of every variant in turn, every other round backwards (ABCD DCBA): a noisy
+		// spell hits all of them, and a drift along a round (the tables growing, a checkpoint)
+		// favours none.
 		for round := range sz.appendRounds {
-			for i, v := range variants {
+			for j := range variants {
+				i := j
+				if round%2 == 1 {
+					i = len(variants) - 1 - j
+				}
+				v := variants[i]
 				rate, err := v.run(ctx, h, size, sz.appendRun)
 				if err != nil {
 					return fmt.Errorf("%s, %d events/tx: %w", v.label, size, err)
@@ -147,7 +154,7 @@ func runAppend(ctx context.Context, h *harness, sec *Section) error {
 		}
 	}
 	sec.Note("%d writers, each cycling over %d streams; %d projections declared on every channel; no consumer runs", appendWriters, appendStreamsPerWriter, appendProjections)
-	sec.Note("the relay runs only during its variant's runs, and finishes publishing before the next run starts; cost = 1 − ratio")
+	sec.Note("the relay runs only during its variant's runs, and finishes publishing before the next run starts; every other round runs the variants backwards; cost = 1 − ratio")
 	sec.Note("the baseline has the store's NOTIFY disabled; the others notify: Append after its commit, coalesced; in the append's transaction (PostgreSQL queue) the events' and the queue's triggers, whose commits take turns; relays are woken by LISTEN unless -no-listen")
 	return nil
 }
