@@ -41,5 +41,15 @@ type Channel interface {
 	Close() error
 }
 
+// Undeclarer is implemented by the durable channels (channel/amqp, channel/postgres):
+// Undeclare deletes the named projections' subscriptions and the triggers queued there, so
+// publishers stop keeping triggers for a projection that no worker runs any more (a version
+// replaced by a newer one, a projection deleted). On such a subscription every trigger
+// published waits for the disk and stays for good. Declaring a projection again creates its
+// subscription anew.
+type Undeclarer interface {
+	Undeclare(ctx context.Context, projections ...string) error
+}
+
 // TriggerTopic is the fan-out topic (exchange, prefix) for triggers, the name every backend uses.
 const TriggerTopic = "nudge.triggers"

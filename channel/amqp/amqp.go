@@ -135,6 +135,10 @@ var ErrClosed = errors.New("amqp: channel is closed")
 // trigger. Nothing was sent.
 var ErrNotDeclared = errors.New("amqp: projection not declared")
 
+// ErrInUse matches an Undeclare of a projection whose queue still has a consumer (a worker of
+// the projection runs): the queue is kept.
+var ErrInUse = errors.New("amqp: queue in use")
+
 // ErrInvalidConfig is matched (errors.Is) by every error New and Config.Validate return for a
 // Config they cannot use; each is a *ConfigError naming the field.
 var ErrInvalidConfig = errors.New("amqp: invalid config")
@@ -257,7 +261,10 @@ type Channel struct {
 	pubs   map[*amqp.Publisher]struct{} // every publisher not yet discarded
 }
 
-var _ channel.Channel = (*Channel)(nil)
+var (
+	_ channel.Channel    = (*Channel)(nil)
+	_ channel.Undeclarer = (*Channel)(nil)
+)
 
 var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]*$`)
 
@@ -678,6 +685,59 @@ func (c *Channel) Publish(ctx context.Context, t trigger.Trigger) error {
 		}
 	}
 	return c.publish(ctx, topic, msg)
+}
+
+// Undeclare deletes the projections' queues, with the triggers queued there: use it for a
+// projection that no worker runs any more (a version replaced by a newer one, a projection
+// deleted). A durable queue that no one consumes keeps every trigger published after its
+// consumer left, and RabbitMQ confirms a persistent message to such a queue only once it is
+// on disk: each publish waits for the disk, and the queue grows for ever. A queue that
+// still has a consumer is left as it is, and Undeclare fails with an error matching
+// ErrInUse once it has tried the others; a queue that does not exist is no error.
+// A process that declares the projection again (a worker of it starting) creates the queue
+// anew.
+func (c *Channel) Undeclare(ctx context.Context, projections ...string) error {
+	for _, projection := range projections {
+		if err := name.Validate(projection); err != nil {
+			return err
+		}
+	}
+	var errs []error
+	for _, projection := range projections {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := c.deleteQueue(c.QueueName(projection)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		c.declared.Delete(projection)
+	}
+	return errors.Join(errs...)
+}
+
+// deleteQueue deletes queue, if it has no consumer, on a channel of its own: the broker closes
+// the channel when the queue is in use.
+func (c *Channel) deleteQueue(queue string) error {
+	what := "delete queue " + queue
+	if err := c.usable(); err != nil {
+		return fmt.Errorf("amqp: %s: %w", what, err)
+	}
+	ch, err := c.conn.Connection().Channel()
+	if err != nil {
+		return c.brokerError(what, err)
+	}
+	defer func() { _ = ch.Close() }() // already closed by the broker when the queue is in use
+	_, err = ch.QueueDelete(queue, true, false, false)
+	var amqpErr *amqp091.Error
+	switch {
+	case errors.As(err, &amqpErr) && amqpErr.Code == amqp091.PreconditionFailed:
+		return fmt.Errorf("amqp: %s: %w (%s)", what, ErrInUse, amqpErr.Reason)
+	case err != nil:
+		return c.brokerError(what, err)
+	}
+	c.log.Info("amqp: queue deleted", slog.String("queue", queue))
+	return nil
 }
 
 // Declared reports whether the projection's queue exists on the broker, declared by this

@@ -667,3 +667,40 @@ func TestTopology(t *testing.T) {
 	require.True(t, env.QueueExists(t, env.Prefix+"nudge.triggers_alpha"))
 	require.False(t, env.QueueExists(t, env.Prefix+"nudge.dead_letters"), "no dead-letter queue: dead letters go to the worker's store")
 }
+
+// TestUndeclare: a projection's queue that no one consumes is deleted with its triggers, one
+// with a consumer is kept (ErrInUse, after the others were deleted), and declaring the
+// projection again creates its queue anew.
+func TestUndeclare(t *testing.T) {
+	t.Parallel()
+	env := amqptest.New(t)
+	ctx := context.Background()
+	ch := newChannel(t, config(t, env))
+	require.NoError(t, ch.Declare(ctx, "alpha", "beta"))
+	require.NoError(t, ch.Publish(ctx, channeltest.Trigger(1)))
+	beta := channeltest.Consume(t, ch, "beta")
+	require.Equal(t, int64(1), channeltest.Next(t, beta).Position.GlobalPosition, "beta's consumer runs")
+
+	err := ch.Undeclare(ctx, "beta", "alpha", "gamma")
+	require.ErrorIs(t, err, amqp.ErrInUse)
+	require.ErrorContains(t, err, env.Prefix+"nudge.triggers_beta")
+	require.NotContains(t, err.Error(), "alpha")
+	require.False(t, env.QueueExists(t, env.Prefix+"nudge.triggers_alpha"), "alpha's queue is deleted, trigger and all")
+	require.True(t, env.QueueExists(t, env.Prefix+"nudge.triggers_beta"), "beta's queue has a consumer: kept")
+	ok, err := ch.Declared(ctx, "alpha")
+	require.NoError(t, err)
+	require.False(t, ok)
+	tr := channeltest.Trigger(2)
+	tr.Projection = "alpha"
+	require.ErrorIs(t, ch.Publish(ctx, tr), amqp.ErrNotDeclared, "this channel no longer takes alpha for declared")
+
+	require.NoError(t, ch.Publish(ctx, channeltest.Trigger(3)))
+	require.Equal(t, int64(3), channeltest.Next(t, beta).Position.GlobalPosition, "the fan-out goes on to the queues left")
+
+	require.NoError(t, ch.Declare(ctx, "alpha"))
+	require.NoError(t, ch.Publish(ctx, channeltest.Trigger(4)))
+	require.Equal(t, int64(4), channeltest.Next(t, channeltest.Consume(t, ch, "alpha")).Position.GlobalPosition,
+		"declared again, alpha gets the triggers published since, not the deleted one")
+
+	require.ErrorIs(t, ch.Undeclare(ctx, "Alpha"), name.ErrInvalid)
+}

@@ -284,7 +284,10 @@ type Channel struct {
 	subs []*subscriber
 }
 
-var _ channel.Channel = (*Channel)(nil)
+var (
+	_ channel.Channel    = (*Channel)(nil)
+	_ channel.Undeclarer = (*Channel)(nil)
+)
 
 // New returns a channel on db, which must be a pool (a *pgxpool.Pool), not a single
 // connection: the channel runs concurrent subscriptions on it. New does not touch the

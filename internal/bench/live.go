@@ -115,6 +115,16 @@ func (h *harness) relayConfig(f *fixture) (relay.Config, error) {
 	return cfg, nil
 }
 
+// undeclare deletes the projections' subscriptions on channels that keep them
+// (channel.Undeclarer).
+func (w *wiring) undeclare(ctx context.Context, projections ...string) error {
+	u, ok := w.ch.(channel.Undeclarer)
+	if !ok || len(projections) == 0 {
+		return nil
+	}
+	return u.Undeclare(ctx, projections...)
+}
+
 func (w *wiring) close() {
 	_ = w.ch.Close()
 	w.cleanup()
