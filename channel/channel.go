@@ -11,6 +11,7 @@ package channel
 
 import (
 	"context"
+	"errors"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -46,10 +47,17 @@ type Channel interface {
 // publishers stop keeping triggers for a projection that no worker runs any more (a version
 // replaced by a newer one, a projection deleted). On such a subscription every trigger
 // published waits for the disk and stays for good. Declaring a projection again creates its
-// subscription anew.
+// subscription anew. The worker of a projection's active version undeclares the
+// subscriptions of the versions it replaced.
+//
+// A subscription that a process still consumes may be kept: Undeclare then fails with an
+// error matching ErrInUse (RabbitMQ does not delete a queue with a consumer).
 type Undeclarer interface {
 	Undeclare(ctx context.Context, projections ...string) error
 }
+
+// ErrInUse matches an Undeclare that kept a subscription because a process still consumes it.
+var ErrInUse = errors.New("channel: subscription in use")
 
 // TriggerTopic is the fan-out topic (exchange, prefix) for triggers, the name every backend uses.
 const TriggerTopic = "nudge.triggers"

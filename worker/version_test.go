@@ -80,3 +80,64 @@ func TestBuildBesideThroughTriggers(t *testing.T) {
 		require.Equal(t, projection.VersionRetired, st.VersionState)
 	})
 }
+
+// TestRetiredSubscriptionIsUndeclared: a rolling deploy on the durable channels. A worker of
+// version 1 serves; a worker of version 2 starts beside it, builds and cuts over; then the
+// first worker stops. Version 2's worker undeclares version 1's subscription — on RabbitMQ
+// only once no worker of version 1 consumes it — so no trigger is kept for it any more, while
+// version 2's own subscription goes on.
+func TestRetiredSubscriptionIsUndeclared(t *testing.T) {
+	t.Parallel()
+	eachChannel(t, func(t *testing.T, s *setup, ch channel.Channel) {
+		ctx := context.Background()
+		if _, ok := ch.(channel.Undeclarer); !ok {
+			require.False(t, ch.Durable(), "a durable channel can undeclare")
+			return
+		}
+		declared := ch.(interface { // channel/amqp's and channel/postgres's
+			Declared(ctx context.Context, projection string) (bool, error)
+		}).Declared
+		isDeclared := func(name string) bool {
+			ok, err := declared(ctx, name)
+			require.NoError(t, err)
+			return ok
+		}
+		count := func() (rows int) {
+			require.NoError(t, s.db.Pool.QueryRow(ctx, `SELECT count(*) FROM blue_model`).Scan(&rows))
+			return rows
+		}
+		v1, v2 := versionedModel(t, 1), versionedModel(t, 2)
+		_, stopV1 := s.startStoppable(t, ch, worker.Config{SafetyNetInterval: -1}, v1)
+		n := 0
+		appendOne := func() {
+			s.append(t, fmt.Sprintf("s-%d", n%3), storeEvent(n))
+			n++
+		}
+		for range 20 {
+			appendOne()
+		}
+		require.Eventually(t, func() bool { return count() == n }, eventually, 10*time.Millisecond)
+
+		s.start(t, ch, worker.Config{SafetyNetInterval: -1}, v2)
+		require.Eventually(t, func() bool {
+			appendOne()
+			st, err := s.runner.Status(ctx, v2.Name())
+			require.NoError(t, err)
+			return st.VersionState == projection.VersionActive
+		}, eventually, 10*time.Millisecond, "version 2 cuts over")
+		if s.amqp != nil {
+			appendOne()
+			require.Eventually(t, func() bool { return count() == n }, eventually, 10*time.Millisecond)
+			require.True(t, isDeclared(v1.Name()), "RabbitMQ keeps a queue while version 1's worker consumes it")
+		}
+
+		stopV1()
+		require.Eventually(t, func() bool {
+			appendOne() // a trigger: version 2's catch-up tries again
+			return !isDeclared(v1.Name())
+		}, eventually, 10*time.Millisecond, "version 1's subscription is undeclared")
+		require.True(t, isDeclared(v2.Name()))
+		appendOne()
+		require.Eventually(t, func() bool { return count() == n }, eventually, 10*time.Millisecond, "version 2 serves every event")
+	})
+}

@@ -180,6 +180,10 @@ type Worker struct {
 	parts map[string]*partitionSet
 	// slots holds a token per partition batch running (MaxConcurrentPartitions); nil: no bound.
 	slots chan struct{}
+	// partitionOf names the projection of each partition unit.
+	partitionOf map[string]string
+	// retired undeclares the subscriptions of the versions the projections replaced.
+	retired *retiredSubscriptions
 }
 
 // ErrInvalidConfig is matched (errors.Is) by every error New returns for a Config it cannot use.
@@ -251,7 +255,8 @@ func New(cfg Config) (*Worker, error) {
 		names = cfg.Runner.Names()
 	}
 	w := &Worker{cfg: cfg, names: slices.Clone(names), logger: cfg.Logger, stats: make(map[string]*counters, len(names)), created: time.Now(),
-		running: make(chan struct{}), parts: map[string]*partitionSet{}}
+		running: make(chan struct{}), parts: map[string]*partitionSet{}, partitionOf: map[string]string{},
+		retired: newRetiredSubscriptions(cfg.Channel, names, cfg.Logger)}
 	if cfg.MaxConcurrentPartitions > 0 {
 		w.slots = make(chan struct{}, cfg.MaxConcurrentPartitions)
 	}
@@ -269,6 +274,7 @@ func New(cfg Config) (*Worker, error) {
 		w.parts[name] = ps
 		for _, unit := range ps.units {
 			w.stats[unit] = c // a partition's counts are its projection's
+			w.partitionOf[unit] = name
 		}
 	}
 	return w, nil
@@ -743,6 +749,7 @@ func (w *Worker) catchUp(ctx context.Context, h *projectionHandler) error {
 		log.DebugContext(ctx, "projection caught up", slog.Int("events", res.Events), slog.String("position", res.Position.String()))
 		w.healPassed(ctx, name, res.Position, log)
 	}
+	w.retired.afterCatchUp(ctx, w.cfg.Runner, cmp.Or(w.partitionOf[name], name), res)
 	return nil
 }
 

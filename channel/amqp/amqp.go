@@ -136,8 +136,8 @@ var ErrClosed = errors.New("amqp: channel is closed")
 var ErrNotDeclared = errors.New("amqp: projection not declared")
 
 // ErrInUse matches an Undeclare of a projection whose queue still has a consumer (a worker of
-// the projection runs): the queue is kept.
-var ErrInUse = errors.New("amqp: queue in use")
+// the projection runs): the queue is kept. It matches channel.ErrInUse too.
+var ErrInUse = fmt.Errorf("amqp: queue in use: %w", channel.ErrInUse)
 
 // ErrInvalidConfig is matched (errors.Is) by every error New and Config.Validate return for a
 // Config they cannot use; each is a *ConfigError naming the field.
