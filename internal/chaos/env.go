@@ -135,6 +135,8 @@ type scenarioSettings struct {
 	// long version 2's cut-over waits in its ActivateFunc.
 	rebuild  bool
 	flipHold time.Duration
+	// buildLagTarget paces version 2's build (chaosworker -build-lag-target; 0: the default).
+	buildLagTarget time.Duration
 	// partitions splits the exactly-once projection into that many partitions, which the
 	// workers spread with leases (chaosworker -partitions); with rebuild, version 1 of it, and
 	// nextPartitions version 2 (0 or 1: unpartitioned). exactOnly runs (and verifies) the
@@ -259,7 +261,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 		return nil, err
 	}
 	ws := workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: e.broker.url, prefix: e.prefix,
-		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet, park: set.park, flipHold: set.flipHold, partitions: set.partitions,
+		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet, park: set.park, flipHold: set.flipHold, buildLagTarget: set.buildLagTarget, partitions: set.partitions,
 		leaseTTL: set.leaseTTL, leaseRenew: set.leaseRenew}
 	if set.exactOnly {
 		ws.projections = chaosmodel.ExactProjection

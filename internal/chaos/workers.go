@@ -35,6 +35,8 @@ type workerSettings struct {
 	// flipHold is how long the exactly-once projection's cut-over waits in its ActivateFunc
 	// (chaosworker -flip-hold).
 	flipHold time.Duration
+	// buildLagTarget is the exactly-once projection's BuildLagTarget (chaosworker -build-lag-target).
+	buildLagTarget time.Duration
 	// partitions splits the exactly-once projection, in the version the worker runs
 	// (chaosworker -partitions); each incarnation then holds leases under its own id
 	// (<slot>.<incarnation>) as owner. deploy changes it with the version.
@@ -102,7 +104,8 @@ func (s *workerSlot) start() (*workerProc, error) {
 		args = append(args, "-park")
 	}
 	if s.set.exactVersion > 0 {
-		args = append(args, "-exact-version", strconv.Itoa(s.set.exactVersion), "-flip-hold", s.set.flipHold.String())
+		args = append(args, "-exact-version", strconv.Itoa(s.set.exactVersion), "-flip-hold", s.set.flipHold.String(),
+			"-build-lag-target", s.set.buildLagTarget.String())
 	}
 	if s.set.partitions > 1 {
 		args = append(args, "-partitions", strconv.Itoa(s.set.partitions), "-owner", id)

@@ -91,6 +91,9 @@ type Config struct {
 	// the view ExactProjection. 0 keeps the plain table ExactProjection of an unversioned
 	// projection.
 	ExactVersion int
+	// BuildLagTarget is ExactProjection's projection.Config.BuildLagTarget (0: the library's
+	// default; negative: unpaced).
+	BuildLagTarget time.Duration
 	// ActivateFunc, if set, runs in ExactProjection's cut-over (projection.Config.ActivateFunc).
 	ActivateFunc func(ctx context.Context) error
 	// Partitions, when above 1, splits ExactProjection into that many partitions by stream
@@ -184,7 +187,7 @@ func (m *Models) exact(cfg Config, onFailure projection.OnFailure) (*projection.
 	pc := projection.Config{BatchSize: cfg.BatchSize, OnFailure: onFailure, ParkAfterAttempts: cfg.ParkAfter, Partitions: cfg.Partitions}
 	if cfg.ExactVersion > 0 {
 		table = ExactTable(cfg.ExactVersion)
-		pc.Version, pc.Tables = cfg.ExactVersion, []string{ExactProjection}
+		pc.Version, pc.Tables, pc.BuildLagTarget = cfg.ExactVersion, []string{ExactProjection}, cfg.BuildLagTarget
 	}
 	if cfg.ActivateFunc != nil {
 		pc.ActivateFunc = func(ctx context.Context, _ projection.HookParams) error { return cfg.ActivateFunc(ctx) }

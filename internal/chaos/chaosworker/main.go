@@ -60,11 +60,13 @@ type options struct {
 	park         bool
 	exactVersion int
 	flipHold     time.Duration
-	partitions   int
-	projections  string
-	owner        string
-	leaseTTL     time.Duration
-	leaseRenew   time.Duration
+	// buildLagTarget paces a version of the exactly-once projection built beside the active one.
+	buildLagTarget time.Duration
+	partitions     int
+	projections    string
+	owner          string
+	leaseTTL       time.Duration
+	leaseRenew     time.Duration
 }
 
 func main() {
@@ -82,6 +84,7 @@ func main() {
 	flag.IntVar(&o.exactVersion, "exact-version", 0, "`version` of the exactly-once projection (0: unversioned)")
 	flag.DurationVar(&o.flipHold, "flip-hold", 0,
 		"how long the exactly-once projection's cut-over waits in its ActivateFunc, between the lines \"flip-hold\" and \"flip-hold-end\" on stdout")
+	flag.DurationVar(&o.buildLagTarget, "build-lag-target", 0, "the exactly-once projection's BuildLagTarget (0: the library's default; negative: unpaced)")
 	flag.IntVar(&o.partitions, "partitions", 0,
 		"split the exactly-once projection (the version -exact-version names) into `n` partitions, spread over the workers with leases (0 or 1: unpartitioned)")
 	flag.StringVar(&o.projections, "projections", "all", "`names` of the projections to run, comma-separated, or all")
@@ -134,7 +137,8 @@ func run(ctx context.Context, o options, logger *slog.Logger) error {
 	}
 	defer idemPool.Close()
 	models, err := chaosmodel.New(chaosmodel.Config{DB: idemPool, SinkPath: o.sink, BatchSize: o.batchSize, ParkAfter: parkAfter(o),
-		ExactVersion: o.exactVersion, ActivateFunc: flipHold(o.flipHold), Partitions: o.partitions})
+		ExactVersion: o.exactVersion, ActivateFunc: flipHold(o.flipHold), Partitions: o.partitions,
+		BuildLagTarget: o.buildLagTarget})
 	if err != nil {
 		return err
 	}
