@@ -736,7 +736,7 @@ func (c *Channel) deleteQueue(queue string) error {
 	case err != nil:
 		return c.brokerError(what, err)
 	}
-	c.log.Info("amqp: queue deleted", slog.String("queue", queue))
+	c.log.Debug("amqp: queue deleted (or there was none)", slog.String("queue", queue))
 	return nil
 }
 

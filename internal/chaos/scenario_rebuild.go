@@ -64,11 +64,12 @@ func rebuildScenario() scenario {
 			"at the flip lands inside its ActivateFunc, and each that does leaves version 1 active; version 2 is active at the end and the view is its table, with every event exactly " +
 			"once and in stream order (the usual checks on chaos_exact); version 1 is retired and its table holds every event " +
 			"up to its last position exactly once and in order, none after it (exact_v1)",
-		// Unpaced: at 1,000 live appends/s on a loaded machine the default pacing gives the
-		// build a few percent of the time, and every kill starts its pacer anew, so a build of
-		// the backlog outlasted rebuildWait; what the scenario checks (the build and its
-		// cut-over survive the kills) does not depend on the waits between batches, which
-		// `make bench` measures. repartition keeps the default.
+		// Unpaced: under the live load the default pacing gives the build a few percent of
+		// the time, and every kill starts its pacer anew (the bound it had lowered while not
+		// gaining back at 32× the batch), so a build of the backlog outlasted rebuildWait;
+		// what the scenario checks (the build and its cut-over survive the kills) does not
+		// depend on the waits between batches, which `make bench` measures. repartition
+		// keeps the default.
 		settings: scenarioSettings{safetyNet: safetyNetDefault, rebuild: true, flipHold: rebuildFlipHold, buildLagTarget: -1},
 		run:      runRebuildKill,
 		after:    checkRebuildKill,
