@@ -429,6 +429,9 @@ func (r *Runner) Resume(ctx context.Context, name string) error {
 }
 
 // Delete runs the projection's delete hook and removes its status row. Init creates it again.
+// A projection deleted for good should leave the channel too: undeclare its subscription
+// (channel.Undeclarer, on RabbitMQ and the PostgreSQL queue), or its queue keeps every trigger
+// published from then on.
 func (r *Runner) Delete(ctx context.Context, name string) error {
 	p, err := r.Projection(name)
 	if err != nil {
