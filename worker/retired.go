@@ -109,31 +109,23 @@ func (rs *retiredSubscriptions) try(ctx context.Context, now bool) {
 	rs.tried = time.Now()
 	rs.mu.Unlock()
 
-	left := units[:0:0]
 	for _, unit := range units {
 		uctx, cancel := context.WithTimeout(ctx, retiredTimeout)
 		err := rs.ch.Undeclare(uctx, unit)
 		cancel()
 		switch {
 		case err == nil:
+			rs.mu.Lock()
+			delete(rs.pending, unit)
+			rs.mu.Unlock()
 			rs.log.InfoContext(ctx, "retired version's subscription undeclared: no trigger is kept for it any more", slog.String("retired", unit))
 		case ctx.Err() != nil:
-			left = append(left, unit)
 		case errors.Is(err, channel.ErrInUse):
 			rs.log.DebugContext(ctx, "retired version's subscription kept while a worker of that version consumes it; trying again later",
 				slog.String("retired", unit), slog.Any("error", err))
-			left = append(left, unit)
 		default:
 			rs.log.WarnContext(ctx, "could not undeclare a retired version's subscription; trying again later",
 				slog.String("retired", unit), slog.Any("error", err))
-			left = append(left, unit)
-		}
-	}
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	for _, unit := range units {
-		if !slices.Contains(left, unit) {
-			delete(rs.pending, unit)
 		}
 	}
 }

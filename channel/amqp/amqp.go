@@ -732,7 +732,8 @@ func (c *Channel) deleteQueue(queue string) error {
 	var amqpErr *amqp091.Error
 	switch {
 	case errors.As(err, &amqpErr) && amqpErr.Code == amqp091.PreconditionFailed:
-		return fmt.Errorf("amqp: %s: %w (%s)", what, ErrInUse, amqpErr.Reason)
+		return fmt.Errorf("amqp: %s: %w: a process still consumes it (%s); stop the projection's workers, then undeclare it again",
+			what, ErrInUse, amqpErr.Reason)
 	case err != nil:
 		return c.brokerError(what, err)
 	}

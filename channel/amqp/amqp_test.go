@@ -683,6 +683,8 @@ func TestUndeclare(t *testing.T) {
 
 	err := ch.Undeclare(ctx, "beta", "alpha", "gamma")
 	require.ErrorIs(t, err, amqp.ErrInUse)
+	require.ErrorIs(t, err, channel.ErrInUse)
+	require.ErrorContains(t, err, "stop the projection's workers")
 	require.ErrorContains(t, err, env.Prefix+"nudge.triggers_beta")
 	require.NotContains(t, err.Error(), "alpha")
 	require.False(t, env.QueueExists(t, env.Prefix+"nudge.triggers_alpha"), "alpha's queue is deleted, trigger and all")

@@ -382,6 +382,8 @@ func (r *bgRun) deployNext(ctx context.Context, b bgBuild, done func()) (bgResul
 	if err := r.stop(r.active); err != nil {
 		return bgResult{}, err
 	}
+	// What the active version's worker does by itself once it finds the queue unused (within
+	// its retry interval of 10 s), at once: the window after the builds starts without it.
 	if err := r.w.undeclare(ctx, r.unit(r.active)); err != nil {
 		return bgResult{}, err
 	}
