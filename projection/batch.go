@@ -25,9 +25,9 @@ var (
 // a batch of their own (the good prefix), so the position stops right before it, and records
 // the failure. The good prefix may fail in turn, on an earlier event: then that failure is the
 // one recorded, and its own good prefix is committed first.
-func (r *Runner) step(ctx context.Context, p *Projection, res *Result) (bool, error) {
+func (r *Runner) step(ctx context.Context, p *Projection, res *Result, limit int) (bool, error) {
 	var failing *batch
-	for limit := p.cfg.BatchSize; ; limit = failing.failedAt {
+	for ; ; limit = failing.failedAt {
 		b := r.newBatch(p, limit)
 		more, err := b.run(ctx, res)
 		if !b.failedOnEvent {

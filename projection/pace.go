@@ -13,8 +13,8 @@ const (
 	// batch when nothing else runs, so the build yields as soon as the live events queue
 	// behind its work. Measured with `make bench` (-scenario bluegreen, 2026-11-28: a million
 	// events built beside a projection taking 1,000 live appends/s on RabbitMQ, 2 cores): with
-	// 5 ms the live p99 rose 14 % and the build ran at 1,300 events/s (300 a second ahead of
-	// the live appends); with 10 ms it rose 61 % and the build ran at 4,500 events/s.
+	// the build's batches sized to half of it, the live p99 rose 1–8 % (three runs) and the
+	// build ran at 1,000–2,100 events/s; with whole batches of 500 events it rose 14–16 %.
 	BuildLagTargetDefault = 5 * time.Millisecond
 	// buildPauseMax bounds one wait of a paced build between two of its batches: however
 	// loaded the active version, the build goes on, a batch at least this often.
@@ -22,9 +22,10 @@ const (
 	// buildPauseRatioMax bounds the wait of a paced build to this many times its last
 	// batch's duration: the build then runs 1/(1+buildPauseRatioMax) of the time, 3 %. A live
 	// event that meets a build's batch waits for CPU behind it, so the live tail rises with
-	// the share of the time the build runs: on 2 cores, at 1,000 live appends/s, a build
-	// running 2–5 % of the time left the live p99 within about a tenth of no build, one at
-	// 20 % raised it by half (`make bench`, -scenario bluegreen, 2026-11-28).
+	// the share of the time the build runs and with the length of its batches: on 2 cores, at
+	// 1,000 live appends/s, a build of whole batches (500 events, 10 ms) running 2–5 % of the
+	// time raised the live p99 by 5–12 %, one at 20 % by half (`make bench`, -scenario
+	// bluegreen, 2026-11-28).
 	buildPauseRatioMax = 32
 	// buildRecovery is what the multiple is multiplied by after a batch that found the live
 	// lag under the target: a tenth off, so that the build takes the smallest share as soon
@@ -38,6 +39,21 @@ const (
 	// one that did not over a window halves its bound on the ratio for the next one (and runs
 	// unpaced once the bound is under one), one that did doubles it back.
 	buildGainWindow = 5 * time.Second
+	// buildBatchBudgetShare: while the active version takes live events, a paced build's
+	// batches are sized to take about the lag target over this each (2.5 ms at the default
+	// 5 ms), within [buildBatchMin, Config.BatchSize]. The live p99 rises with the length of
+	// the build's batches as much as with their share of the time: built in batches of 20 or
+	// 50 events at full speed, a million events raised it 15–18 %, in batches of 500 70 %, and
+	// paced, 2.5 ms batches raised it 1–8 % where 500-event ones raised it 14–16 % (`make
+	// bench`, -scenario bluegreen, 2026-11-28).
+	buildBatchBudgetShare = 2
+	// buildBatchMin is the fewest events a paced build's batch is sized to: each batch costs
+	// a transaction and its position's update, about a millisecond here.
+	buildBatchMin = 10
+	// buildIdleAfter: an active version whose position has not moved for this long takes no
+	// live events (no worker runs it, or its batch is stuck): its lag is not waited for, and
+	// the build's batches grow back (doubling) to Config.BatchSize.
+	buildIdleAfter = time.Second
 )
 
 // pacer paces a version built beside the active one by the active version's lag, batch by
@@ -48,19 +64,30 @@ const (
 // about one batch in ten finds it behind, and takes its speed back over a few dozen batches
 // once none does — a live projection with nothing to do leaves it to run at full speed.
 //
+// The pacer also sizes the batches: while the active version takes live events, each batch
+// reads about as many events as take the lag target over buildBatchBudgetShare to handle, at
+// the rate of the batch before, so a live event never queues behind a long one; once the
+// active version has had nothing to do for buildIdleAfter they grow back to Config.BatchSize.
+//
 // Only a live projection that is working is waited for: when the active version's position
-// has not moved since the batch before (no worker runs it, or its batch is stuck) a wait
-// would not bring its lag down, and the build goes on as if it were level.
+// has not moved for buildIdleAfter (no worker runs it, or its batch is stuck) a wait would
+// not bring its lag down, and the build goes on as if it were level.
 //
 // A paced build must still end: at its smallest share it may run no faster than the live
 // events arrive, and never catch up. So every buildGainWindow the pacer compares the build's
 // distance to the active version's position (in the store's global positions) with the
 // window before: a build that did not gain halves the bound on its multiple (limit) for the
-// next window, down to none (unpaced), and one that gained doubles it back, up to
-// buildPauseRatioMax. The build settles at about the smallest share that still gains.
+// next window, down to none (unpaced, its batches still sized), and one that gained doubles
+// it back, up to buildPauseRatioMax. The build settles at about the smallest share that
+// still gains.
 type pacer struct {
 	target time.Duration
 	ratio  float64
+	// batchSize is the projection's Config.BatchSize, size the next batch's limit (0:
+	// batchSize) and moved when the active version's position last moved.
+	batchSize int
+	size      int
+	moved     time.Time
 	// active is the active version's position the batch before saw; seen once one did.
 	active eventstore.Position
 	seen   bool
@@ -74,17 +101,20 @@ type pacer struct {
 	limit  float64
 }
 
-// next returns how long to wait after a batch of history that took took, saw ver and left the
-// build at position at, now.
-func (pc *pacer) next(ver VersionInfo, took time.Duration, at eventstore.Position, now time.Time) time.Duration {
+// next returns how long to wait after a batch of history that handled events in took, saw ver
+// and left the build at position at, now.
+func (pc *pacer) next(ver VersionInfo, events int, took time.Duration, at eventstore.Position, now time.Time) time.Duration {
 	if pc.target < 0 || ver.ActiveState != StateRunning {
-		pc.ratio = 0 // nothing to protect: an active version that does not run has no live lag to keep low
+		pc.ratio, pc.size = 0, 0 // nothing to protect: an active version that does not run has no live lag to keep low
 		return 0
 	}
 	pc.gaining(ver.ActivePosition.GlobalPosition-at.GlobalPosition, now)
-	working := !pc.seen || pc.active.Less(ver.ActivePosition)
+	if !pc.seen || pc.active.Less(ver.ActivePosition) {
+		pc.moved = now
+	}
 	pc.active, pc.seen = ver.ActivePosition, true
-	if ver.ActiveLag > pc.target && working {
+	pc.resize(events, took, now)
+	if ver.ActiveLag > pc.target && now.Sub(pc.moved) < buildIdleAfter {
 		pc.ratio = 2*pc.ratio + 1
 	} else {
 		pc.ratio *= buildRecovery
@@ -95,6 +125,34 @@ func (pc *pacer) next(ver VersionInfo, took time.Duration, at eventstore.Positio
 	wait := min(time.Duration(pc.ratio*float64(took)), buildPauseMax)
 	pc.waited += wait
 	return wait
+}
+
+// batchLimit returns the most events the build's next batch reads.
+func (pc *pacer) batchLimit() int {
+	if pc.size == 0 {
+		return pc.batchSize
+	}
+	return pc.size
+}
+
+// resize sizes the next batch after one that handled events in took, now: while the active
+// version takes live events, to take about the lag target over buildBatchBudgetShare at the
+// last batch's rate (at most double the last size); doubled towards Config.BatchSize once
+// its position has not moved for buildIdleAfter.
+func (pc *pacer) resize(events int, took time.Duration, now time.Time) {
+	last := pc.batchLimit()
+	switch {
+	case now.Sub(pc.moved) >= buildIdleAfter:
+		pc.size = 2 * last
+	case events > 0 && took > 0:
+		budget := pc.target / buildBatchBudgetShare
+		pc.size = min(int(float64(events)*float64(budget)/float64(took)), 2*last)
+	default:
+		return
+	}
+	if pc.size = max(pc.size, buildBatchMin); pc.size >= pc.batchSize {
+		pc.size = 0
+	}
 }
 
 // gaining moves limit at the end of each gain window: halved when the build (gap behind the

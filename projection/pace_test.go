@@ -13,7 +13,7 @@ import (
 // the active version lags over the target, bounded by the ratio and by buildPauseMax, and
 // comes down by a tenth per batch once it does not, down to none.
 func TestPacerBacksOffAndRecovers(t *testing.T) {
-	pc := pacer{target: 10 * time.Millisecond}
+	pc := pacer{target: 10 * time.Millisecond, batchSize: 500}
 	var at uint64
 	behind := func() VersionInfo { // the active version works (its position moves), but lags
 		at++
@@ -24,25 +24,28 @@ func TestPacerBacksOffAndRecovers(t *testing.T) {
 	took := 10 * time.Millisecond
 	var waits []time.Duration
 	for range 7 {
-		waits = append(waits, pc.next(behind(), took, eventstore.Position{}, t0))
+		waits = append(waits, pc.next(behind(), 500, took, eventstore.Position{}, t0))
 	}
 	require.Equal(t, []time.Duration{10, 30, 70, 150, 310, 320, 320}, ms(waits), "up by 2×+1, then the ratio's bound (32)")
-	require.Equal(t, buildPauseMax, pc.next(behind(), 100*time.Millisecond, eventstore.Position{}, t0), "one wait is at most buildPauseMax")
+	require.Equal(t, buildPauseMax, pc.next(behind(), 500, 100*time.Millisecond, eventstore.Position{}, t0), "one wait is at most buildPauseMax")
 	stuck := behind()
-	require.Equal(t, 320*time.Millisecond, pc.next(stuck, took, eventstore.Position{}, t0))
-	require.Equal(t, 288*time.Millisecond, pc.next(stuck, took, eventstore.Position{}, t0), "an active version whose position does not move is not waited for")
-	pc.next(behind(), took, eventstore.Position{}, t0)
+	require.Equal(t, 320*time.Millisecond, pc.next(stuck, 500, took, eventstore.Position{}, t0))
+	require.Equal(t, 320*time.Millisecond, pc.next(stuck, 500, took, eventstore.Position{}, t0.Add(buildIdleAfter-time.Millisecond)),
+		"an active version whose position has not moved for a while is still waited for")
+	require.Equal(t, 288*time.Millisecond, pc.next(stuck, 500, took, eventstore.Position{}, t0.Add(buildIdleAfter)),
+		"one whose position has not moved for buildIdleAfter is not")
+	pc.next(behind(), 500, took, eventstore.Position{}, t0)
 	waits = waits[:0]
 	for range 64 {
-		waits = append(waits, pc.next(level, took, eventstore.Position{}, t0))
+		waits = append(waits, pc.next(level, 500, took, eventstore.Position{}, t0))
 	}
 	require.Equal(t, []time.Duration{288, 259, 233}, ms(waits[:3]), "down by a tenth per batch")
 	require.Positive(t, waits[58], "a few dozen batches")
 	require.Equal(t, make([]time.Duration, 5), waits[59:], "then none")
-	require.Zero(t, pc.next(VersionInfo{State: VersionBuilding, ActiveState: StateFailing, ActiveLag: time.Hour}, took, eventstore.Position{}, t0),
+	require.Zero(t, pc.next(VersionInfo{State: VersionBuilding, ActiveState: StateFailing, ActiveLag: time.Hour}, 500, took, eventstore.Position{}, t0),
 		"a failing active version does not hold the build back")
 	off := pacer{target: -1}
-	require.Zero(t, off.next(behind(), took, eventstore.Position{}, t0))
+	require.Zero(t, off.next(behind(), 500, took, eventstore.Position{}, t0))
 }
 
 // t0 is the pacer tests' clock when the gain window plays no part.
@@ -53,7 +56,7 @@ var t0 = time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
 // each gain window (buildGainWindow) in which it did not gain halves that bound, down to none
 // (unpaced), and each window with a gain doubles it back.
 func TestPacerGivesWayWhenNotGaining(t *testing.T) {
-	pc := pacer{target: 10 * time.Millisecond}
+	pc := pacer{target: 10 * time.Millisecond, batchSize: 500}
 	now, active := t0, int64(1_000_000)
 	took := 10 * time.Millisecond
 	build := int64(0)
@@ -63,7 +66,7 @@ func TestPacerGivesWayWhenNotGaining(t *testing.T) {
 		now, active = now.Add(100*time.Millisecond), active+100
 		build += 100 + gain
 		return pc.next(VersionInfo{State: VersionBuilding, ActiveState: StateRunning, ActiveLag: 50 * time.Millisecond,
-			ActivePosition: eventstore.Position{TransactionID: uint64(active), GlobalPosition: active}}, took, eventstore.Position{GlobalPosition: build}, now)
+			ActivePosition: eventstore.Position{TransactionID: uint64(active), GlobalPosition: active}}, 500, took, eventstore.Position{GlobalPosition: build}, now)
 	}
 	window := func(gain int64) time.Duration { // the longest wait of a window's 50 steps
 		var longest time.Duration
@@ -84,6 +87,49 @@ func TestPacerGivesWayWhenNotGaining(t *testing.T) {
 		longest = append(longest, window(50))
 	}
 	require.Equal(t, []time.Duration{10, 20, 40, 80}, ms(longest), "gaining again (from the window's first step on): doubled back, window by window")
+}
+
+// TestPacerSizesTheBatches: while the active version takes live events, a paced build's next
+// batch reads as many events as take the lag target over buildBatchBudgetShare at the last
+// batch's rate, at most twice the last batch and at least buildBatchMin; once the active
+// version's position has not moved for buildIdleAfter the batches double back to the
+// projection's BatchSize; unpaced builds and builds beside an active version that does not
+// run read whole batches.
+func TestPacerSizesTheBatches(t *testing.T) {
+	pc := pacer{target: 10 * time.Millisecond, batchSize: 500}
+	now, at := t0, uint64(0)
+	live := func() VersionInfo { // the active version takes live events (its position moves)
+		at++
+		return VersionInfo{State: VersionBuilding, ActiveState: StateRunning, ActiveLag: 2 * time.Millisecond,
+			ActivePosition: eventstore.Position{TransactionID: at}}
+	}
+	require.Equal(t, 500, pc.batchLimit(), "the first batch is a whole one")
+	pc.next(live(), 500, 20*time.Millisecond, eventstore.Position{}, now)
+	require.Equal(t, 125, pc.batchLimit(), "500 events in 20 ms: 125 take the budget, 5 ms")
+	pc.next(live(), 125, 10*time.Millisecond, eventstore.Position{}, now)
+	require.Equal(t, 62, pc.batchLimit(), "a batch's fixed cost shrinks the next one further")
+	pc.next(live(), 62, time.Millisecond, eventstore.Position{}, now)
+	require.Equal(t, 124, pc.batchLimit(), "at most double the last batch")
+	pc.next(live(), 124, time.Second, eventstore.Position{}, now)
+	require.Equal(t, buildBatchMin, pc.batchLimit(), "never under buildBatchMin")
+
+	quiet := live() // the active version's position stays here from now on
+	var limits []int
+	for range 8 {
+		now = now.Add(buildIdleAfter / 2)
+		pc.next(quiet, pc.batchLimit(), time.Second, eventstore.Position{}, now)
+		limits = append(limits, pc.batchLimit())
+	}
+	require.Equal(t, []int{10, 10, 20, 40, 80, 160, 320, 500}, limits,
+		"kept while the active version moved within buildIdleAfter, then doubled back to BatchSize")
+
+	pc.next(live(), 500, 20*time.Millisecond, eventstore.Position{}, now)
+	require.Equal(t, 125, pc.batchLimit(), "sized again as soon as the active version moves")
+	pc.next(VersionInfo{State: VersionBuilding, ActiveState: StatePaused}, 125, time.Second, eventstore.Position{}, now)
+	require.Equal(t, 500, pc.batchLimit(), "an active version that does not run takes no live events")
+	off := pacer{target: -1, batchSize: 500}
+	off.next(live(), 500, time.Second, eventstore.Position{}, now)
+	require.Equal(t, 500, off.batchLimit(), "an unpaced build reads whole batches")
 }
 
 func ms(ds []time.Duration) []time.Duration {

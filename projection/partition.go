@@ -180,9 +180,9 @@ func WithBatchGuard(guard BatchGuard) CatchUpOption {
 }
 
 // guardedStep runs one batch (step) if guard, when set, lets it; else it marks res Stopped.
-func (r *Runner) guardedStep(ctx context.Context, p *Projection, res *Result, guard BatchGuard) (bool, error) {
+func (r *Runner) guardedStep(ctx context.Context, p *Projection, res *Result, guard BatchGuard, limit int) (bool, error) {
 	if guard == nil {
-		return r.step(ctx, p, res)
+		return r.step(ctx, p, res, limit)
 	}
 	release, ok := guard()
 	if !ok {
@@ -190,7 +190,7 @@ func (r *Runner) guardedStep(ctx context.Context, p *Projection, res *Result, gu
 		return false, nil
 	}
 	defer release()
-	return r.step(ctx, p, res)
+	return r.step(ctx, p, res, limit)
 }
 
 // catchUpPartitions catches up every partition of p in turn and sums their results; a

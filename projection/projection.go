@@ -133,9 +133,12 @@ type Config struct {
 	// BuildLagTarget paces this version while it is built beside the active one: while the
 	// active version runs with a lag (the age of the oldest event it has not handled yet) over
 	// BuildLagTarget, the build waits between its batches, longer each time the lag stays over
-	// it and shorter each time it is under (see the README, "Changing a read model's shape").
-	// While the live projection lags over the target on about one batch in ten, the build
-	// runs about 3 % of the time; with nothing to do live, at full speed. A failing, paused or
+	// it and shorter each time it is under (see the README, "Changing a read model's shape"),
+	// and while the active version takes live events the build's batches are sized to take
+	// about half the target each (at least 10 events, at most BatchSize), so a live event
+	// never queues behind a long one. While the live projection lags over the target on
+	// about one batch in ten, the build runs about 3 % of the time; with nothing to do live,
+	// at full speed in whole batches. A failing, paused or
 	// stopped active version does not hold the build back, and a build that did not gain on
 	// the active version over 5 s halves the bound on its waits for the next 5 s (doubling it
 	// back once it gains), so it ends however loaded the machine. Defaults to

@@ -265,15 +265,15 @@ func (r *Runner) catchUp(ctx context.Context, name string, guard BatchGuard) (Re
 		return Result{}, ctx.Err()
 	}
 	var res Result
-	pace := pacer{target: p.cfg.BuildLagTarget}
+	pace := pacer{target: p.cfg.BuildLagTarget, batchSize: p.cfg.BatchSize}
 	for round := 1; ; round++ {
 		res.building = false
 		if err := r.catchUpRounds(ctx, p, &res, guard, &pace); err != nil || res.Paused || res.Stopped {
 			return res, err
 		}
-		if res.Paced = pace.waited; res.Paced > 0 {
+		if res.Paced > 0 {
 			r.logger.DebugContext(ctx, "projection version build paced by the active version's lag", slog.String("projection", p.name),
-				slog.Duration("waited", res.Paced), slog.Int("events", res.Events))
+				slog.Duration("waited", res.Paced), slog.Int("events", res.Events), slog.Int("batches", res.Batches))
 		}
 		switch {
 		case res.building:
@@ -299,17 +299,22 @@ func (r *Runner) catchUp(ctx context.Context, name string, guard BatchGuard) (Re
 const cutOverRounds = 3
 
 // catchUpRounds runs p's batches until one reads everything readable, sums them up in res, and
-// paces a building version's batches (pace).
+// paces a building version's batches (pace): their size and the waits between them.
 func (r *Runner) catchUpRounds(ctx context.Context, p *Projection, res *Result, guard BatchGuard, pace *pacer) error {
+	defer func() { res.Paced = pace.waited }()
 	for {
-		started := r.now()
-		more, err := r.guardedStep(ctx, p, res, guard)
+		started, events := r.now(), res.Events
+		limit := p.cfg.BatchSize
+		if res.version.State == VersionBuilding {
+			limit = pace.batchLimit()
+		}
+		more, err := r.guardedStep(ctx, p, res, guard, limit)
 		if err != nil || res.Paused || res.Stopped || !more {
 			return err
 		}
 		if res.version.State == VersionBuilding {
-			if err := r.sleep(ctx, pace.next(res.version, r.now().Sub(started), res.Position, r.now())); err != nil {
-				res.Paced = pace.waited
+			now := r.now()
+			if err := r.sleep(ctx, pace.next(res.version, res.Events-events, now.Sub(started), res.Position, now)); err != nil {
 				return err
 			}
 		}

@@ -24,6 +24,7 @@ var versionTests = []struct {
 	{"VersionBuildsBesideAndCutsOver", testVersionCutOver},
 	{"VersionCutOverWaitsForAFix", testVersionCutOverFailing},
 	{"VersionBuildPacedByTheActiveLag", testVersionBuildPaced},
+	{"VersionBuildBatchesSizedWhilePaced", testVersionBuildBatchesSized},
 	{"VersionPartitioned1To4", func(t *testing.T, env Env) { testVersionPartitioned(t, env, 1, 4) }},
 	{"VersionPartitioned4To8", func(t *testing.T, env Env) { testVersionPartitioned(t, env, 4, 8) }},
 	{"VersionPartitioned4To1", func(t *testing.T, env Env) { testVersionPartitioned(t, env, 4, 1) }},
@@ -230,6 +231,63 @@ func testVersionBuildPaced(t *testing.T, env Env) {
 			} else {
 				require.Zero(t, res.Paced, "the build ran at full speed")
 			}
+		})
+	}
+}
+
+// testVersionBuildBatchesSized: while the active version takes live events, a paced build's
+// batches after the first are sized to take a share of the lag target (down to the pacer's
+// smallest, 10 events, with a target of a few nanoseconds); an unpaced build reads whole
+// batches.
+func testVersionBuildBatchesSized(t *testing.T, env Env) {
+	ctx := context.Background()
+	for i, c := range []struct {
+		name   string
+		target time.Duration
+		want   []int // the events of the build's batches of history
+	}{
+		{"paced", 2 * time.Nanosecond, []int{20, 10, 10, 10, 10}},
+		{"off", -1, []int{20, 20, 20}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newSink()
+			name := fmt.Sprintf("sized_%d", i)
+			v1 := s.projectionWith(t, name, projection.Config{Version: 1, BatchSize: 20})
+			v2 := s.projectionWith(t, name, projection.Config{Version: 2, BatchSize: 20, BuildLagTarget: c.target})
+			r, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, v1)
+			require.NoError(t, err)
+			require.NoError(t, r.Init(ctx))
+			_, err = r.CatchUp(ctx, v1.Name()) // level with whatever earlier tests appended
+			require.NoError(t, err)
+			AppendN(t, env.Store, 0, 60)
+			_, err = r.CatchUp(ctx, v1.Name())
+			require.NoError(t, err)
+			last := AppendN(t, env.Store, 60, 1) // the active version's lag: an event it has not handled
+			require.Eventually(t, func() bool {
+				st, err := r.Status(ctx, v1.Name())
+				return err == nil && st.LagTime > 0
+			}, 10*time.Second, time.Millisecond, "the active version lags")
+			var (
+				mu      sync.Mutex
+				batches []int
+			)
+			both, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t), OnBatch: func(b projection.BatchReport) {
+				mu.Lock()
+				defer mu.Unlock()
+				if b.Projection == v2.Name() {
+					batches = append(batches, b.Events)
+				}
+			}}, v1, v2)
+			require.NoError(t, err)
+			require.NoError(t, both.Init(ctx))
+			res, err := both.CatchUp(ctx, v2.Name())
+			require.NoError(t, err)
+			require.True(t, res.Activated)
+			require.Equal(t, last[0], res.Position, "cut over at the head")
+			mu.Lock()
+			defer mu.Unlock()
+			require.GreaterOrEqual(t, len(batches), len(c.want))
+			require.Equal(t, c.want, batches[:len(c.want)], "the build's batches of the 60 events version 1 handled")
 		})
 	}
 }
