@@ -13,20 +13,23 @@ const (
 	// batch when nothing else runs, so the build yields as soon as the live events queue
 	// behind its work. Measured with `make bench` (-scenario bluegreen, 2026-11-28: a million
 	// events built beside a projection taking 1,000 live appends/s on RabbitMQ, 2 cores): with
-	// the build's batches sized to half of it, the live p99 rose 1–8 % (three runs) and the
-	// build ran at 1,000–2,100 events/s; with whole batches of 500 events it rose 14–16 %.
+	// the build's batches sized to half of it and its waits at most 8× a batch, the live p99
+	// rose −0 % to +6 % (four runs) and the build ran at 2,100–4,100 events/s; with whole
+	// batches of 500 events (and waits up to 32×) it rose 10–16 % at 1,300–1,900 events/s.
 	BuildLagTargetDefault = 5 * time.Millisecond
 	// buildPauseMax bounds one wait of a paced build between two of its batches: however
 	// loaded the active version, the build goes on, a batch at least this often.
 	buildPauseMax = time.Second
 	// buildPauseRatioMax bounds the wait of a paced build to this many times its last
-	// batch's duration: the build then runs 1/(1+buildPauseRatioMax) of the time, 3 %. A live
+	// batch's duration: the build then runs 1/(1+buildPauseRatioMax) of the time, 11 %. A live
 	// event that meets a build's batch waits for CPU behind it, so the live tail rises with
 	// the share of the time the build runs and with the length of its batches: on 2 cores, at
 	// 1,000 live appends/s, a build of whole batches (500 events, 10 ms) running 2–5 % of the
-	// time raised the live p99 by 5–12 %, one at 20 % by half (`make bench`, -scenario
-	// bluegreen, 2026-11-28).
-	buildPauseRatioMax = 32
+	// time raised the live p99 by 5–12 %, one at 20 % by half; a build of batches sized to
+	// half the lag target (buildBatchBudgetShare) raised it −0 % to +6 % bounded at 8×
+	// (2,100–4,100 events/s, four runs), −11 % to +7 % bounded at 32× (1,000–1,650 events/s,
+	// six runs; `make bench`, -scenario bluegreen, 2026-11-28).
+	buildPauseRatioMax = 8
 	// buildRecovery is what the multiple is multiplied by after a batch that found the live
 	// lag under the target: a tenth off, so that the build takes the smallest share as soon
 	// as about one batch in ten finds the live projection lagging (a share that keeps the
@@ -44,8 +47,8 @@ const (
 	// 5 ms), within [buildBatchMin, Config.BatchSize]. The live p99 rises with the length of
 	// the build's batches as much as with their share of the time: built in batches of 20 or
 	// 50 events at full speed, a million events raised it 15–18 %, in batches of 500 70 %, and
-	// paced, 2.5 ms batches raised it 1–8 % where 500-event ones raised it 14–16 % (`make
-	// bench`, -scenario bluegreen, 2026-11-28).
+	// paced (waits up to 32×), 2.5 ms batches raised it −2 % to +7 % where 500-event ones
+	// raised it 10–16 % (`make bench`, -scenario bluegreen, 2026-11-28).
 	buildBatchBudgetShare = 2
 	// buildBatchMin is the fewest events a paced build's batch is sized to: each batch costs
 	// a transaction and its position's update, about a millisecond here.

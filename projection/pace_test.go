@@ -26,22 +26,22 @@ func TestPacerBacksOffAndRecovers(t *testing.T) {
 	for range 7 {
 		waits = append(waits, pc.next(behind(), 500, took, eventstore.Position{}, t0))
 	}
-	require.Equal(t, []time.Duration{10, 30, 70, 150, 310, 320, 320}, ms(waits), "up by 2×+1, then the ratio's bound (32)")
-	require.Equal(t, buildPauseMax, pc.next(behind(), 500, 100*time.Millisecond, eventstore.Position{}, t0), "one wait is at most buildPauseMax")
+	require.Equal(t, []time.Duration{10, 30, 70, 80, 80, 80, 80}, ms(waits), "up by 2×+1, then the ratio's bound (8)")
+	require.Equal(t, buildPauseMax, pc.next(behind(), 500, 200*time.Millisecond, eventstore.Position{}, t0), "one wait is at most buildPauseMax")
 	stuck := behind()
-	require.Equal(t, 320*time.Millisecond, pc.next(stuck, 500, took, eventstore.Position{}, t0))
-	require.Equal(t, 320*time.Millisecond, pc.next(stuck, 500, took, eventstore.Position{}, t0.Add(buildIdleAfter-time.Millisecond)),
+	require.Equal(t, 80*time.Millisecond, pc.next(stuck, 500, took, eventstore.Position{}, t0))
+	require.Equal(t, 80*time.Millisecond, pc.next(stuck, 500, took, eventstore.Position{}, t0.Add(buildIdleAfter-time.Millisecond)),
 		"an active version whose position has not moved for a while is still waited for")
-	require.Equal(t, 288*time.Millisecond, pc.next(stuck, 500, took, eventstore.Position{}, t0.Add(buildIdleAfter)),
+	require.Equal(t, 72*time.Millisecond, pc.next(stuck, 500, took, eventstore.Position{}, t0.Add(buildIdleAfter)),
 		"one whose position has not moved for buildIdleAfter is not")
 	pc.next(behind(), 500, took, eventstore.Position{}, t0)
 	waits = waits[:0]
 	for range 64 {
 		waits = append(waits, pc.next(level, 500, took, eventstore.Position{}, t0))
 	}
-	require.Equal(t, []time.Duration{288, 259, 233}, ms(waits[:3]), "down by a tenth per batch")
-	require.Positive(t, waits[58], "a few dozen batches")
-	require.Equal(t, make([]time.Duration, 5), waits[59:], "then none")
+	require.Equal(t, []time.Duration{72, 64, 58}, ms(waits[:3]), "down by a tenth per batch")
+	require.Positive(t, waits[45], "a few dozen batches")
+	require.Equal(t, make([]time.Duration, 18), waits[46:], "then none")
 	require.Zero(t, pc.next(VersionInfo{State: VersionBuilding, ActiveState: StateFailing, ActiveLag: time.Hour}, 500, took, eventstore.Position{}, t0),
 		"a failing active version does not hold the build back")
 	off := pacer{target: -1}
@@ -75,12 +75,12 @@ func TestPacerGivesWayWhenNotGaining(t *testing.T) {
 		}
 		return longest
 	}
-	require.Equal(t, 320*time.Millisecond, window(50), "the first window: gaining, the whole bound")
+	require.Equal(t, 80*time.Millisecond, window(50), "the first window: gaining, the whole bound")
 	var longest []time.Duration
 	for range 7 { // no gain at all from here on
 		longest = append(longest, window(0))
 	}
-	require.Equal(t, []time.Duration{320, 160, 80, 40, 20, 10, 0}, ms(longest),
+	require.Equal(t, []time.Duration{80, 40, 20, 10, 0, 0, 0}, ms(longest),
 		"each window that did not gain halves the bound (the first one is judged as the second starts), to unpaced")
 	longest = longest[:0]
 	for range 4 {

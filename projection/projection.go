@@ -137,7 +137,7 @@ type Config struct {
 	// and while the active version takes live events the build's batches are sized to take
 	// about half the target each (at least 10 events, at most BatchSize), so a live event
 	// never queues behind a long one. While the live projection lags over the target on
-	// about one batch in ten, the build runs about 3 % of the time; with nothing to do live,
+	// about one batch in ten, the build runs about 11 % of the time; with nothing to do live,
 	// at full speed in whole batches. A failing, paused or
 	// stopped active version does not hold the build back, and a build that did not gain on
 	// the active version over 5 s halves the bound on its waits for the next 5 s (doubling it
