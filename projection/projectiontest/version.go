@@ -201,14 +201,7 @@ func testVersionBuildPaced(t *testing.T, env Env) {
 			name := fmt.Sprintf("paced_%d", i)
 			v1 := s.projectionWith(t, name, projection.Config{Version: 1, BatchSize: 7})
 			v2 := s.projectionWith(t, name, projection.Config{Version: 2, BatchSize: 7, BuildLagTarget: c.target})
-			r, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, v1)
-			require.NoError(t, err)
-			require.NoError(t, r.Init(ctx))
-			_, err = r.CatchUp(ctx, v1.Name()) // level with whatever earlier cases appended
-			require.NoError(t, err)
-			at := AppendN(t, env.Store, 0, 40)
-			_, err = r.CatchUp(ctx, v1.Name())
-			require.NoError(t, err)
+			r, at := activeWithHistory(t, env, v1, 40)
 			if c.lag {
 				AppendN(t, env.Store, 40, 1)
 				require.Eventually(t, func() bool {
@@ -235,6 +228,23 @@ func testVersionBuildPaced(t *testing.T, env Env) {
 	}
 }
 
+// activeWithHistory runs the active version v1 in a runner of its own, level with whatever
+// earlier tests appended, then appends n events (numbered from 0) and catches v1 up to them;
+// it returns the runner and the events' positions.
+func activeWithHistory(t *testing.T, env Env, v1 *projection.Projection, n int) (*projection.Runner, []eventstore.Position) {
+	t.Helper()
+	ctx := context.Background()
+	r, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, v1)
+	require.NoError(t, err)
+	require.NoError(t, r.Init(ctx))
+	_, err = r.CatchUp(ctx, v1.Name())
+	require.NoError(t, err)
+	at := AppendN(t, env.Store, 0, n)
+	_, err = r.CatchUp(ctx, v1.Name())
+	require.NoError(t, err)
+	return r, at
+}
+
 // testVersionBuildBatchesSized: while the active version takes live events, a paced build's
 // batches after the first are sized to take a share of the lag target (down to the pacer's
 // smallest, 10 events, with a target of a few nanoseconds); an unpaced build reads whole
@@ -254,14 +264,7 @@ func testVersionBuildBatchesSized(t *testing.T, env Env) {
 			name := fmt.Sprintf("sized_%d", i)
 			v1 := s.projectionWith(t, name, projection.Config{Version: 1, BatchSize: 20})
 			v2 := s.projectionWith(t, name, projection.Config{Version: 2, BatchSize: 20, BuildLagTarget: c.target})
-			r, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t)}, v1)
-			require.NoError(t, err)
-			require.NoError(t, r.Init(ctx))
-			_, err = r.CatchUp(ctx, v1.Name()) // level with whatever earlier tests appended
-			require.NoError(t, err)
-			AppendN(t, env.Store, 0, 60)
-			_, err = r.CatchUp(ctx, v1.Name())
-			require.NoError(t, err)
+			r, _ := activeWithHistory(t, env, v1, 60)
 			last := AppendN(t, env.Store, 60, 1) // the active version's lag: an event it has not handled
 			require.Eventually(t, func() bool {
 				st, err := r.Status(ctx, v1.Name())
