@@ -634,12 +634,18 @@ func (c *Channel) initialize(cfg amqp.Config, topic, queue string, log watermill
 }
 
 // usable returns ErrClosed after Close and ErrDisconnected while the connection is down.
+//
+// It asks the connection under c.mu: watermill-amqp v2.1.3 replaces the connection's
+// "connected" channel, unsynchronised, in a goroutine of its own once the connection closes,
+// so a read that Close's critical section does not order before that write is a data race.
+// Holding c.mu orders every read before Close (which sets closed under c.mu before it closes
+// the connection) or has it see closed and not read at all. A reconnect after a connection
+// loss still writes unordered (see the Makefile's outage tests).
 func (c *Channel) usable() error {
 	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
+	defer c.mu.Unlock()
 	switch {
-	case closed:
+	case c.closed:
 		return ErrClosed
 	case !c.conn.IsConnected():
 		return ErrDisconnected
