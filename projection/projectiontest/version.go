@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -273,8 +274,14 @@ func testVersionBuildBatchesSized(t *testing.T, env Env) {
 			var (
 				mu      sync.Mutex
 				batches []int
+				ticks   atomic.Int64
 			)
-			both, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t), OnBatch: func(b projection.BatchReport) {
+			// The runner's clock moves 100 µs a reading, not with the wall: version 1's
+			// position stands still (no worker runs it), and on a busy machine the build's
+			// waits could pass the pacer's idle second, which grows the batches back.
+			epoch := time.Now()
+			tick := func() time.Time { return epoch.Add(time.Duration(ticks.Add(1)) * 100 * time.Microsecond) }
+			both, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t), NowFunc: tick, OnBatch: func(b projection.BatchReport) {
 				mu.Lock()
 				defer mu.Unlock()
 				if b.Projection == v2.Name() {
