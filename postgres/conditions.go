@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strings"
 
@@ -43,10 +45,16 @@ const conditionsView = `CREATE OR REPLACE VIEW {conditions} AS
 // in SQL (eventstore/postgres PartitionSQL) with the row's count.
 const inPartition = `(p.partition_count IS NULL OR ((('x' || substr(md5(e.stream_id), 1, 8))::bit(32)::int & 2147483647) % p.partition_count) = p.partition_index)`
 
+// conditionsMark starts the comment on the view nudge_projection_conditions; the rest is the
+// hash of the statement that created it (conditionsVersion).
+const conditionsMark = "nudge conditions view "
+
 // replaceConditionsView creates or replaces the view nudge_projection_conditions in schema once
 // the tables of both the event store and the projections exist. The view embeds the horizon
-// expression of this version of the code, so every Migrate of either component replaces it
-// (under the migration lock the caller's pgmigrate.Run took).
+// expression of this version of the code: it is replaced when the hash of its statement, which
+// its comment records, differs from this version's, and left alone otherwise, so that a
+// Migrate with nothing to do runs no DDL (a role that does not own the view can run it).
+// The caller's pgmigrate.Run took the migration lock.
 func replaceConditionsView(ctx context.Context, tx pgx.Tx, schema string) error {
 	table := func(name string) string {
 		if schema == "" {
@@ -54,19 +62,33 @@ func replaceConditionsView(ctx context.Context, tx pgx.Tx, schema string) error 
 		}
 		return pgx.Identifier{schema, name}.Sanitize()
 	}
-	var ready bool
-	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL
-			AND EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($2) AND attname = 'partition_count' AND NOT attisdropped)`,
-		table("nudge_events"), table("nudge_projections"), table("nudge_projection_versions")).Scan(&ready); err != nil {
-		return fmt.Errorf("postgres: migrate: look for the tables of the view nudge_projection_conditions: %w", err)
-	}
-	if !ready {
-		return nil
-	}
 	sql := strings.NewReplacer("{inpart}", inPartition, "{conditions}", table("nudge_projection_conditions"), "{projections}", table("nudge_projections"),
 		"{events}", table("nudge_events"), "{versions}", table("nudge_projection_versions"), "{horizon}", pghorizon.Readable(schema)).Replace(conditionsView)
+	mark := conditionsMark + conditionsVersion(sql)
+	var (
+		ready   bool
+		comment *string
+	)
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL
+			AND EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($2) AND attname = 'partition_count' AND NOT attisdropped),
+			obj_description(to_regclass($4), 'pg_class')`,
+		table("nudge_events"), table("nudge_projections"), table("nudge_projection_versions"), table("nudge_projection_conditions")).Scan(&ready, &comment); err != nil {
+		return fmt.Errorf("postgres: migrate: look for the tables of the view nudge_projection_conditions: %w", err)
+	}
+	if !ready || comment != nil && *comment == mark {
+		return nil
+	}
 	if _, err := tx.Exec(ctx, sql); err != nil {
-		return fmt.Errorf("postgres: migrate: create view nudge_projection_conditions: %w", err)
+		return fmt.Errorf("postgres: migrate: replace view nudge_projection_conditions: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `COMMENT ON VIEW `+table("nudge_projection_conditions")+` IS '`+mark+`'`); err != nil {
+		return fmt.Errorf("postgres: migrate: mark view nudge_projection_conditions: %w", err)
 	}
 	return nil
+}
+
+// conditionsVersion is the hash of the statement that creates the view.
+func conditionsVersion(sql string) string {
+	sum := sha256.Sum256([]byte(sql))
+	return hex.EncodeToString(sum[:8])
 }

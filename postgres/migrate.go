@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/nudgeworks/nudge/internal/pgmigrate"
 )
@@ -53,11 +54,16 @@ var migrationFiles embed.FS
 // whatever the order given, each with its migrations not yet recorded in
 // nudge_schema_migrations; a schema that is not there yet is created. When ComponentEvents or
 // ComponentProjections is among them and the tables of both exist, the view
-// nudge_projection_conditions is replaced: it embeds the horizon of this version of the code.
+// nudge_projection_conditions is created, or replaced if this version of the code defines it
+// otherwise (it embeds the horizon; its comment records the version of its definition).
 //
 // It is safe to run at every start and from several processes at once: the migrations run
 // under a transaction-scoped advisory lock, so a second process waits for the first and then
-// finds nothing left to do.
+// finds nothing left to do. With nothing to do it runs no DDL, so a role that may only read and
+// write nudge's tables (USAGE on the schema, SELECT, INSERT, UPDATE and DELETE on its tables,
+// USAGE, SELECT and UPDATE on its sequences) runs it at every start once the tables' owner has
+// migrated; when that role finds something to migrate, the error is a *PrivilegeError (it
+// matches ErrPrivilege).
 func Migrate(ctx context.Context, db DB, schema string, components ...Component) error {
 	if db == nil {
 		return errors.New("postgres: Migrate needs a database handle (a *pgxpool.Pool), got nil")
@@ -78,6 +84,12 @@ func MigrateTx(ctx context.Context, tx pgx.Tx, schema string, components ...Comp
 	if err != nil {
 		return err
 	}
+	return privilegeError(tx, migrate(ctx, tx, schema, todo))
+}
+
+// migrate runs the migrations of the components todo, in order, and replaces the view of
+// their conditions if it changed.
+func migrate(ctx context.Context, tx pgx.Tx, schema string, todo []Component) error {
 	for _, c := range todo {
 		migs, err := pgmigrate.Load(migrationFiles, "migrations/"+string(c))
 		if err != nil {
@@ -91,6 +103,49 @@ func MigrateTx(ctx context.Context, tx pgx.Tx, schema string, components ...Comp
 		return replaceConditionsView(ctx, tx, schema)
 	}
 	return nil
+}
+
+// ErrPrivilege is matched (errors.Is) by the error Migrate returns when its role may not make
+// a change the schema needs: a *PrivilegeError.
+var ErrPrivilege = errors.New("postgres: the role may not migrate nudge's schema")
+
+// PrivilegeError is Migrate's error when its role lacks a privilege a pending change needs
+// (PostgreSQL's insufficient_privilege: creating the schema or a table, replacing a view it
+// does not own). A role that may only read and write nudge's tables can run Migrate at every
+// start, but only once the tables' owner has migrated with this version of nudge.
+type PrivilegeError struct {
+	// Role is the role Migrate ran as (the connection's user).
+	Role string
+	// Err is the failing step's error, the driver's *pgconn.PgError in its chain.
+	Err error
+}
+
+func (e *PrivilegeError) Error() string {
+	return fmt.Sprintf("postgres: migrate: role %q may not make the change nudge's schema needs (%v): "+
+		"run Migrate once as the role that owns nudge's tables (at deploy, or `nudge migrate`), then start with this one", e.Role, e.Err)
+}
+
+// Is reports whether target is ErrPrivilege.
+func (e *PrivilegeError) Is(target error) bool { return target == ErrPrivilege }
+
+// Unwrap returns Err.
+func (e *PrivilegeError) Unwrap() error { return e.Err }
+
+// insufficientPrivilege is PostgreSQL's SQLSTATE insufficient_privilege.
+const insufficientPrivilege = "42501"
+
+// privilegeError returns err as a *PrivilegeError when PostgreSQL refused it for a lack of
+// privilege (SQLSTATE 42501), else err.
+func privilegeError(tx pgx.Tx, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != insufficientPrivilege {
+		return err
+	}
+	role := ""
+	if conn := tx.Conn(); conn != nil {
+		role = conn.Config().User
+	}
+	return &PrivilegeError{Role: role, Err: err}
 }
 
 // plan checks schema and components and returns the components to migrate, in order.

@@ -242,7 +242,7 @@ func TestMigrateLegacyDatabase(t *testing.T) {
 		return slices.Contains(newSteps, step{Component: s.Component, Version: s.Version, Name: s.Name})
 	}
 	require.Equal(t, before, slices.DeleteFunc(after, isNew), "no legacy step ran again")
-	require.Equal(t, allTables, tables(t, db, ""), "the view is replaced as at every Migrate; the channel's dead-letter table is gone")
+	require.Equal(t, allTables, tables(t, db, ""), "the view is replaced (it had no version mark); the channel's dead-letter table is gone")
 	var stream *string
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT failing_stream_id FROM nudge_dead_letters WHERE message_uuid = 'm-1'`).Scan(&stream))
 	require.Nil(t, stream, "a dead letter from before has no stream")
@@ -297,4 +297,57 @@ func TestComponents(t *testing.T) {
 		dirs = append(dirs, postgres.Component(e.Name()))
 	}
 	require.ElementsMatch(t, postgres.Components(), dirs, "one migrations directory per component")
+}
+
+// TestMigrateAsLeastPrivilegeRole: a role that may only read and write nudge's tables
+// (pgtest.LeastPrivilegeGrants, as a least-privilege deploy grants them) runs Migrate at every
+// start: once the owner has migrated, it finds nothing to do and changes no schema.
+func TestMigrateAsLeastPrivilegeRole(t *testing.T) {
+	t.Parallel()
+	for _, schema := range []string{"", "nudge"} {
+		t.Run("schema="+schema, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.New(t)
+			require.NoError(t, postgres.Migrate(ctx, db.Pool, schema), "the owner migrates")
+			before := recorded(t, db, schema)
+			role := db.LeastPrivilegePool(t, schema)
+			require.NoError(t, postgres.Migrate(ctx, role, schema), "nothing to migrate: no DDL")
+			require.NoError(t, postgres.Migrate(ctx, role, schema, postgres.ComponentProjections))
+			require.Equal(t, before, recorded(t, db, schema))
+			require.Equal(t, allTables, tables(t, db, schema))
+		})
+	}
+}
+
+// TestMigrateWithoutPrivilege: when there is something to migrate and the role may not, Migrate
+// fails with a *postgres.PrivilegeError (errors.Is postgres.ErrPrivilege) that says what to do,
+// and changes nothing: on a database never migrated, and when the view
+// nudge_projection_conditions of an older version must be replaced.
+func TestMigrateWithoutPrivilege(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	role := db.LeastPrivilegePool(t, "")
+	err := postgres.Migrate(ctx, role, "")
+	require.ErrorIs(t, err, postgres.ErrPrivilege)
+	var perr *postgres.PrivilegeError
+	require.ErrorAs(t, err, &perr)
+	require.Contains(t, perr.Role, "nudge_test_role_")
+	require.ErrorContains(t, err, "run Migrate once as the role that owns nudge's tables")
+	require.Empty(t, tables(t, db, ""), "nothing was created")
+
+	require.NoError(t, postgres.Migrate(ctx, db.Pool, ""), "the owner migrates")
+	role = db.LeastPrivilegePool(t, "")
+	require.NoError(t, postgres.Migrate(ctx, role, ""))
+	// The view as an older version left it: another definition, with no mark of its version.
+	_, err = db.Pool.Exec(ctx, `CREATE OR REPLACE VIEW nudge_projection_conditions AS SELECT p.name, 'caught_up'::text AS condition,
+		p.state, p.transaction_id, p.global_position, p.updated_at FROM nudge_projections p;
+		COMMENT ON VIEW nudge_projection_conditions IS NULL`)
+	require.NoError(t, err)
+	err = postgres.Migrate(ctx, role, "")
+	require.ErrorIs(t, err, postgres.ErrPrivilege)
+	require.ErrorContains(t, err, "nudge_projection_conditions")
+	require.NoError(t, postgres.Migrate(ctx, db.Pool, ""), "the owner replaces it")
+	require.NoError(t, postgres.Migrate(ctx, role, ""), "and the role finds nothing to do again")
 }

@@ -64,35 +64,23 @@ const lockKey = "nudge.pgmigrate"
 // Run applies the migrations of component that tx's database has not recorded yet and returns
 // the versions it applied. When schema is not empty, the schema is created if missing and the
 // migrations run with it as the search path (restored afterwards). The caller commits tx.
+//
+// With nothing to apply it runs no DDL at all (it creates neither the schema nor the table
+// nudge_schema_migrations when they exist), so a role that may only read and write nudge's
+// tables runs it at every start.
 func Run(ctx context.Context, tx pgx.Tx, component, schema string, migs []Migration) ([]int, error) {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, lockKey); err != nil {
 		return nil, fmt.Errorf("pgmigrate: take the migration lock: %w", err)
 	}
 	if schema != "" {
-		ident := pgx.Identifier{schema}.Sanitize()
-		var previous string
-		if err := tx.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&previous); err != nil {
-			return nil, fmt.Errorf("pgmigrate: read search_path: %w", err)
+		restore, err := useSchema(ctx, tx, schema)
+		if err != nil {
+			return nil, err
 		}
-		if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+ident); err != nil {
-			return nil, fmt.Errorf("pgmigrate: create schema %s: %w", ident, err)
-		}
-		if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, ident); err != nil {
-			return nil, fmt.Errorf("pgmigrate: set search_path: %w", err)
-		}
-		defer func() {
-			// Best effort: if tx has failed, the whole transaction is rolled back anyway.
-			_, _ = tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, previous)
-		}()
+		defer restore()
 	}
-	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS nudge_schema_migrations (
-		component  text        NOT NULL,
-		version    integer     NOT NULL,
-		name       text        NOT NULL,
-		applied_at timestamptz NOT NULL DEFAULT now(),
-		PRIMARY KEY (component, version)
-	)`); err != nil {
-		return nil, fmt.Errorf("pgmigrate: create nudge_schema_migrations: %w", err)
+	if err := createMigrationsTable(ctx, tx); err != nil {
+		return nil, err
 	}
 	var done int
 	if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM nudge_schema_migrations WHERE component = $1`, component).Scan(&done); err != nil {
@@ -113,4 +101,53 @@ func Run(ctx context.Context, tx pgx.Tx, component, schema string, migs []Migrat
 		applied = append(applied, m.Version)
 	}
 	return applied, nil
+}
+
+// useSchema creates schema if it does not exist and makes it tx's search path; restore sets
+// the search path back.
+func useSchema(ctx context.Context, tx pgx.Tx, schema string) (restore func(), err error) {
+	ident := pgx.Identifier{schema}.Sanitize()
+	var (
+		previous string
+		exists   bool
+	)
+	if err := tx.QueryRow(ctx, `SELECT current_setting('search_path'), EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`,
+		schema).Scan(&previous, &exists); err != nil {
+		return nil, fmt.Errorf("pgmigrate: read search_path: %w", err)
+	}
+	if !exists {
+		if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+ident); err != nil {
+			return nil, fmt.Errorf("pgmigrate: create schema %s: %w", ident, err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, ident); err != nil {
+		return nil, fmt.Errorf("pgmigrate: set search_path: %w", err)
+	}
+	return func() {
+		// Best effort: if tx has failed, the whole transaction is rolled back anyway.
+		_, _ = tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, previous)
+	}, nil
+}
+
+// createMigrationsTable creates nudge_schema_migrations in the schema where the search path
+// creates tables, if it is not there.
+func createMigrationsTable(ctx context.Context, tx pgx.Tx) error {
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_class
+		WHERE relname = 'nudge_schema_migrations' AND relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()))`).Scan(&exists); err != nil {
+		return fmt.Errorf("pgmigrate: look for nudge_schema_migrations: %w", err)
+	}
+	if exists {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS nudge_schema_migrations (
+		component  text        NOT NULL,
+		version    integer     NOT NULL,
+		name       text        NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now(),
+		PRIMARY KEY (component, version)
+	)`); err != nil {
+		return fmt.Errorf("pgmigrate: create nudge_schema_migrations: %w", err)
+	}
+	return nil
 }

@@ -83,8 +83,8 @@ type acquirer interface {
 
 // Migrate creates or upgrades the status tables alone: postgres.Migrate with
 // postgres.ComponentProjections in the store's schema (postgres.Migrate without components
-// migrates every component's tables at once). Once the store's tables exist, it also replaces
-// the view nudge_projection_conditions, which embeds the horizon of this version of the code.
+// migrates every component's tables at once). Once the store's tables exist, it also creates
+// the view nudge_projection_conditions, or replaces it if it embeds another version's horizon.
 // It is safe to run at every start and from several processes at once.
 func (b *Backend) Migrate(ctx context.Context) error {
 	return b.inTx(ctx, func(tx pgx.Tx) error { return b.MigrateTx(ctx, tx) })
