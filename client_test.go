@@ -179,7 +179,7 @@ type running struct {
 }
 
 // start migrates and runs a client: with Run, or with its handlers on a router of the test's own
-// (AddHandlers, RunBackground), the way a service that owns its router wires them.
+// (AddHandlers, RunRouter), the way a service that owns its router wires them.
 func start(t *testing.T, pool *pgxpool.Pool, cfg nudge.Config, ownRouter bool) running {
 	t.Helper()
 	client, err := nudge.New(pool, cfg)
@@ -191,8 +191,7 @@ func start(t *testing.T, pool *pgxpool.Pool, cfg nudge.Config, ownRouter bool) r
 		router, err := message.NewRouter(message.RouterConfig{}, worker.RouterLogger(watermill.NewSlogLogger(cfg.Logger)))
 		require.NoError(t, err)
 		require.NoError(t, client.AddHandlers(ctx, router))
-		wg.Go(func() { require.NoError(t, router.Run(ctx)) })
-		wg.Go(func() { require.NoError(t, client.RunBackground(ctx)) })
+		wg.Go(func() { require.NoError(t, client.RunRouter(ctx, router)) })
 	} else {
 		wg.Go(func() { require.NoError(t, client.Run(ctx)) })
 	}
@@ -200,7 +199,7 @@ func start(t *testing.T, pool *pgxpool.Pool, cfg nudge.Config, ownRouter bool) r
 	stop := func() { once.Do(func() { cancel(); wg.Wait() }) }
 	t.Cleanup(stop)
 	select {
-	case <-client.Worker().Running():
+	case <-client.Running():
 	case <-time.After(eventually):
 		t.Fatalf("the client did not start within %s", eventually)
 	}
@@ -220,7 +219,7 @@ func TestConfigErrors(t *testing.T) {
 		cfg  nudge.Config
 		want string
 	}{
-		"no channel":                   {nudge.Config{}, "Channel is required"},
+		"in-tx without a channel":      {nudge.Config{Triggers: nudge.TriggersInTransaction}, "needs a Channel"},
 		"in-tx on gochannel":           {nudge.Config{Channel: gc, Triggers: nudge.TriggersInTransaction}, "publishes in a transaction"},
 		"unknown mode":                 {nudge.Config{Channel: gc, Triggers: "carrier-pigeon"}, "is not one of"},
 		"nil projection":               {nudge.Config{Channel: gc, Projections: []*projection.Projection{nil}}, "Projections[0] is nil"},

@@ -40,10 +40,13 @@ const (
 // TriggerModes lists every TriggerMode.
 func TriggerModes() []TriggerMode { return []TriggerMode{TriggersRelay, TriggersInTransaction} }
 
-// Config configures a Client. Channel is required; every other field is optional.
+// Config configures a Client. Projections are required; every other field is optional.
 type Config struct {
 	// Channel carries the triggers: channel/amqp (RabbitMQ), channel/postgres (a PostgreSQL
-	// queue) or channel/gochannel (in process). Required. The client never closes it.
+	// queue) or channel/gochannel (in process). The client never closes it. Required to run
+	// the projections (Run, RunRouter, AddHandlers) and with TriggersInTransaction. A process
+	// that only appends, reads and reports status beside others that Run (an API) leaves it
+	// nil: it opens no broker connection, and Run returns ErrNoChannel.
 	Channel channel.Channel
 	// Projections are the projections Run (or AddHandlers) runs, and whose status the client
 	// reports. At least one is required; a process that only appends (an API) passes them too
@@ -118,12 +121,12 @@ func (cfg Config) WithDefaults() Config {
 // Validate reports what is wrong with cfg (after WithDefaults), as an error matching
 // ErrInvalidConfig.
 func (cfg Config) Validate() error {
-	if cfg.Channel == nil {
-		return fmt.Errorf("%w: Channel is required (channel/amqp, channel/postgres or channel/gochannel)", ErrInvalidConfig)
-	}
 	switch cfg.Triggers {
 	case TriggersRelay:
 	case TriggersInTransaction:
+		if cfg.Channel == nil {
+			return fmt.Errorf("%w: Triggers %q needs a Channel that publishes in a transaction (channel/postgres)", ErrInvalidConfig, cfg.Triggers)
+		}
 		if _, ok := cfg.Channel.(relay.TxPublisher); !ok {
 			return fmt.Errorf("%w: Triggers %q needs a channel that publishes in a transaction (channel/postgres); %T does not: use %q",
 				ErrInvalidConfig, cfg.Triggers, cfg.Channel, TriggersRelay)

@@ -18,12 +18,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/nudgeworks/nudge/channel"
 	"github.com/nudgeworks/nudge/deadletter"
 	dlmemory "github.com/nudgeworks/nudge/deadletter/memory"
 	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
@@ -58,6 +60,7 @@ type Client struct {
 	dead     deadletter.Store
 	migrate  func(context.Context) error // nil in memory
 	ran      atomic.Bool
+	routers  sync.Map    // *message.Router → true: the routers AddHandlers added the handlers to
 	watched  atomic.Bool // Config.Metrics watches the worker
 }
 
@@ -97,7 +100,7 @@ func New(db postgres.DB, cfg Config) (*Client, error) {
 	p := parts{store: store, pg: store, backend: backend, dead: cfg.DeadLetters, db: db}
 	if pool, ok := db.(interface {
 		Acquire(ctx context.Context) (*pgxpool.Conn, error)
-	}); ok && cfg.Triggers == TriggersRelay && cfg.Relay.Waker == nil {
+	}); ok && cfg.Triggers == TriggersRelay && cfg.Channel != nil && cfg.Relay.Waker == nil {
 		// Appends notify postgres.NotifyEvents; the relay listens, and polls as a fallback.
 		p.listener, err = postgres.NewListener(postgres.PoolConnect(pool), postgres.ListenerConfig{Channel: postgres.NotifyEvents, Logger: cfg.Logger})
 		if err != nil {
@@ -148,7 +151,11 @@ func newClient(cfg Config, p parts) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	wcfg := worker.Config{Runner: c.runner, Channel: cfg.Channel, Logger: cfg.Logger, DeadLetters: c.dead,
+	var ch channel.Channel = noChannel{}
+	if cfg.Channel != nil {
+		ch = cfg.Channel
+	}
+	wcfg := worker.Config{Runner: c.runner, Channel: ch, Logger: cfg.Logger, DeadLetters: c.dead,
 		SafetyNetInterval: cfg.SafetyNetInterval, StallAfter: cfg.StallAfter, Retry: cfg.Retry,
 		DisableReplayOnStart: cfg.DisableReplayOnStart, CloseTimeout: cfg.CloseTimeout, RouterFunc: routerFunc(cfg),
 		DeadLetterTimeout: cfg.DeadLetterTimeout}
@@ -168,7 +175,10 @@ func newClient(cfg Config, p parts) (*Client, error) {
 		// A trigger published in the append's transaction can arrive before an older
 		// transaction lets readers see its events: its handler waits for them.
 		wcfg.Store = c.pg
-	default:
+	case TriggersRelay:
+		if cfg.Channel == nil {
+			break // no relay: the processes that run the projections run it
+		}
 		rcfg := cfg.Relay
 		if p.listener != nil {
 			rcfg.Waker = p.listener
