@@ -4,14 +4,18 @@
 // projections.
 //
 //	client, err := nudge.New(pool, nudge.Config{Channel: ch, Projections: []*projection.Projection{list}})
-//	err = client.Migrate(ctx)                   // once per start; safe from several processes
-//	go client.Run(ctx)                          // handlers, relay, safety net, replay after deploy
+//	err = client.Migrate(ctx)                   // every start; safe from several processes
+//	go func() { done <- client.Run(ctx) }()     // handlers, relay, safety net, replay after deploy
+//	<-client.Running()                          // handlers subscribed: ready
 //	_, err = client.Append(ctx, "ticket-1", eventstore.NoStream, data)
 //
 // Handlers can run on a Watermill router of the service's own instead: AddHandlers adds them,
-// RunBackground runs everything else Run runs. A process that only appends and serves read
-// models and statuses, beside others that Run, calls Prepare instead. The parts stay available
-// for custom wiring (packages eventstore/postgres, projection, worker, trigger, deadletter).
+// and RunRouter runs that router beside everything else Run runs, stopping both when either
+// fails (RunBackground runs the rest alone, for a router you run yourself). A process that
+// only appends and serves read models and statuses, beside others that Run, calls Prepare
+// instead, and needs no channel (Config.Channel nil): it opens no broker connection. The parts
+// stay available for custom wiring (packages eventstore/postgres, projection, worker, relay,
+// deadletter, postgres).
 package nudge
 
 import (
@@ -254,7 +258,10 @@ func routerFunc(cfg Config) func(*message.Router) error {
 
 // Migrate creates or updates every table the client uses — the event store's, the projections'
 // status and the dead letters' in one transaction (postgres.Migrate), then the channel's queue
-// tables (channel/postgres). It is safe to run at every start, from several processes at once.
+// tables (channel/postgres). It is safe to run at every start, from several processes at once,
+// and as a role that may only read and write nudge's tables: with nothing to migrate it
+// changes no schema, and when there is something to migrate such a role gets an error matching
+// postgres.ErrPrivilege that says to migrate once as the tables' owner.
 func (c *Client) Migrate(ctx context.Context) error {
 	if c.migrate != nil {
 		if err := c.migrate(ctx); err != nil {
