@@ -187,6 +187,8 @@ type Worker struct {
 	retired *retiredSubscriptions
 	// healer resolves the dead letters the projections passed, off the trigger path.
 	healer *healer
+	// sleepFunc waits before a trigger whose dead letter failed is nacked (backoff.Sleep).
+	sleepFunc func(ctx context.Context, d time.Duration) error
 }
 
 // ErrInvalidConfig is matched (errors.Is) by every error New returns for a Config it cannot use.
@@ -260,7 +262,7 @@ func New(cfg Config) (*Worker, error) {
 	w := &Worker{cfg: cfg, names: slices.Clone(names), logger: cfg.Logger, stats: make(map[string]*counters, len(names)), created: time.Now(),
 		running: make(chan struct{}), parts: map[string]*partitionSet{}, partitionOf: map[string]string{},
 		retired: newRetiredSubscriptions(cfg.Channel, names, cfg.Logger)}
-	w.healer = newHealer(w)
+	w.healer, w.sleepFunc = newHealer(w), backoff.Sleep
 	if cfg.MaxConcurrentPartitions > 0 {
 		w.slots = make(chan struct{}, cfg.MaxConcurrentPartitions)
 	}
@@ -321,6 +323,9 @@ type counters struct {
 	running      atomic.Int32
 	runningSince atomic.Int64
 	triggered    atomic.Int64
+	// deadLetterFailures counts the dead-letter writes that failed in a row (deadLetterFailed);
+	// deadLetterWaits counts the waits after them.
+	deadLetterFailures, deadLetterWaits atomic.Int64
 }
 
 // Stats returns the counters of the named projection's handler.
@@ -427,10 +432,14 @@ func (w *Worker) deadLetter(name string, msg *message.Message, cause error) erro
 	rec, err := w.cfg.DeadLetters.Add(ctx, entry)
 	if err != nil {
 		if ctx.Err() != nil && msg.Context().Err() == nil {
-			return fmt.Errorf("%w (%s): %w", ErrDeadLetterTimeout, w.cfg.DeadLetterTimeout, err)
+			err = fmt.Errorf("%w (%s): %w", ErrDeadLetterTimeout, w.cfg.DeadLetterTimeout, err)
+		} else {
+			err = fmt.Errorf("worker: store the dead letter: %w", err)
 		}
-		return fmt.Errorf("worker: store the dead letter: %w", err)
+		w.deadLetterFailed(msg.Context(), w.stats[name], log) // no hot loop against a refusing store
+		return err
 	}
+	w.stats[name].deadLetterFailures.Store(0)
 	w.stats[name].deadLettered.Add(1)
 	attrs := []any{slog.Int64("dead_letter_id", rec.ID), slog.Int("count", rec.Count), slog.Any("error", cause)}
 	if he != nil {
