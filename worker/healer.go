@@ -14,7 +14,7 @@ import (
 
 // Waits of the healer after a ResolvePassed that failed: the store is down or partitioned, so
 // it is asked again later, not at every catch-up.
-var (
+const (
 	healRetryInitial = time.Second
 	healRetryMax     = time.Minute
 )
@@ -35,13 +35,16 @@ var (
 type healer struct {
 	w    *Worker
 	wake chan struct{} // holds a token while signals wait for run
+	// retryInitial and retryMax are the waits after a failure (healRetryInitial, healRetryMax).
+	retryInitial, retryMax time.Duration
 
 	mu      sync.Mutex
 	pending map[string]eventstore.Position // by projection (or partition unit)
 }
 
 func newHealer(w *Worker) *healer {
-	return &healer{w: w, wake: make(chan struct{}, 1), pending: map[string]eventstore.Position{}}
+	return &healer{w: w, wake: make(chan struct{}, 1), retryInitial: healRetryInitial, retryMax: healRetryMax,
+		pending: map[string]eventstore.Position{}}
 }
 
 // signal asks for name's dead letters whose failing event pos has passed to be resolved. It
@@ -77,10 +80,10 @@ func (h *healer) take() map[string]eventstore.Position {
 	return taken
 }
 
-// run resolves what is signalled until ctx ends. After a failed resolve it waits (growing from
-// healRetryInitial to healRetryMax) before it tries again, whatever is signalled meanwhile.
+// run resolves what is signalled until ctx ends. After a failed resolve it waits (doubling from
+// retryInitial up to retryMax) before it tries again, whatever is signalled meanwhile.
 func (h *healer) run(ctx context.Context) {
-	wait := backoff.Exponential{Initial: healRetryInitial, Max: healRetryMax, Jitter: 0.2}
+	wait := backoff.Exponential{Initial: h.retryInitial, Max: h.retryMax, Jitter: 0.2}
 	var retry <-chan time.Time
 	for {
 		if retry == nil {
