@@ -74,8 +74,8 @@ type Config struct {
 	SafetyNetInterval time.Duration
 	// StallAfter: see worker.Config.StallAfter. Defaults to worker.StallAfterDefault.
 	StallAfter time.Duration
-	// CloseTimeout bounds Run's wait for handlers in flight at shutdown. Defaults to
-	// worker.CloseTimeoutDefault.
+	// CloseTimeout bounds Run's wait for handlers in flight at shutdown, and ClosePools' wait
+	// for the pools after it. Defaults to worker.CloseTimeoutDefault.
 	CloseTimeout time.Duration
 	// DeadLetterTimeout bounds one dead-letter write: one that does not commit in time (the
 	// dead-letter database is partitioned away) nacks the trigger, which comes back. Defaults to

@@ -4,3 +4,7 @@ import "time"
 
 // The tests wait for retries of retired subscriptions' undeclares, not for production's pace.
 func init() { retiredRetryInterval = 50 * time.Millisecond }
+
+// DeadLetterWaits counts the waits of the named projection's triggers whose dead letter could
+// not be written, before their nack.
+func DeadLetterWaits(w *Worker, name string) int64 { return w.stats[name].deadLetterWaits.Load() }

@@ -52,9 +52,8 @@ const (
 	HorizonWaitDefault = 2 * time.Second
 	// DeadLetterTimeoutDefault bounds one dead-letter write.
 	DeadLetterTimeoutDefault = 10 * time.Second
-	// ReplayOnStartTimeout bounds a starting worker's work on one projection's dead letters:
-	// the replay, or with Config.DisableReplayOnStart resolving the healed ones. Records it does
-	// not reach wait for the next start.
+	// ReplayOnStartTimeout bounds a starting worker's replay of one projection's dead letters.
+	// Records it does not reach wait for the next start.
 	ReplayOnStartTimeout = time.Minute
 )
 
@@ -90,7 +89,9 @@ type Config struct {
 	// not commit in time — the dead-letter database is partitioned away, say — fails with an
 	// error matching ErrDeadLetterTimeout: the trigger is nacked and comes back, never acked
 	// without its dead letter, and the subscription is free again. Keep the retry budget plus
-	// this below the channel's ack deadline. Defaults to DeadLetterTimeoutDefault.
+	// this below the channel's ack deadline. It bounds each resolve of healed dead letters too,
+	// which runs beside the triggers' handling, never in it. Defaults to
+	// DeadLetterTimeoutDefault.
 	DeadLetterTimeout time.Duration
 	// TransientCauseFunc names the transient cause of a handler's error ("" when it is not
 	// transient): a dead letter of such a failure is marked (deadletter.MetadataTransient) and
@@ -184,6 +185,10 @@ type Worker struct {
 	partitionOf map[string]string
 	// retired undeclares the subscriptions of the versions the projections replaced.
 	retired *retiredSubscriptions
+	// healer resolves the dead letters the projections passed, off the trigger path.
+	healer *healer
+	// sleepFunc waits before a trigger whose dead letter failed is nacked (backoff.Sleep).
+	sleepFunc func(ctx context.Context, d time.Duration) error
 }
 
 // ErrInvalidConfig is matched (errors.Is) by every error New returns for a Config it cannot use.
@@ -257,6 +262,7 @@ func New(cfg Config) (*Worker, error) {
 	w := &Worker{cfg: cfg, names: slices.Clone(names), logger: cfg.Logger, stats: make(map[string]*counters, len(names)), created: time.Now(),
 		running: make(chan struct{}), parts: map[string]*partitionSet{}, partitionOf: map[string]string{},
 		retired: newRetiredSubscriptions(cfg.Channel, names, cfg.Logger)}
+	w.healer, w.sleepFunc = newHealer(w), backoff.Sleep
 	if cfg.MaxConcurrentPartitions > 0 {
 		w.slots = make(chan struct{}, cfg.MaxConcurrentPartitions)
 	}
@@ -317,6 +323,9 @@ type counters struct {
 	running      atomic.Int32
 	runningSince atomic.Int64
 	triggered    atomic.Int64
+	// deadLetterFailures counts the dead-letter writes that failed in a row (deadLetterFailed);
+	// deadLetterWaits counts the waits after them.
+	deadLetterFailures, deadLetterWaits atomic.Int64
 }
 
 // Stats returns the counters of the named projection's handler.
@@ -423,10 +432,14 @@ func (w *Worker) deadLetter(name string, msg *message.Message, cause error) erro
 	rec, err := w.cfg.DeadLetters.Add(ctx, entry)
 	if err != nil {
 		if ctx.Err() != nil && msg.Context().Err() == nil {
-			return fmt.Errorf("%w (%s): %w", ErrDeadLetterTimeout, w.cfg.DeadLetterTimeout, err)
+			err = fmt.Errorf("%w (%s): %w", ErrDeadLetterTimeout, w.cfg.DeadLetterTimeout, err)
+		} else {
+			err = fmt.Errorf("worker: store the dead letter: %w", err)
 		}
-		return fmt.Errorf("worker: store the dead letter: %w", err)
+		w.deadLetterFailed(msg.Context(), w.stats[name], log) // no hot loop against a refusing store
+		return err
 	}
+	w.stats[name].deadLetterFailures.Store(0)
 	w.stats[name].deadLettered.Add(1)
 	attrs := []any{slog.Int64("dead_letter_id", rec.ID), slog.Int("count", rec.Count), slog.Any("error", cause)}
 	if he != nil {
@@ -455,17 +468,17 @@ func (w *Worker) replayOnStart(ctx context.Context) {
 }
 
 // startDeadLetters replays the projection's dead letters ("replay after deploy"; a replayed
-// trigger's catch-up passes the events of the transient ones too), or, with
-// DisableReplayOnStart, resolves those the projection has passed since they were written
-// (healPassed: by another process, or before a crash right after a commit). Both within
-// ReplayOnStartTimeout: records it did not reach wait for the next start, and a stalled
-// database does not hold the safety net back.
+// trigger's catch-up passes the events of the transient ones too) within ReplayOnStartTimeout
+// (records it did not reach wait for the next start, and a stalled database does not hold the
+// safety net back), or, with DisableReplayOnStart, has the healer resolve those the projection
+// has passed since they were written (by another process, or before a crash right after a
+// commit).
 func (w *Worker) startDeadLetters(parent context.Context, name string, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(parent, ReplayOnStartTimeout)
 	defer cancel()
 	if w.cfg.DisableReplayOnStart {
 		if st, err := w.cfg.Runner.Status(ctx, name); err == nil {
-			w.healPassed(ctx, name, st.Position, log)
+			w.healer.signal(name, st.Position)
 		} else if parent.Err() == nil {
 			log.WarnContext(ctx, "could not read the projection's position to resolve healed dead letters", slog.Any("error", err))
 		}
@@ -747,36 +760,10 @@ func (w *Worker) catchUp(ctx context.Context, h *projectionHandler) error {
 	}
 	if res.Events > 0 {
 		log.DebugContext(ctx, "projection caught up", slog.Int("events", res.Events), slog.String("position", res.Position.String()))
-		w.healPassed(ctx, name, res.Position, log)
+		w.healer.signal(name, res.Position) // never waits for the dead-letter store
 	}
 	w.retired.afterCatchUp(ctx, w.cfg.Runner, cmp.Or(w.partitionOf[name], name), res)
 	return nil
-}
-
-// healPassed resolves the projection's dead letters whose failing event its committed position
-// pos has passed (deadletter.Store.ResolvePassed): the fault was transient and healed by itself,
-// so a replay would do nothing. It runs right after the batch's commit rather than inside its
-// transaction: the dead-letter store is a plug-in of its own (in memory, or in another database
-// or schema), and a slow or failing write there must neither keep the batch's transaction open
-// (and with it every reader's horizon) nor roll the projection's progress back. It is bounded
-// by DeadLetterTimeout; a failure is logged, and the next catch-up that commits, or the next
-// start, resolves the records.
-func (w *Worker) healPassed(ctx context.Context, name string, pos eventstore.Position, log *slog.Logger) {
-	if pos.IsZero() {
-		return
-	}
-	healCtx, cancel := context.WithTimeout(ctx, w.cfg.DeadLetterTimeout)
-	defer cancel()
-	n, err := w.cfg.DeadLetters.ResolvePassed(healCtx, name, pos, time.Now())
-	switch {
-	case err != nil && ctx.Err() == nil:
-		log.WarnContext(ctx, "could not resolve the dead letters the projection has passed; the next catch-up tries again",
-			slog.String("position", pos.String()), slog.Any("error", err))
-	case n > 0:
-		w.stats[name].healed.Add(int64(n))
-		log.InfoContext(ctx, "dead letters healed: the projection passed their failing events by itself",
-			slog.Int("records", n), slog.String("position", pos.String()))
-	}
 }
 
 // safetyNet catches every projection up once now, then every SafetyNetInterval, until ctx
@@ -861,6 +848,7 @@ func (w *Worker) background(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { w.watchHorizon(ctx) })
+	wg.Go(func() { w.healer.run(ctx) })
 	w.routersMu.Lock()
 	routers := slices.Clone(w.routers)
 	w.routersMu.Unlock()

@@ -376,6 +376,11 @@ type liveConfig struct {
 	relayQueue bool
 	// newProjection makes the measured projections; defaults to liveProjection.
 	newProjection func(name string, onFailure projection.OnFailure, hooks liveHooks) (*projection.Projection, error)
+	// stalledDeadLetters runs the odd-numbered projections (the even-numbered with stallEven)
+	// on a worker whose dead-letter store stalls for the measured window, the others on one
+	// whose store answers (startLiveWorkers); their samples are the result's parked and clean
+	// halves.
+	stalledDeadLetters, stallEven bool
 }
 
 // slowBatch is how long the slow projection's batches take.
@@ -499,10 +504,11 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 	if cfg.relayQueue {
 		w.appender, w.store = nil, f.store // startWorker starts a relay
 	}
-	_, stop, err := h.startWorker(ctx, f, w, runner, worker.Config{SafetyNetInterval: -1})
+	workers, err := h.startLiveWorkers(ctx, f, w, runner, cfg, names)
 	if err != nil {
 		return res, err
 	}
+	stop := workers.stop
 	defer func() { _ = stop() }()
 
 	if cfg.poison {
@@ -512,6 +518,9 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 	}
 	if err := warmUp(ctx, w, cfg, rec, h.opts.liveWarmup); err != nil {
 		return res, err
+	}
+	if workers.stalled != nil {
+		workers.stalled.Stall()
 	}
 	appended, err := appendPaced(ctx, w, cfg, rec.appended)
 	if err != nil {
@@ -523,6 +532,9 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 		func() (bool, error) { return rec.complete(), nil }); err != nil {
 		return res, fmt.Errorf("%w (%s)", err, rec.progress())
 	}
+	if workers.stalled != nil {
+		workers.stalled.Resume()
+	}
 	res.slowBatches = slowBatches.Load()
 	if err := checkParked(ctx, runner, cfg); err != nil {
 		return res, err
@@ -531,9 +543,9 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 		return res, fmt.Errorf("stop the worker: %w", err)
 	}
 	res.latency = Summarize(rec.samples())
-	if cfg.poison {
+	if cfg.poison || cfg.stalledDeadLetters {
 		for _, name := range rec.measured {
-			if poisonedProjection(name) {
+			if cfg.affected(name) {
 				res.parked = append(res.parked, rec.samplesOf([]string{name}))
 			} else {
 				res.clean = append(res.clean, rec.samplesOf([]string{name}))

@@ -3,7 +3,7 @@
 // (PASS/MISS with the gap). It also writes the results as JSON, with the machine they were
 // measured on, to -out.
 //
-//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|bluegreen|status|horizon|partitions|cqrs|scaleout]
+//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|dlstall|bluegreen|status|horizon|partitions|cqrs|scaleout]
 //	                        [-out bench-results] [-cpuprofile] [-pprof-dir DIR]
 //
 // Scenarios (several may be given, comma-separated):
@@ -27,6 +27,9 @@
 //     after the fix and one dead-letter replay, beside a plain catch-up of the same events.
 //   - park: the other streams' live latency on RabbitMQ with one stream parked
 //     (OnFailure park) against none, side by side.
+//   - dlstall: healthy projections' live latency on RabbitMQ with their worker's dead-letter
+//     store partitioned (a proxy that accepts and forwards nothing) against projections of a
+//     worker whose store answers, side by side.
 //   - bluegreen: a new version of a projection built beside the active one over the loaded
 //     events (the rebuild's size) while live appends go on, paced by the live lag to its
 //     cut-over, then one at full speed for a bounded window, between two windows with no
@@ -134,6 +137,7 @@ var scenarios = []scenario{
 	{"fanout", "many projections on one worker", runFanout, []Target{targetSlowProjection}},
 	{"recovery", "poison event, fix, one replay", runRecovery, nil},
 	{"park", "other streams' live latency with one stream parked", runPark, []Target{targetParkedStream}},
+	{"dlstall", "healthy projections' live latency with their dead-letter store stalled", runDeadLetterStall, []Target{targetDeadLetterStall}},
 	{"bluegreen", "a new version built beside the live one", runBlueGreen, []Target{targetBuildBeside}},
 	{"status", "projection status with a large backlog", runStatus, statusTargets()},
 	{"horizon", "the read horizon under many connections", runHorizon, []Target{targetHorizonReads}},
