@@ -448,6 +448,39 @@ func insertColumns(events []eventstore.EventData) (ids [][16]byte, types, payloa
 var ErrExempt = errors.New("postgres: cannot append in a transaction exempt from the read horizon (a projection batch's, say: see Store.ExemptTxOptions); " +
 	"append in a transaction of its own, or set projection.Config.AppendsEvents on a projection whose handlers append")
 
+// ErrExemptTooLate is returned by Store.BeginExemptTx, and by the sent batch of
+// Store.BeginExemptBatch, when the exemption is declared anywhere but as the first work of a
+// top-level transaction: on a connection already inside a transaction (whose BEGIN PostgreSQL
+// only warns about), inside a savepoint, or after another statement. Nothing was exempted, and
+// the transaction is aborted: roll it back.
+var ErrExemptTooLate = errors.New("postgres: the horizon exemption must be declared by a transaction's BEGIN, before any other statement and outside any savepoint " +
+	"(Store.BeginExemptTx or BeginExemptBatch on a connection with no transaction open); nothing was exempted and the transaction is aborted: roll it back")
+
+// txBeginner begins transactions: a *pgxpool.Pool or a *pgx.Conn.
+type txBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// BeginExemptTx begins a transaction on db exempt from the horizon: db.BeginTx with
+// ExemptTxOptions(opts), a refusal of the declaration returned as ErrExemptTooLate.
+func (s *Store) BeginExemptTx(ctx context.Context, db txBeginner, opts pgx.TxOptions) (pgx.Tx, error) {
+	tx, err := db.BeginTx(ctx, s.ExemptTxOptions(opts))
+	if err != nil {
+		return nil, exemptRefused(err)
+	}
+	return tx, nil
+}
+
+// exemptRefused returns err, a failed declaration of the exemption, as an ErrExemptTooLate when
+// the server refused it (active_sql_transaction, 25001: see statements' exemptGuard).
+func exemptRefused(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "25001" {
+		return fmt.Errorf("%w: %w", ErrExemptTooLate, err)
+	}
+	return err
+}
+
 // ExemptTxOptions returns opts changed so that a transaction begun with them (BeginTx on a
 // *pgxpool.Pool or *pgx.Conn) declares, in its BEGIN, that it will append no events to the
 // store, so readers need not wait for it: a long transaction that writes only other tables (a
@@ -468,7 +501,7 @@ func (s *Store) ExemptTxOptions(opts pgx.TxOptions) pgx.TxOptions {
 	if begin == "" {
 		begin = beginSQL(opts)
 	}
-	opts.BeginQuery = begin + "; " + s.sql.exempt
+	opts.BeginQuery = begin + "; " + exemptGuard + "; " + s.sql.exempt
 	return opts
 }
 
@@ -480,6 +513,10 @@ func (s *Store) ExemptTxOptions(opts pgx.TxOptions) pgx.TxOptions {
 // opts.BeginQuery, if set, a single statement.
 func (s *Store) BeginExemptBatch(batch *pgx.Batch, opts pgx.TxOptions) {
 	batch.BeginTx(opts)
+	batch.Queue(exemptGuard).Fn = func(br pgx.BatchResults) error {
+		_, err := br.Exec()
+		return exemptRefused(err)
+	}
 	batch.Queue(s.sql.exempt)
 }
 
