@@ -343,7 +343,8 @@ type batchSender interface {
 // lockStream locks the stream's row (if the stream exists) and reads its state and whether
 // the transaction is exempt from the horizon (then it fails with ErrExempt); in the same round
 // trip, it looks for stored events with the IDs of events. With begin, tx is a connection and
-// the round trip begins its transaction first.
+// the round trip begins its transaction first: that transaction cannot have declared the
+// exemption, and the lock is not looked for.
 func (s *Store) lockStream(ctx context.Context, tx batchSender, begin bool, streamID string, events []eventstore.EventData, deferNotifying bool) (lockedStream, error) {
 	// IDs travel as [16]byte: pgx encodes those natively, while uuid.UUID would go through
 	// its text form.
@@ -357,10 +358,12 @@ func (s *Store) lockStream(ctx context.Context, tx batchSender, begin bool, stre
 		st    lockedStream
 		batch pgx.Batch
 	)
+	lock := s.sql.lockStream
 	if begin {
 		batch.Queue("begin")
+		lock = s.sql.lockStreamOwn
 	}
-	batch.Queue(s.sql.lockStream, streamID).QueryRow(func(row pgx.Row) error {
+	batch.Queue(lock, streamID).QueryRow(func(row pgx.Row) error {
 		var v *int64
 		var last *uint64
 		err := row.Scan(&st.exempt, &v, &last, &st.ownTx)
