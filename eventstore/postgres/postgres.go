@@ -494,11 +494,19 @@ func exemptRefused(err error) error {
 // The exemption can only be declared by BEGIN, never later in a transaction or inside a
 // savepoint: a transaction that may have appended already must hold readers back, and an
 // exemption taken in a savepoint would end with a rollback to it while the transaction keeps
-// its id, so a later append could commit behind readers that had passed it.
+// its id, so a later append could commit behind readers that had passed it. PostgreSQL only
+// warns about a BEGIN inside a transaction, so the declaration checks this itself: anywhere
+// but as the first work of a top-level transaction (after a query, in a savepoint, on a
+// connection whose transaction is running) it takes no exemption and fails with
+// active_sql_transaction (25001), which aborts the transaction. BeginTx returns that
+// *pgconn.PgError as it is; Store.BeginExemptTx returns it as ErrExemptTooLate.
 //
 // Readers find exempt transactions in pg_locks: each holds a shared advisory lock of class
-// 1852340846 ("nhzn") keyed by the events table's OID. opts.BeginQuery, when set, is kept as
-// the first statement.
+// 1852340846 ("nhzn") keyed by the events table's OID. AppendTx looks there too and fails with
+// ErrExempt whenever its backend holds that lock, however it was taken (by SQL, at session
+// level, whatever the transaction's settings). Append's own transactions do not look: never
+// take the lock at session level on a connection of the store's pool. opts.BeginQuery, when
+// set, is kept as the first statement.
 func (s *Store) ExemptTxOptions(opts pgx.TxOptions) pgx.TxOptions {
 	begin := opts.BeginQuery
 	if begin == "" {
@@ -513,7 +521,9 @@ func (s *Store) ExemptTxOptions(opts pgx.TxOptions) pgx.TxOptions {
 // first statements are queued after it, and its pgx.Tx is the sent batch's BatchResults.Tx.
 // The declaration is a prepared statement there, where ExemptTxOptions' BEGIN is parsed and
 // planned anew by every transaction. batch must be empty (pgx panics otherwise), and
-// opts.BeginQuery, if set, a single statement.
+// opts.BeginQuery, if set, a single statement. A declaration that comes too late (see
+// ExemptTxOptions) fails the sent batch with ErrExemptTooLate, and nothing queued after it
+// runs.
 func (s *Store) BeginExemptBatch(batch *pgx.Batch, opts pgx.TxOptions) {
 	batch.BeginTx(opts)
 	batch.Queue(exemptGuard).Fn = func(br pgx.BatchResults) error {
