@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/eventstore"
@@ -278,4 +279,178 @@ func TestBeginExemptBatch(t *testing.T) {
 
 	_, err = s.AppendTx(ctx, tx, "s", eventstore.Any, storetest.Event("A", 2))
 	require.ErrorIs(t, err, postgres.ErrExempt)
+}
+
+// exemptHeld reports whether the backend pid holds the exemption lock of the store over
+// nudge_events (in the search path), at transaction or session level.
+func exemptHeld(t *testing.T, db *pgtest.DB, pid uint32) bool {
+	t.Helper()
+	var held bool
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_locks
+		WHERE pid = $1 AND locktype = 'advisory' AND classid = 1852340846 AND objid = 'nudge_events'::regclass::oid AND objsubid = 2)`,
+		pid).Scan(&held))
+	return held
+}
+
+// lateDeclaration declares the exemption on conn, a connection that may already be inside a
+// transaction: through a BEGIN (Store.BeginExemptTx) or a pipelined batch
+// (Store.BeginExemptBatch).
+type lateDeclaration struct {
+	name    string
+	declare func(ctx context.Context, s *postgres.Store, conn *pgx.Conn) error
+}
+
+var lateDeclarations = []lateDeclaration{
+	{"BeginExemptTx", func(ctx context.Context, s *postgres.Store, conn *pgx.Conn) error {
+		_, err := s.BeginExemptTx(ctx, conn, pgx.TxOptions{})
+		return err
+	}},
+	{"BeginExemptBatch", func(ctx context.Context, s *postgres.Store, conn *pgx.Conn) error {
+		var batch pgx.Batch
+		s.BeginExemptBatch(&batch, pgx.TxOptions{})
+		return conn.SendBatch(ctx, &batch).Close()
+	}},
+}
+
+// TestLateExemptionRefused: the exemption can only be declared as the first work of a
+// top-level transaction. Declared on a connection whose transaction already appended (its
+// BEGIN only draws a warning), or inside a savepoint (a rollback to it would end the exemption
+// and keep the transaction's id), it is refused with ErrExemptTooLate and nothing is exempted:
+// otherwise a reader passes the transaction and its event, committed later, is never read.
+func TestLateExemptionRefused(t *testing.T) {
+	t.Parallel()
+	for _, d := range lateDeclarations {
+		t.Run(d.name+"/after an append", func(t *testing.T) {
+			t.Parallel()
+			lateAfterAppend(t, d)
+		})
+		t.Run(d.name+"/in a savepoint", func(t *testing.T) {
+			t.Parallel()
+			lateInSavepoint(t, d)
+		})
+		t.Run(d.name+"/after a read", func(t *testing.T) {
+			t.Parallel()
+			s, db := newStore(t, postgres.Config{})
+			ctx := context.Background()
+			tx, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			_, err = tx.Exec(ctx, `SELECT count(*) FROM nudge_events`)
+			require.NoError(t, err)
+			err = d.declare(ctx, s, tx.Conn())
+			require.ErrorIs(t, err, postgres.ErrExemptTooLate)
+			require.False(t, exemptHeld(t, db, tx.Conn().PgConn().PID()), "nothing exempted")
+		})
+	}
+}
+
+// lateAfterAppend: AppendTx("early"), then the declaration on the transaction's connection.
+func lateAfterAppend(t *testing.T, d lateDeclaration) {
+	s, db := newStore(t, postgres.Config{})
+	ctx := context.Background()
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	early, err := s.AppendTx(ctx, tx, "early", eventstore.Any, storetest.Event("A", 1))
+	require.NoError(t, err)
+
+	err = d.declare(ctx, s, tx.Conn())
+	if err == nil { // exempted: show what a reader then misses
+		assert.Fail(t, "the late declaration was accepted")
+		pgtest.HoldHorizonTurn(t)
+		later, err := s.Append(ctx, "later", eventstore.Any, storetest.Event("A", 2))
+		require.NoError(t, err)
+		storetest.Settle(t, s, later.Last()) // the reader passes the open transaction
+		require.NoError(t, tx.Commit(ctx))
+		require.False(t, early.Last().Less(later.Last()), "%q committed behind a reader that had passed it: it is never read", "early")
+		return
+	}
+	require.ErrorIs(t, err, postgres.ErrExemptTooLate)
+	require.False(t, exemptHeld(t, db, tx.Conn().PgConn().PID()), "nothing exempted")
+	require.ErrorIs(t, tx.Commit(ctx), pgx.ErrTxCommitRollback, "the transaction is aborted")
+	require.Empty(t, storetest.ReadAll(t, s, eventstore.ReadOptions{}))
+}
+
+// lateInSavepoint: the declaration in a savepoint; the transaction takes an id, a reader
+// passes it, the rollback to the savepoint ends the exemption and the id stays, then AppendTx.
+func lateInSavepoint(t *testing.T, d lateDeclaration) {
+	s, db := newStore(t, postgres.Config{})
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE read_model (n int)`)
+	require.NoError(t, err)
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	sp, err := tx.Begin(ctx)
+	require.NoError(t, err)
+
+	err = d.declare(ctx, s, sp.Conn())
+	if err == nil { // exempted: show what a reader then misses
+		assert.Fail(t, "the declaration in a savepoint was accepted")
+		pgtest.HoldHorizonTurn(t)
+		_, err = sp.Exec(ctx, `INSERT INTO read_model VALUES (1)`) // the transaction takes an id
+		require.NoError(t, err)
+		later, err := s.Append(ctx, "later", eventstore.Any, storetest.Event("A", 1))
+		require.NoError(t, err)
+		storetest.Settle(t, s, later.Last())
+		require.NoError(t, sp.Rollback(ctx)) // ROLLBACK TO SAVEPOINT: the exemption ends, the id stays
+		behind, err := s.AppendTx(ctx, tx, "behind", eventstore.Any, storetest.Event("A", 2))
+		if err == nil {
+			require.NoError(t, tx.Commit(ctx))
+			require.False(t, behind.Last().Less(later.Last()), "%q committed behind a reader that had passed it: it is never read", "behind")
+		}
+		return
+	}
+	require.ErrorIs(t, err, postgres.ErrExemptTooLate)
+	require.False(t, exemptHeld(t, db, tx.Conn().PgConn().PID()), "nothing exempted")
+	require.ErrorIs(t, tx.Commit(ctx), pgx.ErrTxCommitRollback, "the transaction is aborted")
+}
+
+// TestAppendRefusedWhileExempt: AppendTx refuses to append in any transaction whose backend
+// holds the exemption lock, however it was taken and whatever the transaction's settings say:
+// readers pass such a transaction, so an event it appended could commit behind them.
+func TestAppendRefusedWhileExempt(t *testing.T) {
+	t.Parallel()
+	const rawLock = `SELECT pg_advisory_xact_lock_shared(1852340846, ('nudge_events'::regclass::oid)::int4)`
+	for _, c := range []struct {
+		name  string
+		begin func(ctx context.Context, t *testing.T, s *postgres.Store, conn *pgx.Conn) pgx.Tx
+	}{
+		{"declared, then RESET ALL", func(ctx context.Context, t *testing.T, s *postgres.Store, conn *pgx.Conn) pgx.Tx {
+			tx, err := s.BeginExemptTx(ctx, conn, pgx.TxOptions{})
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, `RESET ALL`)
+			require.NoError(t, err)
+			return tx
+		}},
+		{"transaction lock taken by SQL", func(ctx context.Context, t *testing.T, s *postgres.Store, conn *pgx.Conn) pgx.Tx {
+			tx, err := conn.Begin(ctx)
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, rawLock)
+			require.NoError(t, err)
+			return tx
+		}},
+		{"session lock", func(ctx context.Context, t *testing.T, s *postgres.Store, conn *pgx.Conn) pgx.Tx {
+			_, err := conn.Exec(ctx, `SELECT pg_advisory_lock_shared(1852340846, ('nudge_events'::regclass::oid)::int4)`)
+			require.NoError(t, err)
+			tx, err := conn.Begin(ctx)
+			require.NoError(t, err)
+			return tx
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			s, db := newStore(t, postgres.Config{})
+			ctx := context.Background()
+			pc, err := db.Pool.Acquire(ctx)
+			require.NoError(t, err)
+			conn := pc.Hijack() // the session may hold the lock: never back to the pool
+			defer func() { _ = conn.Close(ctx) }()
+			tx := c.begin(ctx, t, s, conn)
+			defer func() { _ = tx.Rollback(ctx) }()
+			require.True(t, exemptHeld(t, db, conn.PgConn().PID()), "readers take the transaction for exempt")
+			_, err = s.AppendTx(ctx, tx, "s", eventstore.Any, storetest.Event("A", 1))
+			require.ErrorIs(t, err, postgres.ErrExempt)
+		})
+	}
 }

@@ -5,6 +5,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/postgres"
 )
 
@@ -74,4 +77,19 @@ func (n *notifier) notify() {
 	ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
 	defer cancel()
 	_, _ = n.db.Exec(ctx, `SELECT pg_notify($1, $2)`, postgres.NotifyEvents, n.payload)
+}
+
+// AllowPrepareTx lets tx be prepared for two-phase commit (PREPARE TRANSACTION) after it
+// appends: call it before tx's first AppendTx. PostgreSQL cannot prepare a transaction that
+// sent a notification, and the store's trigger notifies listeners (the relay, pollers) of every
+// append in the caller's transaction; in tx it does not, and listeners find its events at their
+// next poll, or with the next notified append, once COMMIT PREPARED makes them readable. Until
+// then the prepared transaction holds readers back like any open one (HorizonHolder names it).
+// Without it, PREPARE TRANSACTION after AppendTx fails (0A000) and the transaction rolls back.
+func (s *Store) AllowPrepareTx(ctx context.Context, tx pgx.Tx) error {
+	if tx == nil {
+		return &eventstore.ValidationError{Field: "tx", Index: -1, Reason: "nil transaction: AllowPrepareTx applies to the caller's transaction"}
+	}
+	_, err := tx.Exec(ctx, deferNotify)
+	return s.translate(err)
 }

@@ -343,7 +343,8 @@ type batchSender interface {
 // lockStream locks the stream's row (if the stream exists) and reads its state and whether
 // the transaction is exempt from the horizon (then it fails with ErrExempt); in the same round
 // trip, it looks for stored events with the IDs of events. With begin, tx is a connection and
-// the round trip begins its transaction first.
+// the round trip begins its transaction first: that transaction cannot have declared the
+// exemption, and the lock is not looked for.
 func (s *Store) lockStream(ctx context.Context, tx batchSender, begin bool, streamID string, events []eventstore.EventData, deferNotifying bool) (lockedStream, error) {
 	// IDs travel as [16]byte: pgx encodes those natively, while uuid.UUID would go through
 	// its text form.
@@ -357,10 +358,12 @@ func (s *Store) lockStream(ctx context.Context, tx batchSender, begin bool, stre
 		st    lockedStream
 		batch pgx.Batch
 	)
+	lock := s.sql.lockStream
 	if begin {
 		batch.Queue("begin")
+		lock = s.sql.lockStreamOwn
 	}
-	batch.Queue(s.sql.lockStream, streamID).QueryRow(func(row pgx.Row) error {
+	batch.Queue(lock, streamID).QueryRow(func(row pgx.Row) error {
 		var v *int64
 		var last *uint64
 		err := row.Scan(&st.exempt, &v, &last, &st.ownTx)
@@ -448,6 +451,39 @@ func insertColumns(events []eventstore.EventData) (ids [][16]byte, types, payloa
 var ErrExempt = errors.New("postgres: cannot append in a transaction exempt from the read horizon (a projection batch's, say: see Store.ExemptTxOptions); " +
 	"append in a transaction of its own, or set projection.Config.AppendsEvents on a projection whose handlers append")
 
+// ErrExemptTooLate is returned by Store.BeginExemptTx, and by the sent batch of
+// Store.BeginExemptBatch, when the exemption is declared anywhere but as the first work of a
+// top-level transaction: on a connection already inside a transaction (whose BEGIN PostgreSQL
+// only warns about), inside a savepoint, or after another statement. Nothing was exempted, and
+// the transaction is aborted: roll it back.
+var ErrExemptTooLate = errors.New("postgres: the horizon exemption must be declared by a transaction's BEGIN, before any other statement and outside any savepoint " +
+	"(Store.BeginExemptTx or BeginExemptBatch on a connection with no transaction open); nothing was exempted and the transaction is aborted: roll it back")
+
+// txBeginner begins transactions: a *pgxpool.Pool or a *pgx.Conn.
+type txBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// BeginExemptTx begins a transaction on db exempt from the horizon: db.BeginTx with
+// ExemptTxOptions(opts), a refusal of the declaration returned as ErrExemptTooLate.
+func (s *Store) BeginExemptTx(ctx context.Context, db txBeginner, opts pgx.TxOptions) (pgx.Tx, error) {
+	tx, err := db.BeginTx(ctx, s.ExemptTxOptions(opts))
+	if err != nil {
+		return nil, exemptRefused(err)
+	}
+	return tx, nil
+}
+
+// exemptRefused returns err, a failed declaration of the exemption, as an ErrExemptTooLate when
+// the server refused it (active_sql_transaction, 25001: see statements' exemptGuard).
+func exemptRefused(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "25001" {
+		return fmt.Errorf("%w: %w", ErrExemptTooLate, err)
+	}
+	return err
+}
+
 // ExemptTxOptions returns opts changed so that a transaction begun with them (BeginTx on a
 // *pgxpool.Pool or *pgx.Conn) declares, in its BEGIN, that it will append no events to the
 // store, so readers need not wait for it: a long transaction that writes only other tables (a
@@ -458,17 +494,25 @@ var ErrExempt = errors.New("postgres: cannot append in a transaction exempt from
 // The exemption can only be declared by BEGIN, never later in a transaction or inside a
 // savepoint: a transaction that may have appended already must hold readers back, and an
 // exemption taken in a savepoint would end with a rollback to it while the transaction keeps
-// its id, so a later append could commit behind readers that had passed it.
+// its id, so a later append could commit behind readers that had passed it. PostgreSQL only
+// warns about a BEGIN inside a transaction, so the declaration checks this itself: anywhere
+// but as the first work of a top-level transaction (after a query, in a savepoint, on a
+// connection whose transaction is running) it takes no exemption and fails with
+// active_sql_transaction (25001), which aborts the transaction. BeginTx returns that
+// *pgconn.PgError as it is; Store.BeginExemptTx returns it as ErrExemptTooLate.
 //
 // Readers find exempt transactions in pg_locks: each holds a shared advisory lock of class
-// 1852340846 ("nhzn") keyed by the events table's OID. opts.BeginQuery, when set, is kept as
-// the first statement.
+// 1852340846 ("nhzn") keyed by the events table's OID. AppendTx looks there too and fails with
+// ErrExempt whenever its backend holds that lock, however it was taken (by SQL, at session
+// level, whatever the transaction's settings). Append's own transactions do not look: never
+// take the lock at session level on a connection of the store's pool. opts.BeginQuery, when
+// set, is kept as the first statement.
 func (s *Store) ExemptTxOptions(opts pgx.TxOptions) pgx.TxOptions {
 	begin := opts.BeginQuery
 	if begin == "" {
 		begin = beginSQL(opts)
 	}
-	opts.BeginQuery = begin + "; " + s.sql.exempt
+	opts.BeginQuery = begin + "; " + exemptGuard + "; " + s.sql.exempt
 	return opts
 }
 
@@ -477,9 +521,15 @@ func (s *Store) ExemptTxOptions(opts pgx.TxOptions) pgx.TxOptions {
 // first statements are queued after it, and its pgx.Tx is the sent batch's BatchResults.Tx.
 // The declaration is a prepared statement there, where ExemptTxOptions' BEGIN is parsed and
 // planned anew by every transaction. batch must be empty (pgx panics otherwise), and
-// opts.BeginQuery, if set, a single statement.
+// opts.BeginQuery, if set, a single statement. A declaration that comes too late (see
+// ExemptTxOptions) fails the sent batch with ErrExemptTooLate, and nothing queued after it
+// runs.
 func (s *Store) BeginExemptBatch(batch *pgx.Batch, opts pgx.TxOptions) {
 	batch.BeginTx(opts)
+	batch.Queue(exemptGuard).Fn = func(br pgx.BatchResults) error {
+		_, err := br.Exec()
+		return exemptRefused(err)
+	}
 	batch.Queue(s.sql.exempt)
 }
 

@@ -12,12 +12,14 @@ import (
 
 // statements are the store's SQL with its table names qualified by the configured schema.
 type statements struct {
-	lockStream   string
-	exempt       string
-	key          string // SQL expression of the store's exemption key
-	horizon      string // the readable expression
-	eventsByID   string
-	insertEvents string
+	lockStream string
+	// lockStreamOwn is lockStream for a transaction of the store's own.
+	lockStreamOwn string
+	exempt        string
+	key           string // SQL expression of the store's exemption key
+	horizon       string // the readable expression
+	eventsByID    string
+	insertEvents  string
 	// read and readTypes are indexed by ReadOptions.OmitPayload (0: with payloads).
 	read       [2]string
 	readTypes  [2]string
@@ -36,9 +38,22 @@ const bareColumns = `global_position, transaction_id, event_id, stream_id, strea
 // commit behind the reader later.
 const horizon = `transaction_id < {readable}`
 
-// exemptSetting is the transaction-local setting that lists the store keys a transaction is
-// exempt for, so that AppendTx can refuse to append in it.
-const exemptSetting = "nudge.horizon_exempt"
+// exemptGuard is the first statement of the exemption's declaration (Store.ExemptTxOptions,
+// Store.BeginExemptBatch), after BEGIN: it sets transaction_deferrable to its current value, a
+// no-op whose check PostgreSQL makes on every SET of it, and which fails (active_sql_transaction,
+// 25001) in a subtransaction or once the transaction has run a query (taken a snapshot). So the
+// exemption lock behind it is taken only as the first work of a top-level transaction: not in a
+// transaction that may have appended already (a BEGIN sent inside it only draws a warning),
+// and not in a savepoint, whose rollback would end the exemption while the transaction keeps its
+// id. SET takes no snapshot itself, and a failure aborts the transaction before the lock.
+const exemptGuard = `SET LOCAL transaction_deferrable FROM CURRENT`
+
+// exemptHeld is true when the statement's backend holds the store's exemption lock, at
+// transaction or session level, however it was taken: readers pass its transaction (see
+// internal/pghorizon), so it must not append.
+const exemptHeld = `EXISTS (SELECT FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory' AND mode = 'ShareLock'
+		AND classid = ` + pghorizon.ExemptClass + `::oid AND objid = {key} AND objsubid = 2
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`
 
 func newStatements(schema string) statements {
 	table := func(name string) string {
@@ -52,24 +67,23 @@ func newStatements(schema string) statements {
 	readableSQL := pghorizon.Readable(schema)
 	h := strings.ReplaceAll(horizon, "{readable}", readableSQL)
 	r := strings.NewReplacer("{readable}", readableSQL, "{heldLimit}", strconv.Itoa(eventstore.HeldEventsLimit), "{events}", table("nudge_events"), "{streams}", table("nudge_streams"), "{columns}", eventColumns, "{horizon}", h,
-		"{key}", key, "{setting}", quote(exemptSetting))
+		"{key}", key, "{exemptHeld}", strings.ReplaceAll(exemptHeld, "{key}", key))
 	bare := strings.NewReplacer("{events}", table("nudge_events"), "{columns}", bareColumns, "{horizon}", h)
 	return statements{
 		key:     key,
 		horizon: readableSQL,
-		// The second statement of an exempt transaction's BEGIN (Store.ExemptTxOptions): the
-		// exemption lock, and the setting AppendTx checks.
-		exempt: r.Replace(`SELECT pg_advisory_xact_lock_shared(` + pghorizon.ExemptClass + `, ({key})::int4),
-				set_config({setting}, coalesce(current_setting({setting}, true), '') || ' ' || {key} || ' ', true)`),
+		// The last statement of an exempt transaction's declaration (Store.ExemptTxOptions),
+		// after exemptGuard: the exemption lock.
+		exempt: r.Replace(`SELECT pg_advisory_xact_lock_shared(` + pghorizon.ExemptClass + `, ({key})::int4)`),
 		// The row lock serialises appenders of one stream; FOR UPDATE re-reads the newest
 		// committed row after waiting, so the version seen is current. The statement returns
 		// one row, the stream's columns NULL when it does not exist yet, and says whether the
-		// transaction is exempt from the horizon (Store.ExemptTxOptions), where it must not append.
-		lockStream: r.Replace(`SELECT position(' ' || {key} || ' ' IN coalesce(current_setting({setting}, true), '')) > 0,
-				s.version, s.last_transaction_id, pg_current_xact_id()
-			FROM (SELECT) x LEFT JOIN LATERAL (
-				SELECT version, last_transaction_id FROM {streams} WHERE stream_id = $1 FOR UPDATE
-			) s ON true`),
+		// transaction is exempt from the horizon (exemptHeld), where it must not append.
+		lockStream: r.Replace(strings.ReplaceAll(lockStreamSQL, "{exempt}", "{exemptHeld}")),
+		// lockStream in a transaction the store began in the same round trip (Append): it
+		// cannot hold the exemption lock at transaction level, and the pg_locks scan costs
+		// 30–50 µs of the server's time on an idle lock table, ten times that when busy.
+		lockStreamOwn: r.Replace(strings.ReplaceAll(lockStreamSQL, "{exempt}", "false")),
 		eventsByID: r.Replace(`SELECT {columns} FROM {events} WHERE event_id = ANY($1::uuid[])
 			ORDER BY stream_id, stream_version`),
 		// Rows are inserted in stream order, so global positions rise with the version.
@@ -114,8 +128,12 @@ func newStatements(schema string) statements {
 	}
 }
 
-// quote makes s an SQL string literal; s holds no quote (schema names are checked by New).
-func quote(s string) string { return "'" + s + "'" }
+// lockStreamSQL is lockStream's statement, {exempt} the column that says whether the
+// transaction is exempt.
+const lockStreamSQL = `SELECT {exempt}, s.version, s.last_transaction_id, pg_current_xact_id()
+	FROM (SELECT) x LEFT JOIN LATERAL (
+		SELECT version, last_transaction_id FROM {streams} WHERE stream_id = $1 FOR UPDATE
+	) s ON true`
 
 const readSQL = `SELECT {columns} FROM {events}
 	WHERE (transaction_id, global_position) > ($1::xid8, $2::bigint) AND {horizon}

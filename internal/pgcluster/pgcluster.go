@@ -31,6 +31,7 @@ type Cluster struct {
 	bin      string // directory of initdb, pg_ctl, postgres
 	dir      string // temporary directory: data/, the socket, server.log
 	maxConns int
+	prepared int // max_prepared_transactions
 	durable  bool
 	password string // "" for trust authentication
 	port     int
@@ -80,6 +81,9 @@ type Options struct {
 	// postgres (scram-sha-256 in pg_hba.conf, password_encryption=scram-sha-256); the socket
 	// stays trust for the suite's own administration. Empty: trust everywhere.
 	Password string
+	// MaxPreparedTransactions is the server's max_prepared_transactions, for tests of two-phase
+	// commit. Defaults to 0, PostgreSQL's default: PREPARE TRANSACTION fails.
+	MaxPreparedTransactions int
 }
 
 // MaxConnectionsDefault is the max_connections of a private cluster.
@@ -102,7 +106,8 @@ func NewWith(ctx context.Context, log *slog.Logger, opts Options) (*Cluster, err
 		return nil, err
 	}
 	c := &Cluster{bin: bin, dir: dir, log: log, logged: filepath.Join(dir, "server.log"),
-		maxConns: cmp.Or(opts.MaxConnections, MaxConnectionsDefault), durable: opts.Durable, password: opts.Password}
+		maxConns: cmp.Or(opts.MaxConnections, MaxConnectionsDefault), durable: opts.Durable, password: opts.Password,
+		prepared: opts.MaxPreparedTransactions}
 	if os.Geteuid() == 0 {
 		// PostgreSQL refuses to run as root: hand the directory to the postgres user.
 		c.runAs = "postgres"
@@ -216,7 +221,7 @@ func (c *Cluster) Start(ctx context.Context) error {
 		durability = "-c fsync=on -c full_page_writes=on"
 	}
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 %s -c password_encryption=scram-sha-256 "+
-		"-c max_connections=%d -c shared_buffers=64MB", c.port, c.dir, durability, c.maxConns)
+		"-c max_connections=%d -c max_prepared_transactions=%d -c shared_buffers=64MB", c.port, c.dir, durability, c.maxConns, c.prepared)
 	_, err := c.run(ctx, "pg_ctl", "-D", c.Data(), "-o", opts, "-l", c.logged, "-w", "-t", "60", "start")
 	return err
 }

@@ -16,10 +16,16 @@ import (
 // with the reason, unless CI=true, where it fails: CI machines must be able to run it.
 func ForTest(t testing.TB) *Cluster {
 	t.Helper()
+	return ForTestWith(t, Options{})
+}
+
+// ForTestWith is ForTest with options.
+func ForTestWith(t testing.TB, opts Options) *Cluster {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(5*time.Minute))
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(testlog.NewWriter(t), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	c, err := New(ctx, log)
+	c, err := NewWith(ctx, log, opts)
 	if err != nil {
 		msg := "pgcluster: cannot start a private PostgreSQL cluster: " + err.Error()
 		if os.Getenv("CI") == "true" {
