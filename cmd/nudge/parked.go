@@ -133,10 +133,10 @@ func (c *cli) parkedList(ctx context.Context, args []string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROJECTION\tSTREAM\tPARKED AT\tATTEMPTS\tHELD\tEVENT TYPE\tVERSION\tPOSITION\tERROR")
+	fmt.Fprintln(tw, "PROJECTION\tSTREAM\tPARKED AT\tATTEMPTS\tHELD\tEVENT ID\tEVENT TYPE\tVERSION\tPOSITION\tERROR")
 	for _, ps := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\t%s\n", terminalSafe(ps.Projection), streamText(ps.StreamID),
-			ps.ParkedAt.Format(time.RFC3339), ps.Attempts, ps.Held, terminalSafe(ps.Event.Type), ps.StreamVersion,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%d\t%s\t%s\n", terminalSafe(ps.Projection), streamText(ps.StreamID),
+			ps.ParkedAt.Format(time.RFC3339), ps.Attempts, ps.Held, ps.Event.ID, terminalSafe(ps.Event.Type), ps.StreamVersion,
 			ps.Event.Position, terminalSafe(truncate(ps.Error, errorColumnWidth)))
 	}
 	return tw.Flush()
@@ -225,9 +225,11 @@ func parkedTargets(ctx context.Context, b *pjpg.Backend, pos []string, all bool,
 const parkedRedriveDoc = `Asks the worker of each projection (through --channel, like replay) to redrive its parked
 streams: the worker applies each stream's parked events, in version order, through the current
 handlers in one transaction and unparks the stream; a redrive that fails again leaves the
-stream parked with the new error. The command waits up to --wait for the streams to unpark.
-Only a worker has the projection's handlers, so a worker must run. A starting worker redrives
-its projections' parked streams by itself.
+stream parked with the new error. The command waits up to --wait for the streams to unpark,
+then says who unparked each one and when, or shows the new error at once (exit 1). Only a
+worker has the projection's handlers, so a worker must run. A starting worker redrives its
+projections' parked streams by itself: when nothing is parked any more, the command says who
+unparked it last and when, and asks nothing.
 `
 
 func (c *cli) parkedRedrive(ctx context.Context, args []string) error {
