@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 
 	"github.com/nudgeworks/nudge/deadletter"
@@ -21,8 +22,12 @@ type startClear struct {
 // replay's own trigger would. The replay's trigger is published once the handlers run, behind
 // every trigger queued meanwhile: each of those would meet the verdict first and be
 // dead-lettered into the record the replay just marked. So the handlers and the start-up replay
-// call this before anything else, and the verdict is gone before the first catch-up. A failure
-// is returned (the trigger is nacked and comes back); the next call tries again.
+// call this before anything else, and the verdict is gone before the first catch-up.
+//
+// A dead-letter store it cannot read (partitioned away) does not hold the projection back: it
+// gives up for this start after DeadLetterTimeout, with a warning, and the replay's trigger
+// clears the verdict as before. A verdict it cannot clear is returned: the trigger is nacked
+// and comes back, and the next call tries again.
 func (w *Worker) clearCrashLoopOnStart(ctx context.Context, name string) error {
 	if w.cfg.DisableReplayOnStart {
 		return nil
@@ -39,7 +44,12 @@ func (w *Worker) clearCrashLoopOnStart(ctx context.Context, name string) error {
 	defer cancel()
 	targets, err := deadletter.ReplayTargets(listCtx, w.cfg.DeadLetters, deadletter.ReplayFilter{Projection: name, FailedBefore: w.created})
 	if err != nil {
-		return fmt.Errorf("worker: projection %s: read the dead letters the start-up replay replays: %w", name, err)
+		if ctx.Err() == nil {
+			c.done = true
+			w.logger.WarnContext(ctx, "could not read the dead letters the start-up replay replays; a crash-loop verdict waits for the replay's trigger",
+				slog.String("projection", name), slog.Any("error", err))
+		}
+		return nil
 	}
 	if len(targets) > 0 {
 		if err := w.cfg.Runner.ClearCrashLoop(ctx, name); err != nil {
