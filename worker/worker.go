@@ -189,6 +189,8 @@ type Worker struct {
 	healer *healer
 	// sleepFunc waits before a trigger whose dead letter failed is nacked (backoff.Sleep).
 	sleepFunc func(ctx context.Context, d time.Duration) error
+	// startClears holds a *startClear per projection (clearCrashLoopOnStart).
+	startClears sync.Map
 }
 
 // ErrInvalidConfig is matched (errors.Is) by every error New returns for a Config it cannot use.
@@ -455,6 +457,9 @@ func (w *Worker) deadLetter(name string, msg *message.Message, cause error) erro
 func (w *Worker) replayOnStart(ctx context.Context) {
 	for _, name := range w.names {
 		log := w.logger.With(slog.String("projection", name))
+		if err := w.clearCrashLoopOnStart(ctx, name); err != nil && ctx.Err() == nil {
+			log.ErrorContext(ctx, "clearing the crash-loop verdict at start failed; the replay's trigger clears it", slog.Any("error", err))
+		}
 		w.startDeadLetters(ctx, name, log)
 		if ps, ok := w.parts[name]; ok {
 			for _, unit := range ps.units { // a partition's dead letters are its unit's
@@ -560,6 +565,9 @@ func (h *projectionHandler) handle(msg *message.Message) error {
 		return retry.Permanent(err) // the same bytes can never decode: dead-letter at once
 	}
 	ctx := msg.Context()
+	if err := h.w.clearCrashLoopOnStart(ctx, h.name); err != nil {
+		return err // nacked: comes back
+	}
 	if passed, redundant := h.passed(t); passed {
 		if redundant && h.refreshDue(t) {
 			// A backlog of stale triggers (queued through a long catch-up, a version's build,

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -131,10 +133,10 @@ func (c *cli) parkedList(ctx context.Context, args []string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROJECTION\tSTREAM\tPARKED AT\tATTEMPTS\tHELD\tEVENT TYPE\tVERSION\tPOSITION\tERROR")
+	fmt.Fprintln(tw, "PROJECTION\tSTREAM\tPARKED AT\tATTEMPTS\tHELD\tEVENT ID\tEVENT TYPE\tVERSION\tPOSITION\tERROR")
 	for _, ps := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\t%s\n", terminalSafe(ps.Projection), streamText(ps.StreamID),
-			ps.ParkedAt.Format(time.RFC3339), ps.Attempts, ps.Held, terminalSafe(ps.Event.Type), ps.StreamVersion,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%d\t%s\t%s\n", terminalSafe(ps.Projection), streamText(ps.StreamID),
+			ps.ParkedAt.Format(time.RFC3339), ps.Attempts, ps.Held, ps.Event.ID, terminalSafe(ps.Event.Type), ps.StreamVersion,
 			ps.Event.Position, terminalSafe(truncate(ps.Error, errorColumnWidth)))
 	}
 	return tw.Flush()
@@ -223,9 +225,11 @@ func parkedTargets(ctx context.Context, b *pjpg.Backend, pos []string, all bool,
 const parkedRedriveDoc = `Asks the worker of each projection (through --channel, like replay) to redrive its parked
 streams: the worker applies each stream's parked events, in version order, through the current
 handlers in one transaction and unparks the stream; a redrive that fails again leaves the
-stream parked with the new error. The command waits up to --wait for the streams to unpark.
-Only a worker has the projection's handlers, so a worker must run. A starting worker redrives
-its projections' parked streams by itself.
+stream parked with the new error. The command waits up to --wait for the streams to unpark,
+then says who unparked each one and when, or shows the new error at once (exit 1). Only a
+worker has the projection's handlers, so a worker must run. A starting worker redrives its
+projections' parked streams by itself: when nothing is parked any more, the command says who
+unparked it last and when, and asks nothing.
 `
 
 func (c *cli) parkedRedrive(ctx context.Context, args []string) error {
@@ -255,6 +259,15 @@ func (c *cli) parkedRedrive(ctx context.Context, args []string) error {
 		fmt.Fprintln(c.stdout, "No parked streams.")
 		return nil
 	}
+	// What is parked now, read before the request goes out: a redrive that fails at once
+	// shows as attempts grown past these.
+	before, err := parkedOf(ctx, b, names, *stream)
+	if err != nil {
+		return err
+	}
+	if len(before) == 0 {
+		return c.alreadyUnparked(ctx, b, names, *stream)
+	}
 	pub, closeFn, err := c.publisher(ctx, pool)
 	if err != nil {
 		return err
@@ -267,7 +280,7 @@ func (c *cli) parkedRedrive(ctx context.Context, args []string) error {
 		}
 		fmt.Fprintf(c.stdout, "asked the worker of projection %s to redrive %s\n", n, redriveWhat(*stream))
 	}
-	return c.awaitRedrive(ctx, b, names, *stream, *wait)
+	return c.awaitRedrive(ctx, b, before, *stream, *wait)
 }
 
 func redriveWhat(stream string) string {
@@ -277,32 +290,76 @@ func redriveWhat(stream string) string {
 	return fmt.Sprintf("stream %q", terminalSafe(stream))
 }
 
-// awaitRedrive waits until the projections' parked streams (or the one stream) are gone, or a
-// redrive failed (its attempts grew), or wait has passed.
-func (c *cli) awaitRedrive(ctx context.Context, b *pjpg.Backend, names []string, stream string, wait time.Duration) error {
-	before := map[string]int{}
-	deadline := time.Now().Add(wait)
-	for first := true; ; first = false {
-		var left []projection.ParkedStream
-		for _, n := range names {
-			list, err := b.ParkedStreams(ctx, pjpg.ParkedFilter{Projection: n, StreamID: stream})
-			if err != nil {
-				return fmt.Errorf("read parked streams: %w", err)
-			}
-			left = append(left, list...)
+// parkedOf returns the parked streams of the projections (only stream, when it is set).
+func parkedOf(ctx context.Context, b *pjpg.Backend, names []string, stream string) ([]projection.ParkedStream, error) {
+	var out []projection.ParkedStream
+	for _, n := range names {
+		list, err := b.ParkedStreams(ctx, pjpg.ParkedFilter{Projection: n, StreamID: stream})
+		if err != nil {
+			return nil, fmt.Errorf("read parked streams: %w", err)
 		}
+		out = append(out, list...)
+	}
+	return out, nil
+}
+
+// alreadyUnparked says, for a redrive that finds nothing parked, who unparked the stream (the
+// projection's streams) last, how and when — a starting worker redrives by itself — and sends
+// no request.
+func (c *cli) alreadyUnparked(ctx context.Context, b *pjpg.Backend, names []string, stream string) error {
+	for _, n := range names {
+		what := "projection " + terminalSafe(n) + " has no parked streams"
+		if stream != "" {
+			what = fmt.Sprintf("stream %s of projection %s is not parked", streamText(stream), terminalSafe(n))
+		}
+		actions, err := b.ParkActions(ctx, pjpg.ParkActionFilter{Projection: n, StreamID: stream, Limit: 1})
+		if err != nil || len(actions) == 0 {
+			fmt.Fprintf(c.stdout, "%s; nothing to redrive\n", what)
+			continue
+		}
+		fmt.Fprintf(c.stdout, "%s; nothing to redrive: last %s\n", what, parkActionText(actions[0]))
+	}
+	return nil
+}
+
+// parkActionText is a recorded action in words: "stream s redriven by ann at …".
+func parkActionText(u projection.Unpark) string {
+	verb := map[projection.ParkAction]string{projection.ParkActionRedrive: "redriven", projection.ParkActionSkip: "skipped",
+		projection.ParkActionPurge: "purged"}[u.Action]
+	return fmt.Sprintf("stream %s %s by %s at %s", streamText(u.Stream.StreamID), cmp.Or(verb, terminalSafe(string(u.Action))),
+		terminalSafe(u.By), u.At.UTC().Format(time.RFC3339))
+}
+
+// awaitRedrive waits until the streams parked before the request (before) are gone, or their
+// redrive failed (their attempts grew), or wait has passed; then it says who unparked them.
+func (c *cli) awaitRedrive(ctx context.Context, b *pjpg.Backend, before []projection.ParkedStream, stream string, wait time.Duration) error {
+	attempts := map[string]int{}
+	var names []string
+	for _, ps := range before {
+		attempts[ps.Projection+"\x00"+ps.StreamID] = ps.Attempts
+		if !slices.Contains(names, ps.Projection) {
+			names = append(names, ps.Projection)
+		}
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		left, err := parkedOf(ctx, b, names, stream)
+		if err != nil {
+			return err
+		}
+		left = slices.DeleteFunc(left, func(ps projection.ParkedStream) bool {
+			_, ok := attempts[ps.Projection+"\x00"+ps.StreamID]
+			return !ok // parked since the request: not this redrive's
+		})
 		failed := 0
 		for _, ps := range left {
-			key := ps.Projection + "\x00" + ps.StreamID
-			if first {
-				before[key] = ps.Attempts
-			} else if ps.Attempts > before[key] {
+			if ps.Attempts > attempts[ps.Projection+"\x00"+ps.StreamID] {
 				failed++
 			}
 		}
 		switch {
 		case len(left) == 0:
-			fmt.Fprintln(c.stdout, "redriven: no parked streams left")
+			c.redriven(ctx, b, before)
 			return nil
 		case failed == len(left):
 			for _, ps := range left {
@@ -319,6 +376,20 @@ func (c *cli) awaitRedrive(ctx context.Context, b *pjpg.Backend, names []string,
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// redriven reports the streams that were parked as unparked, each with who unparked it and
+// when (the worker this request reached, a starting worker, or an operator's skip).
+func (c *cli) redriven(ctx context.Context, b *pjpg.Backend, streams []projection.ParkedStream) {
+	for _, ps := range streams {
+		actions, err := b.ParkActions(ctx, pjpg.ParkActionFilter{Projection: ps.Projection, StreamID: ps.StreamID, Limit: 1})
+		if err != nil || len(actions) == 0 {
+			fmt.Fprintf(c.stdout, "unparked: projection %s, stream %s\n", terminalSafe(ps.Projection), streamText(ps.StreamID))
+			continue
+		}
+		fmt.Fprintf(c.stdout, "unparked: projection %s, %s\n", terminalSafe(ps.Projection), parkActionText(actions[0]))
+	}
+	fmt.Fprintln(c.stdout, "redriven: no parked streams left")
 }
 
 func (c *cli) parkedUnpark(ctx context.Context, action projection.ParkAction, args []string) error {

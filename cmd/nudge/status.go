@@ -204,6 +204,9 @@ type statusRow struct {
 	// lease is a partition's lease (Owner "" when no live worker holds it); nil for other
 	// rows, and when there is no lease table (the owner is unknown).
 	lease *lease.Lease
+	// oldestParked is the projection's (its partitions') parked stream parked first; nil
+	// when none is.
+	oldestParked *projection.ParkedStream
 }
 
 // statusSource is where status reads from: the projections' status rows, the dead letters and
@@ -242,7 +245,38 @@ func statusRows(ctx context.Context, src statusSource, names []string) ([]status
 		}
 		rows = append(rows, newStatusRow(st, counts, leases))
 	}
+	for i := range rows {
+		if err := addOldestParked(ctx, src.backend, &rows[i]); err != nil {
+			return nil, err
+		}
+	}
 	return rows, nil
+}
+
+// addOldestParked sets r's oldest parked stream (and its partitions'), when it has any.
+func addOldestParked(ctx context.Context, backend *pjpg.Backend, r *statusRow) error {
+	if r.ParkedStreams == 0 {
+		return nil
+	}
+	list, err := backend.ParkedStreams(ctx, pjpg.ParkedFilter{Projection: r.Name})
+	if err != nil {
+		return fmt.Errorf("read the parked streams of %s: %w", r.Name, err)
+	}
+	for i := range r.partitions {
+		p := &r.partitions[i]
+		if err := addOldestParked(ctx, backend, p); err != nil {
+			return err
+		}
+		if p.oldestParked != nil {
+			list = append(list, *p.oldestParked)
+		}
+	}
+	for _, ps := range list {
+		if r.oldestParked == nil || ps.ParkedAt.Before(r.oldestParked.ParkedAt) {
+			r.oldestParked = &ps
+		}
+	}
+	return nil
 }
 
 // failedDeadLetters counts the dead letters with status failed of every projection.
@@ -325,7 +359,7 @@ func writeStatusLine(tw io.Writer, indent string, r statusRow) {
 	if r.deadLetters != nil {
 		dead = strconv.Itoa(*r.deadLetters)
 	}
-	note := statusNote(r.Status)
+	note := statusNote(r.Status, r.oldestParked)
 	if owners := ownerNote(r); owners != "" && note == "-" {
 		note = owners
 	} else if owners != "" {
@@ -344,9 +378,9 @@ func lagText(st projection.Status) string {
 }
 
 // statusNote says what the numbers do not: why the projection waits, what it fails with, how
-// far its rebuild is. It holds text from the database (the last error): print it through
-// terminalSafe.
-func statusNote(st projection.Status) string {
+// far its rebuild is, which stream it parked first (oldest, nil if unknown). It holds text from
+// the database (the last error, a stream id): print it through terminalSafe.
+func statusNote(st projection.Status, oldest *projection.ParkedStream) string {
 	notes := versionNotes(st)
 	if st.HeldByHorizon {
 		if st.Holder != nil {
@@ -371,13 +405,28 @@ func statusNote(st projection.Status) string {
 		notes = append(notes, note)
 	}
 	if st.ParkedStreams > 0 {
-		notes = append(notes, fmt.Sprintf("%d parked streams, oldest since %s (nudge parked list %s)",
-			st.ParkedStreams, st.OldestParkedAt.UTC().Format(time.RFC3339), st.Name))
+		notes = append(notes, parkedNote(st, oldest))
 	}
 	if len(notes) == 0 {
 		return "-"
 	}
 	return strings.Join(notes, "; ")
+}
+
+// parkedNote counts the projection's parked streams and names the oldest, as a failing
+// projection's note names its event: stream, event, error and since when.
+func parkedNote(st projection.Status, oldest *projection.ParkedStream) string {
+	if oldest == nil {
+		return fmt.Sprintf("%d parked streams, oldest since %s (nudge parked list %s)",
+			st.ParkedStreams, st.OldestParkedAt.UTC().Format(time.RFC3339), st.Name)
+	}
+	what := "1 parked stream"
+	if st.ParkedStreams > 1 {
+		what = fmt.Sprintf("%d parked streams, the oldest", st.ParkedStreams)
+	}
+	return fmt.Sprintf("%s: %s since %s, event %s %s at %s: %s (nudge parked list %s)", what, oldest.StreamID,
+		oldest.ParkedAt.UTC().Format(time.RFC3339), oldest.Event.ID, oldest.Event.Type, oldest.Event.Position,
+		truncate(oldest.Error, noteErrorWidth), st.Name)
 }
 
 // versionNotes says where a versioned projection's row stands: a version built beside the

@@ -751,3 +751,30 @@ func TestStatusOwnerIsTerminalSafe(t *testing.T) {
 	require.Regexp(t, `(?m)^orders\s.*\s2 partitions, 1 owner, 1 unowned$`, out.String())
 	require.Regexp(t, `(?m)^  orders\.p1\s.*\sunowned$`, out.String())
 }
+
+// TestStatusNamesParkedStream: a projection with parked streams names the oldest in its note
+// (stream, since when, event, error), as a failing projection names its event, with the text
+// from the database escaped for the terminal; 'parked list' shows the parked event's id.
+func TestStatusNamesParkedStream(t *testing.T) {
+	t.Parallel()
+	f := parkedFixture(t)
+	store, err := espg.New(f.db.Pool, espg.Config{})
+	require.NoError(t, err)
+	backend, err := pjpg.New(store)
+	require.NoError(t, err)
+	parked, err := backend.ParkedStreams(context.Background(), pjpg.ParkedFilter{Projection: "tickets", StreamID: "t-bad"})
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+	ps := parked[0]
+
+	res := runCLI(t, f.env, "status", "tickets")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, fmt.Sprintf("2 parked streams, the oldest: t-bad since %s, event %s T at %s: value too long \\x1b[2J (nudge parked list tickets)",
+		ps.ParkedAt.UTC().Format(time.RFC3339), ps.Event.ID, ps.Event.Position))
+	require.NotContains(t, res.stdout, "\x1b", "escapes are shown, not sent")
+
+	res = runCLI(t, f.env, "parked", "list", "tickets")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Regexp(t, `(?m)^PROJECTION\s+STREAM\s+PARKED AT\s+ATTEMPTS\s+HELD\s+EVENT ID\s+EVENT TYPE\s+VERSION\s+POSITION\s+ERROR$`, res.stdout)
+	require.Regexp(t, `(?m)^tickets\s+t-bad\s+\S+\s+\d+\s+1\s+`+ps.Event.ID.String()+`\s+T\s+1\s+`+regexp.QuoteMeta(ps.Event.Position.String())+`\s`, res.stdout)
+}

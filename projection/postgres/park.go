@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -32,6 +33,40 @@ func (b *Backend) ParkedStreams(ctx context.Context, filter ParkedFilter) ([]pro
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (projection.ParkedStream, error) { return scanParked(row) })
 	if err != nil {
 		return nil, fmt.Errorf("projection/postgres: read parked streams: %w", b.translate(err))
+	}
+	return out, nil
+}
+
+// ParkActionFilter selects recorded actions on one projection's parked streams.
+type ParkActionFilter struct {
+	// Projection is the projection's name. Required.
+	Projection string
+	// StreamID, if set, selects one stream's actions.
+	StreamID string
+	// Limit is the most actions returned. Defaults to 10.
+	Limit int
+}
+
+// ParkActions returns the recorded redrives, skips and purges of filter's parked streams,
+// newest first: who unparked a stream, when, how and why (the operator CLI shows them for a
+// stream found no longer parked).
+func (b *Backend) ParkActions(ctx context.Context, filter ParkActionFilter) ([]projection.Unpark, error) {
+	rows, err := b.db.Query(ctx, b.sql.selectParkActions, filter.Projection, nullable(filter.StreamID), cmp.Or(filter.Limit, 10))
+	if err != nil {
+		return nil, fmt.Errorf("projection/postgres: read park actions: %w", b.translate(err))
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (projection.Unpark, error) {
+		var (
+			u  projection.Unpark
+			id [16]byte
+		)
+		err := row.Scan(&u.Stream.Projection, &u.Stream.StreamID, &u.Action, &id, &u.Stream.Event.Position.TransactionID,
+			&u.Stream.Event.Position.GlobalPosition, &u.Stream.Held, &u.Stream.Error, &u.By, &u.Reason, &u.At)
+		u.Stream.Event.ID, u.Stream.Event.StreamID = id, u.Stream.StreamID
+		return u, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("projection/postgres: read park actions: %w", b.translate(err))
 	}
 	return out, nil
 }

@@ -211,6 +211,19 @@ func TestLiveBatchHoldsBackARedrive(t *testing.T) {
 	require.Equal(t, "redrive", action)
 	require.Equal(t, "test", by)
 	require.Equal(t, int64(2), held, "versions 2 and 3 were held, 3 by the live batch")
+
+	// What the operator CLI shows for a stream no longer parked.
+	actions, err := e.backend.ParkActions(ctx, postgres.ParkActionFilter{Projection: "tickets", StreamID: "a"})
+	require.NoError(t, err)
+	require.Len(t, actions, 1)
+	require.Equal(t, projection.ParkActionRedrive, actions[0].Action)
+	require.Equal(t, "test", actions[0].By)
+	require.Equal(t, "a", actions[0].Stream.StreamID)
+	require.Equal(t, int64(2), actions[0].Stream.Held)
+	require.False(t, actions[0].At.IsZero())
+	none, err := e.backend.ParkActions(ctx, postgres.ParkActionFilter{Projection: "tickets", StreamID: "b"})
+	require.NoError(t, err)
+	require.Empty(t, none)
 }
 
 // TestUnparkWithoutDefinition: the operator's skip and purge through the backend (the CLI's

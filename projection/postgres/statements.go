@@ -20,6 +20,8 @@ type statements struct {
 	selectParked, insertParked, addHeld, deleteParked, recordParkAction, parkFailed, clearParked string
 	// selectParkedOf is selectParked for one projection, the statement of every batch.
 	selectParkedOf string
+	// selectParkActions reads recorded actions on parked streams, newest first.
+	selectParkActions string
 	// selectAllStatus is selectStatus for every projection, by name; selectPartitionStatus
 	// for the partitions of one, by index.
 	selectAllStatus, selectPartitionStatus string
@@ -285,6 +287,9 @@ func (s *statements) addParkSQL(r *strings.Replacer) {
 	s.selectParked = r.Replace(`SELECT ` + parkedColumns + ` FROM {parked}
 		WHERE ($1::text IS NULL OR projection = $1) AND ($2::text IS NULL OR stream_id = $2)
 		ORDER BY projection, transaction_id, global_position, stream_id`)
+	s.selectParkActions = r.Replace(`SELECT projection, stream_id, action, event_id, transaction_id, global_position, held_events,
+			error, done_by, reason, done_at FROM {park_actions}
+		WHERE projection = $1 AND ($2::text IS NULL OR stream_id = $2) ORDER BY id DESC LIMIT $3`)
 	s.selectParkedOf = r.Replace(`SELECT ` + parkedColumns + ` FROM {parked} WHERE projection = $1`)
 	s.insertParked = r.Replace(`INSERT INTO {parked} (projection, stream_id, event_id, event_type, transaction_id, global_position,
 			stream_version, error, attempts, parked_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`)
