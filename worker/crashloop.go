@@ -24,6 +24,9 @@ type startClear struct {
 // dead-lettered into the record the replay just marked. So the handlers and the start-up replay
 // call this before anything else, and the verdict is gone before the first catch-up.
 //
+// A projection without crash-loop detection (CrashLoopLimit 0, the default) has no verdict, so
+// its triggers never wait on the dead-letter store here.
+//
 // A dead-letter store it cannot read (partitioned away) does not hold the projection back: it
 // gives up for this start after DeadLetterTimeout, with a warning, and the replay's trigger
 // clears the verdict as before. A verdict it cannot clear is returned: the trigger is nacked
@@ -33,6 +36,9 @@ func (w *Worker) clearCrashLoopOnStart(ctx context.Context, name string) error {
 		return nil
 	}
 	name = cmp.Or(w.partitionOf[name], name)
+	if !w.detectsCrashLoops(name) {
+		return nil // no verdict to clear, and no reason to ask the dead-letter store
+	}
 	v, _ := w.startClears.LoadOrStore(name, &startClear{})
 	c := v.(*startClear) //nolint:forcetypeassert // the map holds nothing else
 	c.mu.Lock()
@@ -58,4 +64,11 @@ func (w *Worker) clearCrashLoopOnStart(ctx context.Context, name string) error {
 	}
 	c.done = true
 	return nil
+}
+
+// detectsCrashLoops reports whether projection name has crash-loop detection on
+// (projection.Config.CrashLoopLimit), so that it can hold a verdict.
+func (w *Worker) detectsCrashLoops(name string) bool {
+	p, err := w.cfg.Runner.Projection(name)
+	return err != nil || p.Config().CrashLoopLimit > 0 // unknown: ask, as before
 }
