@@ -152,7 +152,7 @@ func (s *scaleRun) join(ctx context.Context, n int) error {
 		procs = append(procs, p)
 		s.live = append(s.live, slot)
 	}
-	readyCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	readyCtx, cancel := context.WithTimeout(ctx, deadline(60*time.Second))
 	defer cancel()
 	for _, p := range procs {
 		if err := p.waitReady(readyCtx); err != nil {
@@ -160,7 +160,7 @@ func (s *scaleRun) join(ctx context.Context, n int) error {
 		}
 	}
 	ready := time.Since(began)
-	sp, ok := s.converge(ctx, began, scaleJoinBound)
+	sp, ok := s.converge(ctx, began, deadline(scaleJoinBound))
 	what := fmt.Sprintf("scale to %d worker(s)", n)
 	s.r.addCheck(what+": converges", ok, "%s after the start (ready after %s): %s", round(sp.at.Sub(began)), round(ready), sp)
 	s.note(began, "%s: converged %s after the new processes started (ready after %s): %s", what, round(sp.at.Sub(began)), round(ready), sp)
@@ -177,12 +177,12 @@ func (s *scaleRun) kill(ctx context.Context, n int) error {
 			s.r.Faults++
 		}
 	}
-	took, owned := s.mon.await(ctx, s.owners(), scaleKillBound, func(sp spread) bool { return sp.at.After(began) && sp.allOwned })
+	took, owned := s.mon.await(ctx, s.owners(), deadline(scaleKillBound), func(sp spread) bool { return sp.at.After(began) && sp.allOwned })
 	takeover := took.at.Sub(began)
 	if !owned {
 		takeover = time.Since(began)
 	}
-	sp, ok := s.converge(ctx, began, scaleKillBound)
+	sp, ok := s.converge(ctx, began, deadline(scaleKillBound))
 	what := fmt.Sprintf("SIGKILL of %s, %d left", slotNames(victims), len(s.live))
 	s.r.addCheck(what+": every partition owned again within the bound", owned && takeover <= scaleUnownedBound,
 		"takeover %s (all owned: %t), bound %s", round(takeover), owned, scaleUnownedBound)
@@ -202,7 +202,7 @@ func (s *scaleRun) stopGracefully(ctx context.Context, n int) error {
 	}
 	wg.Wait()
 	stopped := time.Since(began)
-	sp, ok := s.converge(ctx, began, scaleJoinBound)
+	sp, ok := s.converge(ctx, began, deadline(scaleJoinBound))
 	what := fmt.Sprintf("SIGTERM of %s, %d left", slotNames(victims), len(s.live))
 	s.r.addCheck(what+": converges", ok, "%s after the signal (the processes exited after %s): %s", round(sp.at.Sub(began)), round(stopped), sp)
 	s.note(began, "%s: converged %s after the signal (the processes exited after %s): %s", what, round(sp.at.Sub(began)), round(stopped), sp)
