@@ -241,7 +241,8 @@ func (e *env) killInsideFlips(ctx context.Context, r *result, neu, old *workerSl
 		select {
 		case <-proc.flipping:
 		case <-time.After(deadline(rebuildWait)):
-			return time.Time{}, fmt.Errorf("version 2's worker did not reach its cut-over within %s (cut-over %d)", deadline(rebuildWait), aimed+1)
+			return time.Time{}, fmt.Errorf("version 2's worker did not reach its cut-over within %s (cut-over %d; %s)",
+				deadline(rebuildWait), aimed+1, e.versionLag(ctx, 2))
 		case <-ctx.Done():
 			return time.Time{}, ctx.Err()
 		}
@@ -280,6 +281,24 @@ func (e *env) killInsideFlips(ctx context.Context, r *result, neu, old *workerSl
 		"version 2 became active %s after the first cut-over began", inside, aimed, rebuildFlipHold,
 		time.Since(firstHold).Round(100*time.Millisecond)))
 	return time.Now(), nil
+}
+
+// versionLag describes the state and lag of version of the exactly-once projection, each
+// partition's too: what a cut-over that does not come waits for.
+func (e *env) versionLag(ctx context.Context, version int) string {
+	st, err := e.status.Status(ctx, chaosmodel.ExactUnit(version))
+	if err != nil {
+		return fmt.Sprintf("status: %v", err)
+	}
+	text := fmt.Sprintf("version %d %s, %d events processed, %d behind", version, st.VersionState, st.EventsProcessed, st.LagEvents)
+	var parts []string
+	for _, part := range st.Partitions {
+		parts = append(parts, fmt.Sprintf("%s %d behind", part.Name, part.LagEvents))
+	}
+	if len(parts) > 0 {
+		text += " (" + strings.Join(parts, ", ") + ")"
+	}
+	return text
 }
 
 // awaitActive waits up to rebuildWait (scaled) until version is the exactly-once projection's active
