@@ -12,15 +12,19 @@ TEST_TIMEOUT           ?= 20m
 # per core).
 CPUHOG_SECONDS         ?= 2700
 CPUHOG_WORKERS         ?=
+# CHAOS_TIMEOUT_SCALE multiplies the chaos harness's deadlines and its default budget (not the
+# bounds it asserts); make chaos-loaded runs with CHAOS_LOADED_SCALE.
+CHAOS_TIMEOUT_SCALE    ?= 1
+CHAOS_LOADED_SCALE     ?= 3
 
 # OUTAGE_TESTS run a second time without -race (see test).
 OUTAGE_TESTS           := TestPublishersAcrossOutages|TestBrokerOutageWhileRunning
 
 .DEFAULT_GOAL := help
-.PHONY: help up tools down test test-loaded lint chaos bench bench-go demo
+.PHONY: help up tools down test test-loaded lint chaos chaos-loaded bench bench-go demo
 
 help: ## Show the targets and what they do.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 up: ## Find or start PostgreSQL and RabbitMQ (docker compose, else the local services).
 	@scripts/services.sh
@@ -60,7 +64,11 @@ lint: $(GOLANGCI_LINT) ## Check formatting, go vet and golangci-lint.
 	$(GOLANGCI_LINT) run --allow-parallel-runners ./...
 
 chaos: up tools ## Inject faults (kills, outages, poison, bad input) and verify every read model (RELIABILITY.md).
-	$(GO) run ./internal/chaos $(CHAOS_FLAGS)
+	$(GO) run ./internal/chaos -timeout-scale $(CHAOS_TIMEOUT_SCALE) $(CHAOS_FLAGS)
+
+chaos-loaded: ## Run make chaos while every core is kept busy (scripts/cpuhog.sh), its deadlines ×3.
+	@scripts/cpuhog.sh -t $(CPUHOG_SECONDS) $(if $(CPUHOG_WORKERS),-n $(CPUHOG_WORKERS)) -- \
+		$(MAKE) --no-print-directory chaos CHAOS_TIMEOUT_SCALE=$(CHAOS_LOADED_SCALE)
 
 bench: up ## Run the benchmark harness: every figure beside its baseline, same run (BENCH_FLAGS=-quick).
 	$(GO) run ./internal/bench $(BENCH_FLAGS)

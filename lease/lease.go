@@ -3,7 +3,8 @@
 // membership and its leases every Config.Renew, and claims or gives back partitions so that
 // every live member owns its fair share (Partitions / members, the first members in owner order
 // one more). A member that stops renewing (its process died) loses its membership and its
-// leases after Config.TTL, and the others claim them at their next renewal.
+// leases after Config.TTL, and the others claim them when they lapse (each member schedules
+// a round for the next lapse of another member's lease): within TTL + Renew of its death.
 //
 // A partition changes hands only between batches: a member gives back a partition it no longer
 // should own once no batch of it is in flight (Use / the release function), so a partition
@@ -37,9 +38,10 @@ const (
 	// TTLDefault is how long a lease and a membership last without renewal: four renewals
 	// may fail (or wait) in a row before a live member loses its partitions.
 	TTLDefault = 6 * time.Second
-	// RenewDefault is how often a member renews: with TTLDefault, a dead member's partitions
-	// are claimed within TTL + Renew = 7.5 s of its last renewal (within 10 s of its death on
-	// a loaded machine).
+	// RenewDefault is how often a member renews. A dead member's partitions are claimed when
+	// its leases lapse, TTL after its last renewal (the others schedule a round for that
+	// moment): at most TTL after its death plus one round's time. The bound stated is
+	// TTL + Renew = 7.5 s after its death, one renewal of slack for a loaded machine.
 	RenewDefault = 1500 * time.Millisecond
 	// MaxPartitions bounds Config.Partitions.
 	MaxPartitions = 1024
@@ -116,6 +118,15 @@ type Member struct {
 	wake, batchEnded chan struct{}
 	// closed is set by Close: no new batch, no claim, no heartbeat; left once it left.
 	closed, left bool
+	// newTimer returns a channel that receives after d and its stop function (a time.Timer's);
+	// tests replace it to fire Run's rounds themselves.
+	newTimer func(d time.Duration) (<-chan time.Time, func() bool)
+}
+
+// newTimer is Member.newTimer's default: a time.Timer.
+func newTimer(d time.Duration) (<-chan time.Time, func() bool) {
+	t := time.NewTimer(d)
+	return t.C, t.Stop
 }
 
 // held is a partition this member holds.
@@ -137,6 +148,7 @@ func New(db postgres.DB, cfg Config) (*Member, error) {
 		db: db, cfg: cfg, sql: newStatements(cfg.Schema),
 		log:   cfg.Logger.With(slog.String("group", cfg.Group), slog.String("owner", cfg.Owner)),
 		parts: map[int]*held{}, changed: make(chan struct{}), wake: make(chan struct{}, 1), batchEnded: make(chan struct{}, 1),
+		newTimer: newTimer,
 	}, nil
 }
 
@@ -200,34 +212,55 @@ func (m *Member) poke() {
 }
 
 // Run keeps the membership until ctx ends or Close: a round at once, then one every Renew
-// (and after a batch ends on a partition being given back). A failed round is logged and
-// retried at the next; the member's leases then lapse after TTL, as a dead member's would.
+// (and after a batch ends on a partition being given back), and one as soon as another
+// member's lease or membership lapses if that comes before the next renewal, so a dead
+// member's partitions are claimed when its leases lapse, not up to Renew later. A failed
+// round is logged and retried at the next; the member's leases then lapse after TTL, as a
+// dead member's would.
 func (m *Member) Run(ctx context.Context) error {
-	tick := time.NewTicker(m.cfg.Renew)
-	defer tick.Stop()
 	for {
 		if m.hasLeft() {
 			return ErrClosed
 		}
-		if err := m.round(ctx); err != nil {
+		start := time.Now()
+		lapse, err := m.round(ctx)
+		if err != nil {
 			if ctx.Err() != nil {
 				break
 			}
 			m.log.WarnContext(ctx, "lease: round failed; retried at the next", slog.Any("error", err))
 		}
+		next, stop := m.newTimer(nextRound(start, m.cfg.Renew, lapse))
 		select {
 		case <-ctx.Done():
-		case <-tick.C:
+		case <-next:
 			continue
 		case <-m.wake:
+			stop()
 			continue
 		}
+		stop()
 		break
 	}
 	if m.hasLeft() {
 		return ErrClosed
 	}
 	return ctx.Err()
+}
+
+// lapseMargin is how long after another member's lease lapses (database time) the round
+// that claims it starts: the claim needs the lapse strictly past at the round's start.
+const lapseMargin = 5 * time.Millisecond
+
+// nextRound returns how long to wait for the next round after a round that started at start:
+// until Renew after start, or until just after lapse (the next lapse of another member's
+// lease or membership, zero when none) if that comes first; 0 when either is past.
+func nextRound(start time.Time, renew time.Duration, lapse time.Time) time.Duration {
+	at := start.Add(renew)
+	if !lapse.IsZero() && lapse.Add(lapseMargin).Before(at) {
+		at = lapse.Add(lapseMargin)
+	}
+	return max(0, time.Until(at))
 }
 
 // hasLeft reports whether Close has left the group.
@@ -239,9 +272,13 @@ func (m *Member) hasLeft() bool {
 
 // round renews the membership and the leases, then gives back the partitions over the fair
 // share (once no batch of them is in flight) and claims free ones up to it, in one
-// transaction.
-func (m *Member) round(ctx context.Context) error {
-	var gained, lost []int
+// transaction. It returns when the next lease or membership of another member lapses (on
+// this process's clock, read from the database's as a duration), zero when none will.
+func (m *Member) round(ctx context.Context) (time.Time, error) {
+	var (
+		gained, lost []int
+		lapse        time.Time
+	)
 	err := pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
 		ttl := m.cfg.TTL.Seconds()
 		share, err := m.share(ctx, tx)
@@ -271,16 +308,31 @@ func (m *Member) round(ctx context.Context) error {
 			return err
 		}
 		gained, lost = m.plan(renewed, give, claimed)
-		return nil
+		lapse, err = m.nextLapse(ctx, tx)
+		return err
 	})
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
 	m.apply(gained, lost)
 	if len(gained) > 0 || len(lost) > 0 {
 		m.log.InfoContext(ctx, "lease: partitions moved", slog.Any("claimed", gained), slog.Any("lost", lost), slog.Any("owned", m.Owned()))
 	}
-	return nil
+	return lapse, nil
+}
+
+// nextLapse returns when the next lease or membership of another member lapses, zero when
+// none will. The database says how far ahead it is, on its own clock; the local time is
+// taken after its answer, so the lapse it returns is never earlier than the database's.
+func (m *Member) nextLapse(ctx context.Context, tx pgx.Tx) (time.Time, error) {
+	var secs *float64
+	if err := tx.QueryRow(ctx, m.sql.lapse, m.cfg.Group, m.cfg.Owner).Scan(&secs); err != nil {
+		return time.Time{}, fmt.Errorf("lease: next lapse: %w", err)
+	}
+	if secs == nil {
+		return time.Time{}, nil
+	}
+	return time.Now().Add(time.Duration(*secs * float64(time.Second))), nil
 }
 
 // share renews the membership (a heartbeat that also forgets dead members) and returns this

@@ -299,3 +299,85 @@ func TestCloseWaitsForBatchesInFlight(t *testing.T) {
 	require.Empty(t, a.Owned())
 	require.Empty(t, g.leases()[0].Owner, "given back once its batch ended")
 }
+
+// manualTimer schedules a member's rounds by hand: each wait the member asks for is sent on
+// asked, and the round runs when the test sends on fire.
+type manualTimer struct {
+	asked chan time.Duration
+	fire  chan time.Time
+}
+
+func newManualTimer() *manualTimer {
+	return &manualTimer{asked: make(chan time.Duration, 16), fire: make(chan time.Time)}
+}
+
+func (mt *manualTimer) newTimer(d time.Duration) (<-chan time.Time, func() bool) {
+	mt.asked <- d
+	return mt.fire, func() bool { return true }
+}
+
+// next returns the wait the member asked for after its last round.
+func (mt *manualTimer) next(t *testing.T) time.Duration {
+	t.Helper()
+	select {
+	case d := <-mt.asked:
+		return d
+	case <-time.After(waitFor):
+		t.Fatal("the member asked for no timer: its round did not end")
+		return 0
+	}
+}
+
+// A survivor does not wait for its next renewal to take a dead member's partitions over: it
+// schedules a round for the moment the dead member's leases lapse (database time), so the
+// takeover comes TTL after the dead member's last renewal, not up to a renewal later. The
+// rounds run when the test fires them, after the lapse has been observed in the database.
+func TestSurvivorClaimsWhenTheLeaseLapses(t *testing.T) {
+	t.Parallel()
+	g := newGroup(t, 2)
+	g.ttl = time.Minute // no lease lapses unless the test shortens it
+	g.join("a")
+	g.awaitBalanced("a owns both")
+	g.kill("a")
+	// a's last renewal was, say, TTL - 1 s ago: its lease and membership lapse in 1 s.
+	ctx := context.Background()
+	for _, table := range lease.Tables() {
+		_, err := g.db.Pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET expires_at = now() + interval '1 second' WHERE owner = 'a'`, table))
+		require.NoError(t, err)
+	}
+
+	renew := 20 * time.Second
+	b, err := lease.New(g.db.Pool, lease.Config{Group: g.name, Partitions: 2, Owner: "b", TTL: g.ttl, Renew: renew})
+	require.NoError(t, err)
+	mt := newManualTimer()
+	lease.SetTimer(b, mt.newTimer)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- b.Run(runCtx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+	})
+
+	wait := mt.next(t)
+	require.Empty(t, b.Owned(), "a's leases are live at b's first round")
+	require.LessOrEqual(t, wait, time.Second+100*time.Millisecond,
+		"b's next round must come when a's leases lapse (in 1 s), not at its next renewal (%s)", renew)
+
+	require.Eventually(t, func() bool {
+		var lapsed bool
+		require.NoError(t, g.db.Pool.QueryRow(ctx, `SELECT bool_and(expires_at < now()) FROM nudge_partition_leases WHERE owner = 'a'`).Scan(&lapsed))
+		return lapsed
+	}, waitFor, 10*time.Millisecond, "a's leases lapse")
+	changed := b.Changed()
+	mt.fire <- time.Now()
+	select {
+	case <-changed:
+	case <-time.After(waitFor):
+		t.Fatal("b's round at the lapse claimed nothing")
+	}
+	require.Equal(t, []int{0, 1}, b.Owned(), "b took both partitions over at the round at the lapse")
+	wait = mt.next(t)
+	require.Greater(t, wait, 0*time.Second)
+	require.LessOrEqual(t, wait, renew, "with no other lease to wait for, b renews every Renew")
+}

@@ -12,7 +12,7 @@ func Tables() []string { return []string{"nudge_partition_leases", "nudge_partit
 
 // statements are the member's SQL, with the schema's tables.
 type statements struct {
-	heartbeat, renew, release, claim, leave, list string
+	heartbeat, renew, release, claim, lapse, leave, list string
 }
 
 func newStatements(schema string) statements {
@@ -56,6 +56,13 @@ func newStatements(schema string) statements {
 				ORDER BY partition LIMIT $5 FOR UPDATE SKIP LOCKED) free
 			WHERE l.grp = $1 AND l.partition = free.partition
 			RETURNING l.partition`),
+		// $1 group, $2 owner. Seconds from now (clock_timestamp(), not the transaction's
+		// start) until the next lapse of another member's lease or membership that had not
+		// lapsed at the transaction's start; NULL when there is none.
+		lapse: r.Replace(`SELECT EXTRACT(EPOCH FROM min(e) - clock_timestamp())::float8 FROM (
+				SELECT expires_at e FROM {leases} WHERE grp = $1 AND owner <> $2 AND expires_at >= now()
+				UNION ALL
+				SELECT expires_at FROM {members} WHERE grp = $1 AND owner <> $2 AND expires_at >= now()) x`),
 		leave: r.Replace(`WITH given AS (
 				UPDATE {leases} SET owner = NULL, expires_at = NULL, acquired_at = NULL WHERE grp = $1 AND owner = $2
 			)

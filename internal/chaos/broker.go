@@ -55,7 +55,7 @@ func rabbitmqctl(ctx context.Context, args ...string) (string, error) {
 	if len(command) == 0 {
 		command = []string{"rabbitmqctl"}
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, deadline(30*time.Second))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, command[0], append(command[1:], args...)...)
 	var stderr strings.Builder

@@ -15,7 +15,11 @@
 //
 // Usage:
 //
-//	go run ./internal/chaos [-scenario all|NAME[,NAME…]] [-budget 8m] [-seed N] [-rate 300] [-v]
+//	go run ./internal/chaos [-scenario all|NAME[,NAME…]] [-budget 8m] [-timeout-scale 1] [-seed N] [-rate 300] [-v]
+//
+// -timeout-scale (default: CHAOS_TIMEOUT_SCALE, else 1) multiplies the harness's deadlines and
+// the default budget, for a busy machine (make chaos-loaded runs with 3); the bounds the
+// checks assert about the product stay as they are.
 //
 // Each scenario prints one line (faults, events appended and projected per read model,
 // missing, duplicated in the exactly-once model, max lag, time to recover, PASS or FAIL); the
@@ -43,7 +47,7 @@ import (
 	"github.com/nudgeworks/nudge/internal/pgcluster"
 )
 
-// budgetDefault is the default bound on a whole run.
+// budgetDefault is the default bound on a whole run, before -timeout-scale.
 const budgetDefault = 8 * time.Minute
 
 // cleanupReserve is kept from the budget for stopping workers and removing the cluster.
@@ -54,9 +58,15 @@ func main() {
 }
 
 func run() int {
+	scaleDefault, err := timeoutScaleDefault()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "chaos: %v\n", err)
+		return 2
+	}
 	var (
 		which   = flag.String("scenario", "all", "`name`s of the scenarios to run, comma-separated, or all")
-		budget  = flag.Duration("budget", budgetDefault, "bound on the whole run; scenarios still running when it ends fail")
+		budget  = flag.Duration("budget", 0, "bound on the whole run; scenarios still running when it ends fail (default 8m × -timeout-scale)")
+		scale   = flag.Float64("timeout-scale", scaleDefault, "multiplies the harness's deadlines and the default budget, for a busy machine (default "+timeoutScaleEnv+", else 1)")
 		seed    = flag.Uint64("seed", 0, "seed of the random choices (kill moments, dropped triggers, garbage); 0 picks one")
 		rate    = flag.Int("rate", 300, "events appended per second by the writers, in all (scale appends its own 2,000)")
 		results = flag.String("results", "chaos-results", "`directory` for results.json and the logs")
@@ -70,6 +80,14 @@ func run() int {
 			fmt.Printf("%-17s injects: %s\n%-17s checks:  %s\n", sc.name, sc.injects, "", sc.checks)
 		}
 		return 0
+	}
+	if !(*scale >= 1 && *scale <= timeoutScaleMax) {
+		fmt.Fprintf(os.Stderr, "chaos: -timeout-scale must be from 1 to %d, got %g\n", timeoutScaleMax, *scale)
+		return 2
+	}
+	timeoutScale = *scale
+	if *budget == 0 {
+		*budget = deadline(budgetDefault)
 	}
 	if *budget < time.Minute || *rate < 1 {
 		fmt.Fprintf(os.Stderr, "chaos: -budget must be at least 1m and -rate at least 1\n")
@@ -112,10 +130,10 @@ func run() int {
 		verbose:    *verbose,
 		log:        slog.New(slog.NewJSONHandler(logFile, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
-	fmt.Printf("chaos: %d scenario(s), seed %d, budget %s, %d events/s from 4 writers, 2 worker processes; logs in %s\n",
-		len(selected), *seed, *budget, *rate, logDir)
+	fmt.Printf("chaos: %d scenario(s), seed %d, budget %s, deadlines ×%g, %d events/s from 4 writers, 2 worker processes; logs in %s\n",
+		len(selected), *seed, *budget, timeoutScale, *rate, logDir)
 
-	report := &runReport{Started: started, Seed: *seed, Budget: *budget, Rate: *rate}
+	report := &runReport{Started: started, Seed: *seed, Budget: *budget, TimeoutScale: timeoutScale, Rate: *rate}
 	runCtx, cancel := context.WithTimeout(ctx, *budget-cleanupReserve)
 	defer cancel()
 	if err := s.prepare(runCtx, selected); err != nil {

@@ -145,13 +145,15 @@ func round(d time.Duration) string {
 
 // runReport is the JSON file of a run.
 type runReport struct {
-	Started   time.Time     `json:"started"`
-	Took      time.Duration `json:"took_ns"`
-	Seed      uint64        `json:"seed"`
-	Budget    time.Duration `json:"budget_ns"`
-	Rate      int           `json:"rate"`
-	Passed    bool          `json:"passed"`
-	Scenarios []*result     `json:"scenarios"`
+	Started time.Time     `json:"started"`
+	Took    time.Duration `json:"took_ns"`
+	Seed    uint64        `json:"seed"`
+	Budget  time.Duration `json:"budget_ns"`
+	// TimeoutScale multiplied the harness's deadlines (-timeout-scale).
+	TimeoutScale float64   `json:"timeout_scale"`
+	Rate         int       `json:"rate"`
+	Passed       bool      `json:"passed"`
+	Scenarios    []*result `json:"scenarios"`
 }
 
 // write writes the report to dir/results.json.

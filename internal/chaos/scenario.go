@@ -27,7 +27,7 @@ type scenario struct {
 	after func(ctx context.Context, e *env, r *result) error
 }
 
-// catchUpTimeout bounds the wait for the projections after the faults.
+// catchUpTimeout bounds the wait for the projections after the faults (before timeoutScale).
 const catchUpTimeout = 90 * time.Second
 
 // runScenario runs sc in an environment of its own and verifies every read model.
@@ -64,7 +64,7 @@ func (s *suite) runScenario(ctx context.Context, sc scenario) *result {
 	if e.load.failed.Load() {
 		r.addCheck("writers", false, "a writer stopped on an error; see runner.log")
 	}
-	caughtUp := e.waitCaughtUp(ctx, catchUpTimeout)
+	caughtUp := e.waitCaughtUp(ctx, deadline(catchUpTimeout))
 	e.workers.stopAll() // the file sinks are complete once the workers are gone
 	if caughtUp != nil {
 		r.addCheck("caught up", false, "%v", caughtUp)

@@ -36,7 +36,7 @@ const (
 	rebuildFlipHold = time.Second
 	// rebuildLiveKills are the kills after the flip, with version 2 active.
 	rebuildLiveKills = 2
-	// rebuildWait bounds each wait for the build or the flip.
+	// rebuildWait bounds each wait for the build or the flip (before timeoutScale).
 	rebuildWait = 60 * time.Second
 
 	// repartitionFrom and repartitionTo are the repartition scenario's partition counts of
@@ -160,21 +160,29 @@ func (e *env) killAndRestart(r *result, s *workerSlot) {
 	}
 }
 
-// killDuringBuild kills a random worker every 0.3–0.9 s, up to rebuildBuildKills times, while
-// version 2 builds, then waits until neu's worker is inside its cut-over. It returns how many
+// killDuringBuild kills a random worker up to rebuildBuildKills times while version 2 builds,
+// then waits until neu's worker is inside its cut-over. Each kill waits for its event: the
+// build observed in progress, with committed progress since the previous kill (its events
+// processed grew) and still behind; then a random 0–300 ms more, so the kills land at various
+// points of a batch. A kill at a fixed pace could land each time before a restarted worker
+// had committed anything on a loaded machine (none of six did once). It returns how many
 // kills landed while version 2 was building, behind, with committed progress.
 func (e *env) killDuringBuild(ctx context.Context, r *result, neu *workerSlot) (int, error) {
-	inBuild := 0
+	inBuild, processed := 0, int64(0)
 	for kills := 0; kills < rebuildBuildKills; kills++ {
+		st, building, err := e.awaitBuildProgress(ctx, neu, processed)
+		if err != nil || !building {
+			return inBuild, err
+		}
+		processed = st.EventsProcessed
 		select {
 		case <-neu.current().flipping:
 			return inBuild, nil
-		case <-time.After(e.between(300*time.Millisecond, 900*time.Millisecond)):
+		case <-time.After(e.between(0, 300*time.Millisecond)):
 		case <-ctx.Done():
 			return inBuild, ctx.Err()
 		}
-		st, err := e.status.Status(ctx, chaosmodel.ExactUnit(2))
-		if err != nil {
+		if st, err = e.status.Status(ctx, chaosmodel.ExactUnit(2)); err != nil {
 			return inBuild, err
 		}
 		if st.VersionState != projection.VersionBuilding {
@@ -186,6 +194,37 @@ func (e *env) killDuringBuild(ctx context.Context, r *result, neu *workerSlot) (
 		e.killAndRestart(r, e.workers.slots[e.rng.IntN(len(e.workers.slots))])
 	}
 	return inBuild, nil
+}
+
+// awaitBuildProgress waits, up to rebuildWait (scaled), until version 2 is building with more
+// than processed events processed and still behind; it returns its status and true then, or
+// false when neu's worker reached its cut-over first or the build is level (the cut-over is
+// next: a kill now would not be in the build).
+func (e *env) awaitBuildProgress(ctx context.Context, neu *workerSlot, processed int64) (projection.Status, bool, error) {
+	wait := deadline(rebuildWait)
+	until := time.Now().Add(wait)
+	for {
+		select {
+		case <-neu.current().flipping:
+			return projection.Status{}, false, nil
+		default:
+		}
+		st, err := e.status.Status(ctx, chaosmodel.ExactUnit(2))
+		switch {
+		case err != nil:
+			return st, false, err
+		case st.VersionState == projection.VersionBuilding && st.EventsProcessed > processed && st.LagEvents > 0:
+			return st, true, nil
+		case st.VersionState == projection.VersionBuilding && st.EventsProcessed > 0 && st.LagEvents == 0:
+			return st, false, nil
+		case time.Now().After(until):
+			return st, false, fmt.Errorf("version 2 made no progress in its build within %s (state %q, %d events processed, %d behind)",
+				wait, st.VersionState, st.EventsProcessed, st.LagEvents)
+		}
+		if err := backoff.Sleep(ctx, 50*time.Millisecond); err != nil {
+			return st, false, err
+		}
+	}
 }
 
 // killInsideFlips kills neu's worker inside its cut-over's ActivateFunc (the view replaced,
@@ -201,8 +240,9 @@ func (e *env) killInsideFlips(ctx context.Context, r *result, neu, old *workerSl
 		proc := neu.current()
 		select {
 		case <-proc.flipping:
-		case <-time.After(rebuildWait):
-			return time.Time{}, fmt.Errorf("version 2's worker did not reach its cut-over within %s (cut-over %d)", rebuildWait, aimed+1)
+		case <-time.After(deadline(rebuildWait)):
+			return time.Time{}, fmt.Errorf("version 2's worker did not reach its cut-over within %s (cut-over %d; %s)",
+				deadline(rebuildWait), aimed+1, e.versionLag(ctx, 2))
 		case <-ctx.Done():
 			return time.Time{}, ctx.Err()
 		}
@@ -243,17 +283,36 @@ func (e *env) killInsideFlips(ctx context.Context, r *result, neu, old *workerSl
 	return time.Now(), nil
 }
 
-// awaitActive waits up to rebuildWait until version is the exactly-once projection's active
+// versionLag describes the state and lag of version of the exactly-once projection, each
+// partition's too: what a cut-over that does not come waits for.
+func (e *env) versionLag(ctx context.Context, version int) string {
+	st, err := e.status.Status(ctx, chaosmodel.ExactUnit(version))
+	if err != nil {
+		return fmt.Sprintf("status: %v", err)
+	}
+	text := fmt.Sprintf("version %d %s, %d events processed, %d behind", version, st.VersionState, st.EventsProcessed, st.LagEvents)
+	var parts []string
+	for _, part := range st.Partitions {
+		parts = append(parts, fmt.Sprintf("%s %d behind", part.Name, part.LagEvents))
+	}
+	if len(parts) > 0 {
+		text += " (" + strings.Join(parts, ", ") + ")"
+	}
+	return text
+}
+
+// awaitActive waits up to rebuildWait (scaled) until version is the exactly-once projection's active
 // version.
 func (e *env) awaitActive(ctx context.Context, version int) error {
-	deadline := time.Now().Add(rebuildWait)
+	wait := deadline(rebuildWait)
+	until := time.Now().Add(wait)
 	for {
 		active, err := e.activeVersion(ctx)
 		if err != nil || active == version {
 			return err
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("version %d not active within %s (active: %d)", version, rebuildWait, active)
+		if time.Now().After(until) {
+			return fmt.Errorf("version %d not active within %s (active: %d)", version, wait, active)
 		}
 		if err := backoff.Sleep(ctx, 50*time.Millisecond); err != nil {
 			return err

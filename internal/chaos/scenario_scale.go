@@ -26,10 +26,14 @@ const (
 	// shared machine keeps up with.
 	scalePerAppend = 8
 	scaleWorkers   = 8
-	// scaleUnownedBound is the longest a partition may go without a live owner: a SIGKILLed
-	// worker's leases lapse after the TTL and are claimed at the others' next renewal, plus
-	// slack for a loaded machine and the monitor's poll.
-	scaleUnownedBound = lease.TTLDefault + lease.RenewDefault + 2*time.Second
+	// scaleUnownedBound is the longest a partition may go without a live owner: the bound
+	// the leases promise, TTL + renewal (a SIGKILLed worker's leases lapse TTL after its last
+	// renewal and the others claim them at once, a round for the lapse being scheduled), plus
+	// scaleMonitorSlack for the monitor. Not scaled by timeoutScale: it is the product's.
+	scaleUnownedBound = lease.TTLDefault + lease.RenewDefault + scaleMonitorSlack
+	// scaleMonitorSlack is what the monitor's measure may add: it errs long by up to a poll
+	// (leaseMonitorPoll and the poll's own query, slower on a loaded machine) at either end.
+	scaleMonitorSlack = time.Second
 	// scaleJoinBound bounds the wait for the leases to converge after workers join or leave
 	// gracefully; scaleKillBound after a SIGKILL (the dead worker's leases lapse first).
 	scaleJoinBound = 20 * time.Second
@@ -48,7 +52,7 @@ func scaleScenario() scenario {
 			scalePartitions, lease.TTLDefault, lease.RenewDefault, scaleWriters, scaleRate, scalePerAppend),
 		checks: fmt.Sprintf("every step converges (joins and graceful stops within %s, SIGKILLs within %s); a monitor polling the "+
 			"lease table every %s finds no partition without a live owner (none in the table, or a dead worker's) for longer "+
-			"than TTL + renewal + 2 s = %s, and every partition owned again within that bound after each SIGKILL; every event "+
+			"than TTL + renewal + 1 s for its polls = %s, and every partition owned again within that bound after each SIGKILL; every event "+
 			"in chaos_exact exactly once, with the store's content, in stream order",
 			scaleJoinBound, scaleKillBound, leaseMonitorPoll, scaleUnownedBound),
 		settings: scenarioSettings{safetyNet: safetyNetDefault, partitions: scalePartitions, exactOnly: true,
@@ -108,7 +112,7 @@ func runScale(ctx context.Context, e *env, r *result) error {
 	monitoring.Wait()
 	live, partition, table := s.mon.worst()
 	r.addCheck("no partition without a live owner longer than the bound", live <= scaleUnownedBound,
-		"longest %s (partition %d), bound %s (TTL %s + renewal %s + 2 s); without any owner in the table: %s; %d polls, %d failed",
+		"longest %s (partition %d), bound %s (TTL %s + renewal %s + 1 s for the polls); without any owner in the table: %s; %d polls, %d failed",
 		round(live), partition, scaleUnownedBound, lease.TTLDefault, lease.RenewDefault, round(table), s.mon.polls, s.mon.failures)
 	r.Notes = append(r.Notes, s.steps...)
 	appended, writing := e.load.ackedCount(), time.Since(loadStarted)
@@ -152,7 +156,7 @@ func (s *scaleRun) join(ctx context.Context, n int) error {
 		procs = append(procs, p)
 		s.live = append(s.live, slot)
 	}
-	readyCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	readyCtx, cancel := context.WithTimeout(ctx, deadline(60*time.Second))
 	defer cancel()
 	for _, p := range procs {
 		if err := p.waitReady(readyCtx); err != nil {
@@ -160,7 +164,7 @@ func (s *scaleRun) join(ctx context.Context, n int) error {
 		}
 	}
 	ready := time.Since(began)
-	sp, ok := s.converge(ctx, began, scaleJoinBound)
+	sp, ok := s.converge(ctx, began, deadline(scaleJoinBound))
 	what := fmt.Sprintf("scale to %d worker(s)", n)
 	s.r.addCheck(what+": converges", ok, "%s after the start (ready after %s): %s", round(sp.at.Sub(began)), round(ready), sp)
 	s.note(began, "%s: converged %s after the new processes started (ready after %s): %s", what, round(sp.at.Sub(began)), round(ready), sp)
@@ -177,12 +181,12 @@ func (s *scaleRun) kill(ctx context.Context, n int) error {
 			s.r.Faults++
 		}
 	}
-	took, owned := s.mon.await(ctx, s.owners(), scaleKillBound, func(sp spread) bool { return sp.at.After(began) && sp.allOwned })
+	took, owned := s.mon.await(ctx, s.owners(), deadline(scaleKillBound), func(sp spread) bool { return sp.at.After(began) && sp.allOwned })
 	takeover := took.at.Sub(began)
 	if !owned {
 		takeover = time.Since(began)
 	}
-	sp, ok := s.converge(ctx, began, scaleKillBound)
+	sp, ok := s.converge(ctx, began, deadline(scaleKillBound))
 	what := fmt.Sprintf("SIGKILL of %s, %d left", slotNames(victims), len(s.live))
 	s.r.addCheck(what+": every partition owned again within the bound", owned && takeover <= scaleUnownedBound,
 		"takeover %s (all owned: %t), bound %s", round(takeover), owned, scaleUnownedBound)
@@ -202,7 +206,7 @@ func (s *scaleRun) stopGracefully(ctx context.Context, n int) error {
 	}
 	wg.Wait()
 	stopped := time.Since(began)
-	sp, ok := s.converge(ctx, began, scaleJoinBound)
+	sp, ok := s.converge(ctx, began, deadline(scaleJoinBound))
 	what := fmt.Sprintf("SIGTERM of %s, %d left", slotNames(victims), len(s.live))
 	s.r.addCheck(what+": converges", ok, "%s after the signal (the processes exited after %s): %s", round(sp.at.Sub(began)), round(stopped), sp)
 	s.note(began, "%s: converged %s after the signal (the processes exited after %s): %s", what, round(sp.at.Sub(began)), round(stopped), sp)

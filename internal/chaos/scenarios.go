@@ -381,14 +381,15 @@ func runPoison(ctx context.Context, e *env, r *result) error {
 	e.s.progress(e.name, "poison event %s appended", poison)
 	// Wait for the dead letter, then let the load run on a little with the projection stopped.
 	var recs []deadletter.Record
-	deadline := time.Now().Add(30 * time.Second)
-	for len(recs) == 0 && time.Now().Before(deadline) {
+	wait := deadline(30 * time.Second)
+	until := time.Now().Add(wait)
+	for len(recs) == 0 && time.Now().Before(until) {
 		if err := backoff.Sleep(ctx, 200*time.Millisecond); err != nil {
 			return err
 		}
 		recs, _ = e.dead.List(ctx, deadletter.Filter{Projection: chaosmodel.ExactProjection})
 	}
-	r.addCheck("dead-lettered", len(recs) > 0, "%d record(s) for %s within 30 s", len(recs), chaosmodel.ExactProjection)
+	r.addCheck("dead-lettered", len(recs) > 0, "%d record(s) for %s within %s", len(recs), chaosmodel.ExactProjection, wait)
 	e.s.progress(e.name, "dead-lettered after %s", time.Since(e.poisonAt).Round(10*time.Millisecond))
 	if err := backoff.Sleep(ctx, 5*time.Second); err != nil {
 		return err
@@ -589,7 +590,7 @@ func checkMalformed(ctx context.Context, e *env, r *result) error {
 // variables replace them), records its combined output under logs/<scenario>/cli/ and returns
 // it with the exit code.
 func (s *suite) runCLI(ctx context.Context, e *env, label string, args []string, extraEnv []string) (string, int, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, deadline(30*time.Second))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, s.cliBin, args...)
 	cmd.Env = append(os.Environ(), "NUDGE_DATABASE_URL="+e.dbURL, "NUDGE_AMQP_URL="+e.broker.url, "NUDGE_AMQP_PREFIX="+e.prefix)
@@ -690,8 +691,8 @@ func crashWhileDeadLettering(ctx context.Context, e *env, r *result) error {
 	e.poisonID, e.poisonAt = poison, time.Now()
 	for i := range 2 {
 		// Wait until the record's count grows: dead letters are being written right now.
-		start, deadline := e.poisonedCount(ctx), time.Now().Add(30*time.Second)
-		for e.poisonedCount(ctx) <= start && time.Now().Before(deadline) {
+		start, until := e.poisonedCount(ctx), time.Now().Add(deadline(30*time.Second))
+		for e.poisonedCount(ctx) <= start && time.Now().Before(until) {
 			if err := backoff.Sleep(ctx, 50*time.Millisecond); err != nil {
 				return err
 			}
@@ -816,15 +817,15 @@ func (e *env) restartBroker(ctx context.Context, graceful bool) (time.Duration, 
 	return time.Since(began), nil
 }
 
-// awaitSurvivorGrowth waits up to 10 s for a new message in the survivor queue.
+// awaitSurvivorGrowth waits up to 10 s (scaled) for a new message in the survivor queue.
 func (e *env) awaitSurvivorGrowth(ctx context.Context) (bool, error) {
 	q := survivorQueue(e.prefix)
 	first, err := e.broker.queueDepths(q)
 	if err != nil {
 		return false, err
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	wait := deadline(10 * time.Second)
+	for until := time.Now().Add(wait); time.Now().Before(until); {
 		if err := backoff.Sleep(ctx, 200*time.Millisecond); err != nil {
 			return false, err
 		}
@@ -833,7 +834,7 @@ func (e *env) awaitSurvivorGrowth(ctx context.Context) (bool, error) {
 			return true, nil
 		}
 	}
-	return false, errors.New("no new message in 10 s")
+	return false, fmt.Errorf("no new message in %s", wait)
 }
 
 // startRelayProc starts a new incarnation of the relay process and waits until it is ready;
@@ -843,7 +844,7 @@ func (e *env) startRelayProc(ctx context.Context) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, deadline(60*time.Second))
 	defer cancel()
 	if err := p.waitReady(ctx); err != nil {
 		return time.Time{}, fmt.Errorf("relay: %w (see its log)", err)

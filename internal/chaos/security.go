@@ -202,7 +202,7 @@ func withPassword(rawURL, password string) string {
 
 // runDoomedWorker starts a worker process that cannot start and returns its exit code and log.
 func (e *env) runDoomedWorker(ctx context.Context, label, dbURL, amqpURL string) (int, string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, deadline(60*time.Second))
 	defer cancel()
 	logPath := filepath.Join(e.logDir, label+".log")
 	cmd := exec.CommandContext(ctx, e.s.workerBin, "-name", label, "-prefix", e.prefix, "-sink", filepath.Join(e.logDir, label+".sink"),

@@ -290,7 +290,7 @@ func (p *pool) startAll(ctx context.Context) error {
 		}
 		procs = append(procs, proc)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, deadline(60*time.Second))
 	defer cancel()
 	for i, proc := range procs {
 		if err := proc.waitReady(ctx); err != nil {
