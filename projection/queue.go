@@ -50,7 +50,7 @@ func OnQueued[T any](eventType string, fn func(ctx context.Context, q *Queue, e 
 		return h
 	}
 	h.queued = func(ctx context.Context, q *Queue, e eventstore.Event) error {
-		typedEvent := Event[T]{Event: e}
+		typedEvent := Event[T]{Event: e, Replay: Replaying(ctx)}
 		if err := decode(eventType, e, &typedEvent.Data); err != nil {
 			return err
 		}

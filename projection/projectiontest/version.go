@@ -26,6 +26,7 @@ var versionTests = []struct {
 	{"VersionCutOverWaitsForAFix", testVersionCutOverFailing},
 	{"VersionBuildPacedByTheActiveLag", testVersionBuildPaced},
 	{"VersionBuildBatchesSizedWhilePaced", testVersionBuildBatchesSized},
+	{"VersionHistoryIsAReplayForEveryHandlerKind", testVersionReplayFlags},
 	{"VersionPartitioned1To4", func(t *testing.T, env Env) { testVersionPartitioned(t, env, 1, 4) }},
 	{"VersionPartitioned4To8", func(t *testing.T, env Env) { testVersionPartitioned(t, env, 4, 8) }},
 	{"VersionPartitioned4To1", func(t *testing.T, env Env) { testVersionPartitioned(t, env, 4, 1) }},
