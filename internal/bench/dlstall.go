@@ -45,18 +45,10 @@ func runDeadLetterStall(ctx context.Context, h *harness, sec *Section) error {
 		}
 		answering, stalled = append(answering, res.clean...), append(stalled, res.parked...)
 	}
-	ok, st := Summarize(slices.Concat(answering...)), Summarize(slices.Concat(stalled...))
-	okP99, stP99 := medianP99(answering), medianP99(stalled)
 	half := cfg.projections / 2
 	okCase := fmt.Sprintf("live, RabbitMQ, %d projections, dead-letter store answering", cfg.projections-half)
 	stCase := fmt.Sprintf("live, RabbitMQ, %d projections, dead-letter store stalled", half)
-	sec.AddMetric(Metric{Case: okCase, Name: "median_projection_p99_ms", Unit: "ms", Value: Ms(okP99), Extra: ok.Extra()})
-	m := Metric{Case: stCase, Name: "median_projection_p99_ms", Unit: "ms", Value: Ms(stP99), Extra: st.Extra()}.WithBaseline(okCase, Ms(okP99))
-	sec.AddMetric(m)
-	table.Add(okCase, FormatValue(Ms(ok.P50), "ms"), FormatValue(Ms(ok.P99), "ms"), FormatValue(Ms(ok.Max), "ms"), FormatValue(Ms(okP99), "ms"), "")
-	table.Add(stCase, FormatValue(Ms(st.P50), "ms"), FormatValue(Ms(st.P99), "ms"), FormatValue(Ms(st.Max), "ms"), FormatValue(Ms(stP99), "ms"),
-		FormatValue(m.Ratio, "×"))
-	sec.AddCheck(targetDeadLetterStall, stCase, 100*(m.Ratio-1))
+	okP99, stP99 := addHalves(sec, table, targetDeadLetterStall, okCase, stCase, answering, stalled)
 	h.log.InfoContext(ctx, "dead-letter stall run done", slog.Float64("p99_answering_ms", Ms(okP99)), slog.Float64("p99_stalled_ms", Ms(stP99)))
 	sec.Note("two workers on one runner and one RabbitMQ channel, each with its dead letters in PostgreSQL behind a proxy of its own; "+
 		"after the warm-up one half's proxy stalls for the measured window (accepts, forwards nothing: a partition; the odd-numbered projections' and the even-numbered in turn), "+

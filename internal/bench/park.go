@@ -85,19 +85,10 @@ func runPark(ctx context.Context, h *harness, sec *Section) error {
 		}
 		clean, parked = append(clean, res.clean...), append(parked, res.parked...)
 	}
-	none, one := Summarize(slices.Concat(clean...)), Summarize(slices.Concat(parked...))
-	noneP99, oneP99 := medianP99(clean), medianP99(parked)
 	half := cfg.projections / 2
 	noneCase := fmt.Sprintf("live, RabbitMQ, %d projections (park) with no parked stream", cfg.projections-half)
 	parkedCase := fmt.Sprintf("live, RabbitMQ, %d projections (park) with 1 stream parked", half)
-	sec.AddMetric(Metric{Case: noneCase, Name: "median_projection_p99_ms", Unit: "ms", Value: Ms(noneP99), Extra: none.Extra()})
-	m := Metric{Case: parkedCase, Name: "median_projection_p99_ms", Unit: "ms", Value: Ms(oneP99), Extra: one.Extra()}.
-		WithBaseline(noneCase, Ms(noneP99))
-	sec.AddMetric(m)
-	table.Add(noneCase, FormatValue(Ms(none.P50), "ms"), FormatValue(Ms(none.P99), "ms"), FormatValue(Ms(none.Max), "ms"), FormatValue(Ms(noneP99), "ms"), "")
-	table.Add(parkedCase, FormatValue(Ms(one.P50), "ms"), FormatValue(Ms(one.P99), "ms"), FormatValue(Ms(one.Max), "ms"), FormatValue(Ms(oneP99), "ms"),
-		FormatValue(m.Ratio, "×"))
-	sec.AddCheck(targetParkedStream, parkedCase, 100*(m.Ratio-1))
+	noneP99, oneP99 := addHalves(sec, table, targetParkedStream, noneCase, parkedCase, clean, parked)
 	h.log.InfoContext(ctx, "park run done", slog.Float64("p99_none_ms", Ms(noneP99)), slog.Float64("p99_parked_ms", Ms(oneP99)))
 	sec.Note("parked: in each run the odd-numbered projections park %s at its first event (their handler fails on it, a permanent error; "+
 		"the park is over before the measured appends start) and hold its later events, while the even-numbered ones handle it; "+
@@ -127,6 +118,23 @@ func checkParked(ctx context.Context, runner *projection.Runner, cfg liveConfig)
 		}
 	}
 	return nil
+}
+
+// addHalves reports the two halves of a side-by-side live run, base (the baseline's case) and
+// test, their samples per projection: a table row and a metric each, the test's ratio to the
+// base on the median of the projections' own p99s, checked against target. It returns both
+// medians.
+func addHalves(sec *Section, table *Table, target Target, baseCase, testCase string, base, test [][]time.Duration) (baseP99, testP99 time.Duration) {
+	b, t := Summarize(slices.Concat(base...)), Summarize(slices.Concat(test...))
+	baseP99, testP99 = medianP99(base), medianP99(test)
+	sec.AddMetric(Metric{Case: baseCase, Name: "median_projection_p99_ms", Unit: "ms", Value: Ms(baseP99), Extra: b.Extra()})
+	m := Metric{Case: testCase, Name: "median_projection_p99_ms", Unit: "ms", Value: Ms(testP99), Extra: t.Extra()}.WithBaseline(baseCase, Ms(baseP99))
+	sec.AddMetric(m)
+	table.Add(baseCase, FormatValue(Ms(b.P50), "ms"), FormatValue(Ms(b.P99), "ms"), FormatValue(Ms(b.Max), "ms"), FormatValue(Ms(baseP99), "ms"), "")
+	table.Add(testCase, FormatValue(Ms(t.P50), "ms"), FormatValue(Ms(t.P99), "ms"), FormatValue(Ms(t.Max), "ms"), FormatValue(Ms(testP99), "ms"),
+		FormatValue(m.Ratio, "×"))
+	sec.AddCheck(target, testCase, 100*(m.Ratio-1))
+	return baseP99, testP99
 }
 
 // parkRoundCount is how many runs runPark pools: one with -quick, else 3.
