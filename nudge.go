@@ -19,6 +19,7 @@
 package nudge
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,7 +59,8 @@ type Client struct {
 	appender *relay.Appender
 	runner   *projection.Runner
 	worker   *worker.Worker
-	relay    *relay.Relay // nil with TriggersInTransaction
+	relay    *relay.Relay // nil with TriggersInTransaction, and without a channel
+	backend  projection.Backend
 	// listener wakes the relay on appends (nil in memory, or when db is not a pool).
 	listener *postgres.Listener
 	dead     deadletter.Store
@@ -149,7 +151,7 @@ func NewInMemory(cfg Config) (*Client, error) {
 }
 
 func newClient(cfg Config, p parts) (*Client, error) {
-	c := &Client{cfg: cfg, store: p.store, pg: p.pg, dead: p.dead, migrate: p.migrate, listener: p.listener}
+	c := &Client{cfg: cfg, store: p.store, pg: p.pg, dead: p.dead, migrate: p.migrate, listener: p.listener, backend: p.backend}
 	var err error
 	c.runner, err = projection.NewRunner(p.backend, projection.RunnerConfig{Logger: cfg.Logger, OnBatch: onBatch(cfg), OnCatchUp: onCatchUp(cfg)}, cfg.Projections...)
 	if err != nil {
@@ -350,6 +352,30 @@ func (c *Client) DeadLetters() deadletter.Store { return c.dead }
 // Relay returns the relay that publishes the triggers (its Status); nil with
 // TriggersInTransaction.
 func (c *Client) Relay() *relay.Relay { return c.relay }
+
+// RelayStatus returns the status of the relay that publishes the projections' triggers: its
+// position and lag behind the store. A client without a channel (an API process beside the
+// workers) reads it too: it is the status of the relay the workers run, read from the
+// database. Before any relay has run it returns an error wrapping
+// projection.ErrNotRegistered; with TriggersInTransaction, or a channel-less in-memory client,
+// ErrNotSupported.
+func (c *Client) RelayStatus(ctx context.Context) (projection.Status, error) {
+	if c.relay != nil {
+		return c.relay.Status(ctx)
+	}
+	of, ok := c.backend.(interface {
+		StatusOf(ctx context.Context, name string) (projection.Status, error)
+	})
+	if c.cfg.Triggers != TriggersRelay || !ok {
+		return projection.Status{}, fmt.Errorf("RelayStatus: %w: this client has no relay (Triggers %q)", ErrNotSupported, c.cfg.Triggers)
+	}
+	name := cmp.Or(c.cfg.Relay.Name, relay.NameDefault)
+	st, err := of.StatusOf(ctx, name)
+	if errors.Is(err, projection.ErrNotRegistered) {
+		return st, fmt.Errorf("relay %s has not run yet: %w", name, err)
+	}
+	return st, err
+}
 
 // Worker returns the worker that runs the projections' handlers (its Stats).
 func (c *Client) Worker() *worker.Worker { return c.worker }

@@ -201,7 +201,12 @@ func (s *service) handleReplay(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("unknown projection %q: use one of %v, or all", name, known))
 		return
 	}
-	res, err := deadletter.Replay(r.Context(), s.client.DeadLetters(), s.ch, filter, replayedBy, time.Now())
+	ch, err := s.triggerChannel(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	res, err := deadletter.Replay(r.Context(), s.client.DeadLetters(), ch, filter, replayedBy, time.Now())
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -232,6 +237,9 @@ func (s *service) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusNotFound, err.Error())
 	case errors.Is(err, ErrAlreadyClosed):
 		writeError(w, http.StatusConflict, err.Error())
+	case errors.Is(err, ErrBrokerUnavailable):
+		s.log.WarnContext(r.Context(), "request needs the broker, which is unavailable", slog.String("path", r.URL.Path), slog.Any("error", err))
+		writeError(w, http.StatusServiceUnavailable, ErrBrokerUnavailable.Error()+"; try again")
 	case r.Context().Err() != nil:
 		// The client went away (or the server is shutting down): nobody reads the answer.
 		writeError(w, http.StatusServiceUnavailable, "request cancelled")

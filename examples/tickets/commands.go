@@ -36,6 +36,9 @@ var (
 	ErrAlreadyClosed = errors.New("ticket is already closed")
 	// ErrInvalidInput matches every *InputError.
 	ErrInvalidInput = errors.New("invalid input")
+	// ErrBrokerUnavailable is returned by an action that publishes triggers (a replay) when the
+	// broker cannot be reached.
+	ErrBrokerUnavailable = errors.New("the trigger channel's broker is unavailable")
 )
 
 // InputError is a refused field of a command. It matches ErrInvalidInput.

@@ -57,3 +57,22 @@ func TestSplitModes(t *testing.T) {
 		}, waitFor, tick, "the remaining worker's relay published the triggers, and its handlers got them")
 	})
 }
+
+// TestAPIWithoutBroker: an API process needs no broker to start, append and report status
+// (its broker URL points where nothing listens); only a replay publishes, and it answers 503
+// with ErrBrokerUnavailable's message rather than failing the process. Before, open connected
+// to the broker in every mode and an API process could not start while RabbitMQ was down.
+func TestAPIWithoutBroker(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t, ChannelAMQP)
+	cfg := e.config(ModeAPI)
+	cfg.AMQPURL = "amqp://guest:guest@127.0.0.1:1/"
+	api := e.start(cfg)
+	api.register(t, bodyPrinter)
+	require.Eventually(t, func() bool {
+		return api.status(t).Projections[0].LagEvents == 1
+	}, waitFor, tick, "the event is appended and waits for a worker")
+	res := api.do(t, http.MethodPost, "/replay?projection=all", "")
+	require.Equal(t, http.StatusServiceUnavailable, res.status, "%s", res.body)
+	require.Contains(t, string(res.body), ErrBrokerUnavailable.Error())
+}

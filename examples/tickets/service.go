@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -41,8 +42,9 @@ type service struct {
 	cfg      Config
 	log      *slog.Logger
 	pool     *pgxpool.Pool
-	chPool   *pgxpool.Pool // PostgreSQL channel only
-	ch       channel.Channel
+	chPool   *pgxpool.Pool   // PostgreSQL channel only
+	ch       channel.Channel // nil in an API process until a replay needs it (see triggerChannel)
+	chMu     sync.Mutex      // guards ch and chPool after open
 	client   *nudge.Client
 	models   readModels
 	commands *tickets
@@ -70,8 +72,12 @@ func open(ctx context.Context, cfg Config) (_ *service, err error) {
 	if s.pool, err = connect(ctx, cfg.DatabaseURL, poolMaxConns, cfg.Schema); err != nil {
 		return nil, err
 	}
-	if err := s.openChannel(ctx); err != nil {
-		return nil, err
+	if cfg.Mode.RunsWorker() {
+		// An API process appends and reads: it needs no broker, and starts while the broker
+		// is down. Only a replay publishes from it (triggerChannel).
+		if err := s.openChannel(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if s.client, err = s.newClient(); err != nil {
 		return nil, err
@@ -104,6 +110,32 @@ func (s *service) newClient() (*nudge.Client, error) {
 	})
 }
 
+// triggerChannel returns the trigger channel, connecting it first in a process that has none
+// yet (an API process, at its first replay).
+func (s *service) triggerChannel(ctx context.Context) (channel.Channel, error) {
+	s.chMu.Lock()
+	defer s.chMu.Unlock()
+	if s.ch == nil {
+		if err := s.openChannel(ctx); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBrokerUnavailable, err)
+		}
+	}
+	return s.ch, nil
+}
+
+// startupTimeout is how long a process in mode m retries its first connection to the broker:
+// the channel's default in a worker, which needs the broker to do anything, and a few seconds
+// in an API process, which connects in a request (a replay) and answers 503 if it cannot.
+func startupTimeout(m Mode) time.Duration {
+	if m.RunsWorker() {
+		return 0
+	}
+	return apiBrokerTimeout
+}
+
+// apiBrokerTimeout bounds an API process's connection to the broker at its first replay.
+const apiBrokerTimeout = 5 * time.Second
+
 // openChannel connects the trigger channel. The client migrates its tables, if it has any.
 func (s *service) openChannel(ctx context.Context) error {
 	switch s.cfg.Channel {
@@ -111,6 +143,7 @@ func (s *service) openChannel(ctx context.Context) error {
 		ch, err := amqpchannel.New(ctx, amqpchannel.Config{
 			URL: s.cfg.AMQPURL, Prefix: s.cfg.AMQPPrefix, Logger: s.log,
 			ConnectionName: s.cfg.AMQPPrefix + "tickets-" + string(s.cfg.Mode),
+			StartupTimeout: startupTimeout(s.cfg.Mode),
 		})
 		if err != nil {
 			return err
@@ -143,6 +176,8 @@ func (s *service) run(ctx context.Context) error {
 
 // close releases the channel and the pools.
 func (s *service) close() {
+	s.chMu.Lock()
+	defer s.chMu.Unlock()
 	if s.ch != nil {
 		if err := s.ch.Close(); err != nil {
 			s.log.Warn("closing the trigger channel failed", slog.Any("error", err))

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/nudgeworks/nudge"
 
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/projection"
@@ -135,15 +138,16 @@ func (s *service) status(ctx context.Context) (statusJSON, error) {
 		out.CaughtUp = out.CaughtUp && (p.CaughtUp || st.Condition() == projection.ConditionRetired)
 		out.Projections = append(out.Projections, p)
 	}
-	if rel := s.client.Relay(); rel != nil {
-		st, err := rel.Status(ctx)
-		if err == nil {
-			out.Relay = &relayJSON{Name: st.Name, State: st.State, Position: st.Position.String(),
-				LagEvents: st.LagEvents, LagSeconds: st.LagTime.Seconds(), LastError: st.LastError}
-		} // else the relay has not registered yet: no worker has started
-		// Projections can finish an event's catch-up before the relay, which published its
-		// trigger first, commits its own position: the relay must be caught up too.
-		out.CaughtUp = out.CaughtUp && err == nil && st.CaughtUp()
+	st, err := s.client.RelayStatus(ctx)
+	if errors.Is(err, nudge.ErrNotSupported) {
+		return out, nil // triggers published in the append's transaction: no relay to wait for
 	}
+	if err == nil {
+		out.Relay = &relayJSON{Name: st.Name, State: st.State, Position: st.Position.String(),
+			LagEvents: st.LagEvents, LagSeconds: st.LagTime.Seconds(), LastError: st.LastError}
+	} // else the relay has not registered yet: no worker has started
+	// Projections can finish an event's catch-up before the relay, which published its
+	// trigger first, commits its own position: the relay must be caught up too.
+	out.CaughtUp = out.CaughtUp && err == nil && st.CaughtUp()
 	return out, nil
 }
