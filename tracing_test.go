@@ -1,0 +1,163 @@
+package nudge_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/nudgeworks/nudge"
+	"github.com/nudgeworks/nudge/channel"
+	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
+	"github.com/nudgeworks/nudge/channel/gochannel"
+	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
+	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/amqptest"
+	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/internal/testlog"
+	"github.com/nudgeworks/nudge/projection"
+)
+
+// TestTracing: one append inside a request's span, on each channel, gives an append span (a
+// child of the request's), the trigger's publish (the relay's span, or the append's own with
+// triggers in the transaction), a trigger span whose parent came through the broker, and a
+// batch span, the trigger span's child, linked to the append span, with the right attributes.
+func TestTracing(t *testing.T) {
+	t.Parallel()
+	stories := []story{
+		{"gochannel", nudge.TriggersRelay, false},
+		{"amqp", nudge.TriggersRelay, false},
+		{"postgres", nudge.TriggersRelay, false},
+		{"postgres", nudge.TriggersInTransaction, false},
+	}
+	for _, s := range stories {
+		t.Run(fmt.Sprintf("%s/%s", s.channel, s.triggers), func(t *testing.T) {
+			t.Parallel()
+			tracingStory(t, s)
+		})
+	}
+}
+
+func tracingStory(t *testing.T, s story) {
+	ctx := context.Background()
+	db := pgtest.New(t)
+	pool := db.NewPool(t, 16)
+	logger := testlog.New(t)
+	var ch channel.Channel
+	switch s.channel {
+	case "gochannel":
+		c, err := gochannel.New(gochannel.Config{})
+		require.NoError(t, err)
+		ch = c
+	case "amqp":
+		env := amqptest.New(t)
+		c, err := amqpchannel.New(ctx, amqpchannel.Config{URL: env.URL, Prefix: env.Prefix, ConnectionName: env.ConnectionName, Logger: logger})
+		require.NoError(t, err)
+		ch = c
+	case "postgres":
+		c, err := pgchannel.New(pool, pgchannel.Config{PollInterval: 10 * time.Millisecond, Logger: logger})
+		require.NoError(t, err)
+		ch = c
+	}
+	t.Cleanup(func() { require.NoError(t, ch.Close()) })
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { require.NoError(t, tp.Shutdown(context.Background())) })
+	cfg := nudge.Config{
+		Channel: ch, Projections: []*projection.Projection{ticketList(t)}, Logger: logger, Triggers: s.triggers,
+		SafetyNetInterval: -1, TracerProvider: tp,
+	}
+	client := start(t, pool, cfg, false)
+	// The catch-up at start (no trigger) is over before the append: the append's batch is a
+	// trigger's.
+	require.Eventually(t, func() bool { return len(find(spans, "nudge.batch", "ticket_list")) > 0 }, eventually, 5*time.Millisecond, "the catch-up at start")
+
+	reqCtx, req := tp.Tracer("test").Start(ctx, "request")
+	data, err := eventstore.NewEventData("TicketRegistered", ticketRegistered{ID: "1", Type: "bug"})
+	require.NoError(t, err)
+	res, err := client.Append(reqCtx, "ticket-1", eventstore.NoStream, data)
+	require.NoError(t, err)
+	req.End()
+	require.Contains(t, string(res.Events[0].Metadata), req.SpanContext().TraceID().String(), "the event keeps the request's trace context")
+
+	var batch sdktrace.ReadOnlySpan
+	require.Eventually(t, func() bool {
+		for _, b := range find(spans, "nudge.batch", "ticket_list") {
+			if attr(b, "nudge.outcome") == "committed" {
+				batch = b
+				return true
+			}
+		}
+		return false
+	}, eventually, 5*time.Millisecond, "the batch that projects the append")
+
+	appends := find(spans, "nudge.append", "")
+	require.Len(t, appends, 1)
+	appendSpan := appends[0]
+	require.Equal(t, req.SpanContext().SpanID(), appendSpan.Parent().SpanID(), "the append is the request's child")
+	require.Equal(t, "ticket-1", attr(appendSpan, "nudge.stream"))
+	require.Equal(t, "1", attr(appendSpan, "nudge.events"))
+	require.Equal(t, res.Last().String(), attr(appendSpan, "nudge.position.to"))
+
+	require.Len(t, batch.Links(), 1, "the batch links to the append")
+	require.Equal(t, appendSpan.SpanContext().SpanID(), batch.Links()[0].SpanContext.SpanID())
+	require.Equal(t, appendSpan.SpanContext().TraceID(), batch.Links()[0].SpanContext.TraceID())
+	require.Equal(t, "1", attr(batch, "nudge.events"))
+	require.Equal(t, res.Last().String(), attr(batch, "nudge.position.to"))
+	require.NotEmpty(t, attr(batch, "nudge.position.from"))
+	require.NotEmpty(t, attr(batch, "nudge.lock.wait_seconds"))
+
+	trig := byID(spans, batch.Parent().SpanID())
+	require.NotNil(t, trig, "the batch runs in a trigger's span")
+	require.Equal(t, "nudge.trigger", trig.Name())
+	require.Equal(t, trace.SpanKindConsumer, trig.SpanKind())
+	require.Equal(t, "ticket_list", attr(trig, "nudge.projection"))
+	require.Equal(t, "append", attr(trig, "nudge.trigger.reason"))
+	require.True(t, trig.Parent().IsRemote(), "the trigger's parent came through the broker")
+	publisher := byID(spans, trig.Parent().SpanID())
+	require.NotNil(t, publisher, "the trigger span's parent is a span of the test's")
+	if s.triggers == nudge.TriggersInTransaction {
+		require.Equal(t, appendSpan.SpanContext().SpanID(), publisher.SpanContext().SpanID(), "the append published the trigger")
+		return
+	}
+	require.Equal(t, "nudge.relay.publish", publisher.Name())
+	require.Equal(t, trace.SpanKindProducer, publisher.SpanKind())
+	require.Equal(t, res.Last().String(), attr(publisher, "nudge.position.to"))
+}
+
+// find returns the ended spans named name (with nudge.projection projection, if not "").
+func find(spans *tracetest.SpanRecorder, name, projection string) []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range spans.Ended() {
+		if s.Name() == name && (projection == "" || attr(s, "nudge.projection") == projection) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// byID returns the ended span id, or nil.
+func byID(spans *tracetest.SpanRecorder, id trace.SpanID) sdktrace.ReadOnlySpan {
+	for _, s := range spans.Ended() {
+		if s.SpanContext().SpanID() == id {
+			return s
+		}
+	}
+	return nil
+}
+
+// attr returns the span's attribute key as text ("" if unset).
+func attr(s sdktrace.ReadOnlySpan, key string) string {
+	for _, kv := range s.Attributes() {
+		if kv.Key == attribute.Key(key) {
+			return kv.Value.Emit()
+		}
+	}
+	return ""
+}
