@@ -1,8 +1,12 @@
 package nudge_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -69,8 +73,10 @@ func tracingStory(t *testing.T, s story) {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSpanProcessor(spans))
 	t.Cleanup(func() { require.NoError(t, tp.Shutdown(context.Background())) })
+	lines := &logLines{}
 	cfg := nudge.Config{
-		Channel: ch, Projections: []*projection.Projection{ticketList(t)}, Logger: logger, Triggers: s.triggers,
+		Channel: ch, Projections: []*projection.Projection{ticketList(t)}, Triggers: s.triggers,
+		Logger: slog.New(slog.NewJSONHandler(lines, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		SafetyNetInterval: -1, TracerProvider: tp,
 	}
 	client := start(t, pool, cfg, false)
@@ -113,6 +119,10 @@ func tracingStory(t *testing.T, s story) {
 	require.NotEmpty(t, attr(batch, "nudge.position.from"))
 	require.NotEmpty(t, attr(batch, "nudge.lock.wait_seconds"))
 
+	committed := lines.find(t, "projection batch committed", "ticket_list")
+	require.Equal(t, batch.SpanContext().TraceID().String(), committed["trace_id"], "the batch's log line joins its trace")
+	require.Equal(t, batch.SpanContext().SpanID().String(), committed["span_id"])
+
 	trig := byID(spans, batch.Parent().SpanID())
 	require.NotNil(t, trig, "the batch runs in a trigger's span")
 	require.Equal(t, "nudge.trigger", trig.Name())
@@ -129,6 +139,34 @@ func tracingStory(t *testing.T, s story) {
 	require.Equal(t, "nudge.relay.publish", publisher.Name())
 	require.Equal(t, trace.SpanKindProducer, publisher.SpanKind())
 	require.Equal(t, res.Last().String(), attr(publisher, "nudge.position.to"))
+}
+
+// logLines collects JSON log lines.
+type logLines struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logLines) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// find returns the first line about projection whose msg is msg.
+func (b *logLines) find(t *testing.T, msg, projection string) map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for line := range bytes.Lines(b.buf.Bytes()) {
+		var fields map[string]any
+		require.NoError(t, json.Unmarshal(line, &fields))
+		if fields["msg"] == msg && fields["projection"] == projection {
+			return fields
+		}
+	}
+	t.Fatalf("no log line %q", msg)
+	return nil
 }
 
 // find returns the ended spans named name (with nudge.projection projection, if not "").

@@ -570,6 +570,10 @@ func (h *projectionHandler) handle(msg *message.Message) error {
 	// The trigger's span is a child of the publisher's (the relay's, or the append's), whose
 	// trace context the message carries.
 	ctx, span := h.w.tracer.Start(tracing.Extract(msg.Context(), msg.Metadata), tracing.SpanTrigger, trace.SpanKindConsumer)
+	if span.IsRecording() {
+		// The dead-letter middleware's lines about the trigger join its (last) span too.
+		msg.SetContext(ctx)
+	}
 	t, err := trigger.FromMessage(msg)
 	if err != nil {
 		h.c.invalid.Add(1)
