@@ -106,7 +106,7 @@ type batch struct {
 }
 
 func (r *Runner) newBatch(p *Projection, limit int) *batch {
-	return &batch{r: r, p: p, limit: limit, started: r.now()}
+	return &batch{r: r, p: p, limit: limit, started: r.now(), span: tracing.NoSpan()}
 }
 
 // run runs the batch's unit of work and sums up its result in res. It reports whether more

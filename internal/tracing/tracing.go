@@ -35,6 +35,9 @@ var globalDefault = otel.GetTracerProvider()
 // off is the span Start returns when tracing is off: not recording, and without allocating.
 var off trace.Span = noop.Span{}
 
+// NoSpan returns a span that records nothing, for work that is not traced.
+func NoSpan() trace.Span { return off }
+
 // Tracer starts nudge's spans through a TracerProvider. When the provider is a no-op (none
 // was given and the application set no global one, or a noop.TracerProvider), Start returns ctx
 // unchanged and a span that records nothing, allocating nothing. The zero Tracer and a nil
