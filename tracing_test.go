@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -26,6 +29,7 @@ import (
 	"github.com/nudgeworks/nudge/internal/pgtest"
 	"github.com/nudgeworks/nudge/internal/testlog"
 	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/retry"
 )
 
 // TestTracing: one append inside a request's span, on each channel, gives an append span (a
@@ -198,4 +202,74 @@ func attr(s sdktrace.ReadOnlySpan, key string) string {
 		}
 	}
 	return ""
+}
+
+// TestTracingHandlerFailure: a handler's failure is an event of its batch's span, which ends
+// failed; the redrive of the parked stream after the fix has a span of its own.
+func TestTracingHandlerFailure(t *testing.T) {
+	t.Parallel()
+	var fixed atomic.Bool
+	list, err := projection.New("ticket_list", projection.Config{OnFailure: projection.OnFailurePark},
+		projection.OnIdempotent("TicketRegistered", func(context.Context, projection.Event[ticketRegistered]) error {
+			if !fixed.Load() {
+				return retry.Permanent(errors.New("no such ticket type"))
+			}
+			return nil
+		}))
+	require.NoError(t, err)
+	ch, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { require.NoError(t, tp.Shutdown(context.Background())) })
+	client, err := nudge.NewInMemory(nudge.Config{Channel: ch, Projections: []*projection.Projection{list}, Logger: testlog.New(t),
+		SafetyNetInterval: -1, TracerProvider: tp, Retry: retry.Policy{MaxAttempts: 1}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- client.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	<-client.Running()
+
+	data, err := eventstore.NewEventData("TicketRegistered", ticketRegistered{ID: "1", Type: "bug"})
+	require.NoError(t, err)
+	res, err := client.Append(ctx, "ticket-1", eventstore.NoStream, data)
+	require.NoError(t, err)
+	var failed sdktrace.ReadOnlySpan
+	require.Eventually(t, func() bool {
+		for _, b := range find(spans, "nudge.batch", "ticket_list") {
+			if attr(b, "nudge.outcome") == "failed" {
+				failed = b
+				return true
+			}
+		}
+		return false
+	}, eventually, 5*time.Millisecond, "the failed batch")
+	require.Equal(t, codes.Error, failed.Status().Code)
+	require.NotEmpty(t, failed.Events())
+	ev := failed.Events()[0]
+	require.Equal(t, "nudge.handler.failed", ev.Name)
+	got := map[attribute.Key]string{}
+	for _, kv := range ev.Attributes {
+		got[kv.Key] = kv.Value.Emit()
+	}
+	require.Equal(t, res.Events[0].ID.String(), got["nudge.event.id"])
+	require.Equal(t, "TicketRegistered", got["nudge.event.type"])
+	require.Equal(t, "no such ticket type", got["error"])
+
+	require.Eventually(t, func() bool {
+		parked, err := client.Parked(ctx, "ticket_list")
+		require.NoError(t, err)
+		return len(parked) == 1
+	}, eventually, 5*time.Millisecond, "the stream is parked")
+	fixed.Store(true)
+	n, err := client.Redrive(ctx, "ticket_list", "ticket-1", "ann")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	redrives := find(spans, "nudge.redrive", "ticket_list")
+	require.Len(t, redrives, 1)
+	require.Equal(t, "ticket-1", attr(redrives[0], "nudge.stream"))
+	require.Equal(t, "ann", attr(redrives[0], "nudge.by"))
+	require.Equal(t, "1", attr(redrives[0], "nudge.events"))
 }
