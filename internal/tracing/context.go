@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strconv"
 
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -56,14 +57,46 @@ func WithTraceContext(ctx context.Context, events []eventstore.EventData) []even
 }
 
 func withTraceContext(metadata json.RawMessage, carrier propagation.MapCarrier) json.RawMessage {
+	trimmed := bytes.TrimSpace(metadata)
+	empty := len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null"))
+	if !empty && (trimmed[0] != '{' || trimmed[len(trimmed)-1] != '}') {
+		return metadata // not an object: nowhere to keep the trace context
+	}
+	if !empty && bytes.Contains(trimmed, []byte(`"`+KeyTraceparent+`"`)) {
+		return mergeTraceContext(metadata, carrier)
+	}
+	// The fields in front of the object's own: {"traceparent":"…","tracestate":"…", …}.
+	out := make([]byte, 0, len(trimmed)+len(carrier[KeyTraceparent])+len(carrier[KeyTracestate])+64)
+	out = append(out, '{')
+	for i, k := range []string{KeyTraceparent, KeyTracestate} {
+		v := carrier[k]
+		if v == "" {
+			continue
+		}
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = strconv.AppendQuote(append(strconv.AppendQuote(out, k), ':'), v)
+	}
+	if empty {
+		return append(out, '}')
+	}
+	rest := bytes.TrimSpace(trimmed[1:])
+	if rest[0] != '}' {
+		out = append(out, ',')
+	}
+	return append(out, rest...)
+}
+
+// mergeTraceContext adds the trace context to an object that may have a traceparent already
+// (then it is left alone).
+func mergeTraceContext(metadata json.RawMessage, carrier propagation.MapCarrier) json.RawMessage {
 	fields := map[string]json.RawMessage{}
-	if trimmed := bytes.TrimSpace(metadata); len(trimmed) > 0 && !bytes.Equal(trimmed, []byte("null")) {
-		if trimmed[0] != '{' || json.Unmarshal(trimmed, &fields) != nil {
-			return metadata
-		}
-		if _, set := fields[KeyTraceparent]; set {
-			return metadata
-		}
+	if json.Unmarshal(metadata, &fields) != nil {
+		return metadata
+	}
+	if _, set := fields[KeyTraceparent]; set {
+		return metadata
 	}
 	for k, v := range carrier {
 		b, err := json.Marshal(v)

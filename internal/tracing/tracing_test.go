@@ -126,3 +126,37 @@ func TestLogger(t *testing.T) {
 	require.NotContains(t, outside, tracing.LogTraceID)
 	require.NotContains(t, outside, tracing.LogSpanID)
 }
+
+// TestWithTraceContext: the trace context joins the metadata's fields as valid JSON, whatever
+// the object's shape; metadata with a traceparent of its own, or not an object, is kept.
+func TestWithTraceContext(t *testing.T) {
+	_, tp := recorder(t)
+	ctx, span := tracing.New(tp).Start(context.Background(), tracing.SpanAppend, trace.SpanKindProducer)
+	defer span.End()
+	parent := span.SpanContext()
+	for in, want := range map[string]map[string]any{
+		``:                             {},
+		`null`:                         {},
+		`{}`:                           {},
+		` { } `:                        {},
+		`{"actor":"ann","n":[1,{}]}`:   {"actor": "ann", "n": []any{1.0, map[string]any{}}},
+		`{"traceparent":"mine"}`:       nil,
+		`{"x":{"traceparent":"deep"}}`: {"x": map[string]any{"traceparent": "deep"}},
+		`[{"a":1}]`:                    nil,
+		`"text"`:                       nil,
+	} {
+		data := tracing.WithTraceContext(ctx, []eventstore.EventData{{Metadata: json.RawMessage(in)}})
+		if want == nil {
+			require.Equal(t, in, string(data[0].Metadata), in)
+			continue
+		}
+		var got map[string]any
+		require.NoError(t, json.Unmarshal(data[0].Metadata, &got), in)
+		require.Contains(t, got[tracing.KeyTraceparent], parent.SpanID().String(), in)
+		delete(got, tracing.KeyTraceparent)
+		require.Equal(t, want, got, in)
+	}
+	unsampled := trace.ContextWithSpanContext(context.Background(), parent.WithTraceFlags(0))
+	events := []eventstore.EventData{{Metadata: json.RawMessage(`{}`)}}
+	require.Equal(t, `{}`, string(tracing.WithTraceContext(unsampled, events)[0].Metadata), "not sampled: kept as is")
+}
