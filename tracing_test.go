@@ -80,7 +80,7 @@ func tracingStory(t *testing.T, s story) {
 	lines := &logLines{}
 	cfg := nudge.Config{
 		Channel: ch, Projections: []*projection.Projection{ticketList(t)}, Triggers: s.triggers,
-		Logger: slog.New(slog.NewJSONHandler(lines, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Logger:            slog.New(slog.NewJSONHandler(lines, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		SafetyNetInterval: -1, TracerProvider: tp,
 	}
 	client := start(t, pool, cfg, false)
@@ -198,7 +198,7 @@ func byID(spans *tracetest.SpanRecorder, id trace.SpanID) sdktrace.ReadOnlySpan 
 func attr(s sdktrace.ReadOnlySpan, key string) string {
 	for _, kv := range s.Attributes() {
 		if kv.Key == attribute.Key(key) {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""
@@ -252,7 +252,7 @@ func TestTracingHandlerFailure(t *testing.T) {
 	require.Equal(t, "nudge.handler.failed", ev.Name)
 	got := map[attribute.Key]string{}
 	for _, kv := range ev.Attributes {
-		got[kv.Key] = kv.Value.Emit()
+		got[kv.Key] = kv.Value.String()
 	}
 	require.Equal(t, res.Events[0].ID.String(), got["nudge.event.id"])
 	require.Equal(t, "TicketRegistered", got["nudge.event.type"])
