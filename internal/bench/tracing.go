@@ -27,6 +27,7 @@ func startTracing(ctx context.Context) (exported *atomic.Int64, stop func()) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithBatcher(exporter))
 	otel.SetTracerProvider(tp)
 	exported = &atomic.Int64{}
+	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -45,6 +46,7 @@ func startTracing(ctx context.Context) (exported *atomic.Int64, stop func()) {
 	return exported, func() {
 		_ = tp.Shutdown(context.Background()) // flushes the batcher
 		otel.SetTracerProvider(noop.NewTracerProvider())
+		cancel()
 		<-done
 		exported.Add(int64(len(exporter.GetSpans())))
 	}
