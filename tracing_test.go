@@ -204,8 +204,9 @@ func attr(s sdktrace.ReadOnlySpan, key string) string {
 	return ""
 }
 
-// TestTracingHandlerFailure: a handler's failure is an event of its batch's span, which ends
-// failed; the redrive of the parked stream after the fix has a span of its own.
+// TestTracingHandlerFailure: the replay of dead letters at start has a span; a handler's failure
+// is an event of its batch's span, which ends failed; the redrive of the parked stream after the
+// fix has a span of its own.
 func TestTracingHandlerFailure(t *testing.T) {
 	t.Parallel()
 	var fixed atomic.Bool
@@ -231,6 +232,12 @@ func TestTracingHandlerFailure(t *testing.T) {
 	go func() { done <- client.Run(ctx) }()
 	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 	<-client.Running()
+
+	require.Eventually(t, func() bool { return len(find(spans, "nudge.deadletter.replay", "ticket_list")) == 1 },
+		eventually, 5*time.Millisecond, "the replay at start")
+	replay := find(spans, "nudge.deadletter.replay", "ticket_list")[0]
+	require.Equal(t, "0", attr(replay, "nudge.count"))
+	require.Equal(t, "worker start", attr(replay, "nudge.by"))
 
 	data, err := eventstore.NewEventData("TicketRegistered", ticketRegistered{ID: "1", Type: "bug"})
 	require.NoError(t, err)
