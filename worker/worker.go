@@ -71,7 +71,8 @@ type Config struct {
 	// every line logged within a span its trace_id and span_id.
 	Logger *slog.Logger
 	// TracerProvider receives a span per trigger handled, a child of the span that published
-	// the trigger (its trace context travels in the message's metadata), and per redrive.
+	// the trigger (its trace context travels in the message's metadata), and per replay of
+	// dead letters at start. Batches and redrives are the Runner's (RunnerConfig.TracerProvider).
 	// Defaults to otel.GetTracerProvider() (a no-op unless the application sets one).
 	TracerProvider trace.TracerProvider
 	// SafetyNetInterval is how often every projection catches up without a trigger. Defaults to
