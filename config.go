@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/nudgeworks/nudge/channel"
 	"github.com/nudgeworks/nudge/deadletter"
@@ -102,6 +103,11 @@ type Config struct {
 	// status --partitions` shows which process owns which. Defaults to the host name, the
 	// process id and a random suffix; set it to the pod's name, say.
 	WorkerID string
+	// TracerProvider, if set, receives nudge's OpenTelemetry spans: appends, the relay's
+	// publishes, triggers, batches, cut-overs, redrives and replays (see docs/guides/tracing.md).
+	// Defaults to otel.GetTracerProvider(), a no-op that costs nothing unless the application
+	// sets one.
+	TracerProvider trace.TracerProvider
 }
 
 // WithDefaults returns cfg with every zero field that has a default set to it.

@@ -29,6 +29,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/nudgeworks/nudge/channel"
 	"github.com/nudgeworks/nudge/deadletter"
@@ -37,6 +38,7 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 	esmemory "github.com/nudgeworks/nudge/eventstore/memory"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/tracing"
 	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
 	pjmemory "github.com/nudgeworks/nudge/projection/memory"
@@ -68,6 +70,7 @@ type Client struct {
 	ran      atomic.Bool
 	routers  sync.Map    // *message.Router → true: the routers AddHandlers added the handlers to
 	watched  atomic.Bool // Config.Metrics watches the worker
+	tracer   *tracing.Tracer
 }
 
 // parts are what a client is built on: the PostgreSQL or the in-memory implementations.
@@ -151,9 +154,11 @@ func NewInMemory(cfg Config) (*Client, error) {
 }
 
 func newClient(cfg Config, p parts) (*Client, error) {
-	c := &Client{cfg: cfg, store: p.store, pg: p.pg, dead: p.dead, migrate: p.migrate, listener: p.listener, backend: p.backend}
+	c := &Client{cfg: cfg, store: p.store, pg: p.pg, dead: p.dead, migrate: p.migrate, listener: p.listener, backend: p.backend,
+		tracer: tracing.New(cfg.TracerProvider)}
 	var err error
-	c.runner, err = projection.NewRunner(p.backend, projection.RunnerConfig{Logger: cfg.Logger, OnBatch: onBatch(cfg), OnCatchUp: onCatchUp(cfg)}, cfg.Projections...)
+	c.runner, err = projection.NewRunner(p.backend, projection.RunnerConfig{Logger: cfg.Logger, OnBatch: onBatch(cfg), OnCatchUp: onCatchUp(cfg),
+		TracerProvider: cfg.TracerProvider}, cfg.Projections...)
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +169,7 @@ func newClient(cfg Config, p parts) (*Client, error) {
 	wcfg := worker.Config{Runner: c.runner, Channel: ch, Logger: cfg.Logger, DeadLetters: c.dead,
 		SafetyNetInterval: cfg.SafetyNetInterval, StallAfter: cfg.StallAfter, Retry: cfg.Retry,
 		DisableReplayOnStart: cfg.DisableReplayOnStart, CloseTimeout: cfg.CloseTimeout, RouterFunc: routerFunc(cfg),
-		DeadLetterTimeout: cfg.DeadLetterTimeout}
+		DeadLetterTimeout: cfg.DeadLetterTimeout, TracerProvider: cfg.TracerProvider}
 	if c.pg != nil {
 		wcfg.Horizon = c.pg // names the transaction that holds readers back
 	}
@@ -186,6 +191,9 @@ func newClient(cfg Config, p parts) (*Client, error) {
 			break // no relay: the processes that run the projections run it
 		}
 		rcfg := cfg.Relay
+		if rcfg.TracerProvider == nil {
+			rcfg.TracerProvider = cfg.TracerProvider
+		}
 		if p.listener != nil {
 			rcfg.Waker = p.listener
 		}
@@ -280,6 +288,28 @@ func (c *Client) Migrate(ctx context.Context) error {
 // projections hear of it (through the relay, or in the append's transaction with
 // TriggersInTransaction). See eventstore.Store.Append for the errors.
 func (c *Client) Append(ctx context.Context, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error) {
+	ctx, span := c.tracer.Start(ctx, tracing.SpanAppend, trace.SpanKindProducer)
+	if span.IsRecording() {
+		events = tracing.WithTraceContext(ctx, events)
+	}
+	res, err := c.append(ctx, streamID, expected, events)
+	endAppend(span, streamID, res, err)
+	return res, err
+}
+
+// endAppend ends an append's span.
+func endAppend(span trace.Span, streamID string, res eventstore.AppendResult, err error) {
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrStream.String(streamID), tracing.AttrEvents.Int(len(res.Events)),
+			tracing.AttrIdempotent.Bool(res.Idempotent))
+		if len(res.Events) > 0 {
+			span.SetAttributes(tracing.AttrPositionFrom.String(res.Events[0].Position.String()), tracing.AttrPositionTo.String(res.Last().String()))
+		}
+	}
+	tracing.End(span, err)
+}
+
+func (c *Client) append(ctx context.Context, streamID string, expected eventstore.ExpectedVersion, events []eventstore.EventData) (eventstore.AppendResult, error) {
 	if c.appender != nil {
 		return c.appender.Append(ctx, streamID, expected, events...)
 	}
@@ -294,6 +324,16 @@ func (c *Client) Append(ctx context.Context, streamID string, expected eventstor
 // atomically (see eventstore/postgres.Store.AppendTx); the trigger follows the commit. On an
 // error the caller rolls tx back. An in-memory client returns ErrNotSupported.
 func (c *Client) AppendTx(ctx context.Context, tx pgx.Tx, streamID string, expected eventstore.ExpectedVersion, events ...eventstore.EventData) (eventstore.AppendResult, error) {
+	ctx, span := c.tracer.Start(ctx, tracing.SpanAppend, trace.SpanKindProducer)
+	if span.IsRecording() {
+		events = tracing.WithTraceContext(ctx, events)
+	}
+	res, err := c.appendTx(ctx, tx, streamID, expected, events)
+	endAppend(span, streamID, res, err)
+	return res, err
+}
+
+func (c *Client) appendTx(ctx context.Context, tx pgx.Tx, streamID string, expected eventstore.ExpectedVersion, events []eventstore.EventData) (eventstore.AppendResult, error) {
 	switch {
 	case c.appender != nil:
 		return c.appender.AppendTx(ctx, tx, streamID, expected, events...)

@@ -9,8 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/tracing"
 )
 
 // errPaused rolls back a unit that found the projection paused; errRetired one that found its
@@ -96,10 +99,14 @@ type batch struct {
 	held   map[string]Held
 	// statements are the OnQueued handlers' statements left to the backend's commit.
 	statements *Statements
+
+	// span is the batch's span; traced, when it records, is when it started.
+	span   trace.Span
+	traced time.Time
 }
 
 func (r *Runner) newBatch(p *Projection, limit int) *batch {
-	return &batch{r: r, p: p, limit: limit, started: r.now()}
+	return &batch{r: r, p: p, limit: limit, started: r.now(), span: tracing.NoSpan()}
 }
 
 // run runs the batch's unit of work and sums up its result in res. It reports whether more
@@ -108,6 +115,62 @@ func (r *Runner) newBatch(p *Projection, limit int) *batch {
 // read. A batch that failed on an event sets failedOnEvent and returns its *HandlerError,
 // recorded nowhere yet.
 func (b *batch) run(ctx context.Context, res *Result) (bool, error) {
+	ctx, b.span = b.r.tracer.Start(ctx, tracing.SpanBatch, trace.SpanKindInternal)
+	if b.span.IsRecording() {
+		b.traced = time.Now()
+		b.span.SetAttributes(tracing.AttrProjection.String(b.p.name))
+	}
+	more, err := b.runUnit(ctx, res)
+	b.endSpan(ctx, res, err)
+	return more, err
+}
+
+// endSpan ends the batch's span with the batch's outcome.
+func (b *batch) endSpan(ctx context.Context, res *Result, err error) {
+	if !b.span.IsRecording() {
+		b.span.End()
+		return
+	}
+	outcome := tracing.OutcomeCommitted
+	switch {
+	case err != nil && ctx.Err() != nil:
+		outcome = tracing.OutcomeCanceled
+	case err != nil:
+		outcome = tracing.OutcomeFailed
+	case res.Retired:
+		outcome = tracing.OutcomeRetired
+	case res.Paused:
+		outcome = tracing.OutcomePaused
+	case b.passed == 0:
+		outcome = tracing.OutcomeEmpty
+	}
+	b.span.SetAttributes(tracing.AttrOutcome.String(outcome), tracing.AttrEvents.Int(b.handled),
+		tracing.AttrPositionTo.String(b.committed.String()))
+	tracing.End(b.span, err)
+}
+
+// traceUnit puts on the batch's span the time it waited for the projection's lock, where it
+// read from, and links to the appends of the events it read.
+func (b *batch) traceUnit(from eventstore.Position, events []eventstore.Event) {
+	if !b.span.IsRecording() {
+		return
+	}
+	links := tracing.LinkEvents(b.span, events)
+	b.span.SetAttributes(tracing.AttrPositionFrom.String(from.String()), tracing.AttrLinks.Int(links))
+}
+
+// traceFailure adds a handler's failure to the batch's span as an event.
+func (b *batch) traceFailure(he *HandlerError) {
+	if !b.span.IsRecording() {
+		return
+	}
+	b.span.AddEvent("nudge.handler.failed", trace.WithAttributes(
+		attribute.String("nudge.event.id", he.Event.ID.String()), attribute.String("nudge.event.type", he.Event.Type),
+		attribute.String("nudge.event.position", he.Event.Position.String()), attribute.String("error", he.Err.Error())))
+}
+
+// runUnit is run's work.
+func (b *batch) runUnit(ctx context.Context, res *Result) (bool, error) {
 	unitCtx, cancel := context.WithTimeout(ctx, b.p.cfg.BatchTimeout)
 	defer cancel()
 	err := b.r.backend.RunBatch(unitCtx, b.p, b.readAhead(), b.unit)
@@ -150,6 +213,9 @@ func (b *batch) run(ctx context.Context, res *Result) (bool, error) {
 // unit is the batch's work inside the backend's unit of work, which commits the Outcome it
 // returns, or rolls back on an error.
 func (b *batch) unit(ctx context.Context, u Unit) (Outcome, error) {
+	if b.span.IsRecording() {
+		b.span.SetAttributes(tracing.AttrLockWait.Float64(time.Since(b.traced).Seconds()))
+	}
 	st := u.Status
 	b.committed, b.rebuilding = st.Position, st.State == StateRebuilding
 	b.version, b.building = u.Version, u.Version.State == VersionBuilding && !b.cutOver
@@ -163,6 +229,7 @@ func (b *batch) unit(ctx context.Context, u Unit) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, err
 	}
+	b.traceUnit(st.Position, events)
 	if len(events) == 0 {
 		out := Outcome{Position: st.Position, State: st.State}
 		if b.rebuilding {
@@ -322,6 +389,7 @@ func (b *batch) replays(e eventstore.Event) bool {
 func (b *batch) failAt(err error, events []eventstore.Event) error {
 	he := err.(*HandlerError) //nolint:errorlint // handleInBatch and sendQueue return *HandlerError itself.
 	b.failed = he
+	b.traceFailure(he)
 	for i := range events {
 		if events[i].ID == he.Event.ID {
 			b.failedAt = i
@@ -345,6 +413,7 @@ func (b *batch) flush(ctx context.Context, tx pgx.Tx, events []eventstore.Event)
 		// (FlushFailedOn): else the batch's first is named, and the failure is not parked.
 		he := flushError(b.p, events, err)
 		b.failed, b.unattributed = he, he.unattributed
+		b.traceFailure(he)
 		b.failedAt = slices.IndexFunc(b.readEvents, func(e eventstore.Event) bool { return e.ID == he.Event.ID })
 		return b.failed
 	}

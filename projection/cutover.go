@@ -8,7 +8,10 @@ import (
 	"strconv"
 	"strings"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/tracing"
 )
 
 // activate tries the cut-over of p, a building version (the definition of a partitioned one)
@@ -22,6 +25,25 @@ import (
 // unpartitioned projection). It reports whether the cut-over waited because another unit was
 // behind.
 func (r *Runner) activate(ctx context.Context, p, caller *Projection, res *Result) (behind bool, err error) {
+	ctx, span := r.tracer.Start(ctx, tracing.SpanCutOver, trace.SpanKindInternal)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrProjection.String(p.name), tracing.AttrVersion.Int(p.cfg.Version))
+	}
+	events := res.Events
+	behind, err = r.activateIn(ctx, p, caller, res)
+	if span.IsRecording() {
+		outcome := "waiting"
+		if res.Activated {
+			outcome = "activated"
+		}
+		span.SetAttributes(tracing.AttrOutcome.String(outcome), tracing.AttrEvents.Int(res.Events-events))
+	}
+	tracing.End(span, err)
+	return behind, err
+}
+
+// activateIn is activate's work.
+func (r *Runner) activateIn(ctx context.Context, p, caller *Projection, res *Result) (behind bool, err error) {
 	unitCtx, cancel := context.WithTimeout(ctx, p.cfg.BatchTimeout)
 	defer cancel()
 	var failed *batch

@@ -14,8 +14,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/tracing"
 )
 
 // OnFailure says what a projection does once a handler keeps failing on an event.
@@ -278,6 +280,18 @@ func (r *Runner) Parked(ctx context.Context, name string) ([]ParkedStream, error
 // (returned as a *HandlerError). It returns the number of events applied. A stream that is
 // not parked is an error matching ErrNotParked.
 func (r *Runner) Redrive(ctx context.Context, name, streamID, by string) (int, error) {
+	ctx, span := r.tracer.Start(ctx, tracing.SpanRedrive, trace.SpanKindInternal)
+	n, err := r.redrive(ctx, name, streamID, by)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrProjection.String(name), tracing.AttrStream.String(streamID),
+			tracing.AttrBy.String(by), tracing.AttrEvents.Int(n))
+	}
+	tracing.End(span, err)
+	return n, err
+}
+
+// redrive is Redrive's work.
+func (r *Runner) redrive(ctx context.Context, name, streamID, by string) (int, error) {
 	p, err := r.Projection(name)
 	if err != nil {
 		return 0, err

@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/tracing"
 )
 
 // RunnerConfig configures a Runner. Every field is optional.
@@ -28,6 +30,10 @@ type RunnerConfig struct {
 	// OnCatchUp, if set, is called after every CatchUp with its name, result and error, on the
 	// catching-up goroutine: keep it fast.
 	OnCatchUp func(name string, res Result, err error)
+	// TracerProvider receives a span per batch, linked to the appends of its events, and per
+	// cut-over and redrive. Defaults to otel.GetTracerProvider() (a no-op unless the
+	// application sets one).
+	TracerProvider trace.TracerProvider
 }
 
 // WithDefaults returns cfg with every zero field that has a default set to it.
@@ -74,6 +80,7 @@ type BatchReport struct {
 type Runner struct {
 	backend     Backend
 	logger      *slog.Logger
+	tracer      *tracing.Tracer
 	now         func() time.Time
 	onBatch     func(BatchReport)
 	onCatchUp   func(string, Result, error)
@@ -102,7 +109,8 @@ func NewRunner(backend Backend, cfg RunnerConfig, projections ...*Projection) (*
 	}
 	r := &Runner{
 		backend:     backend,
-		logger:      cfg.Logger,
+		logger:      tracing.Logger(cfg.Logger),
+		tracer:      tracing.New(cfg.TracerProvider),
 		now:         cfg.NowFunc,
 		onBatch:     cfg.OnBatch,
 		onCatchUp:   cfg.OnCatchUp,

@@ -17,8 +17,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/reserved"
+	"github.com/nudgeworks/nudge/internal/tracing"
 	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/trigger"
@@ -83,6 +87,10 @@ type Config struct {
 	// AfterPollFunc, if set, is called after each of the relay's polls, with what it found
 	// and the wait chosen (see projection.PollerConfig.AfterPollFunc).
 	AfterPollFunc func(p projection.PollParams)
+	// TracerProvider receives a span per trigger published (nudge.relay.publish); the
+	// trigger carries its trace context to the projections' trigger spans. Defaults to
+	// otel.GetTracerProvider() (a no-op unless the application sets one).
+	TracerProvider trace.TracerProvider
 }
 
 // ErrInvalidConfig is matched (errors.Is) by every error New and NewAppender return for a
@@ -159,6 +167,7 @@ func New(backend projection.Backend, pub trigger.Publisher, cfg Config) (*Relay,
 		return nil, err
 	}
 	r := &Relay{name: cfg.Name}
+	tracer := tracing.New(cfg.TracerProvider)
 	newProjection := reserved.NewProjection.(func(string, projection.Config, ...projection.Handler) (*projection.Projection, error))
 	p, err := newProjection(cfg.Name, projection.Config{
 		BatchSize:    cfg.BatchSize,
@@ -169,7 +178,7 @@ func New(backend projection.Backend, pub trigger.Publisher, cfg Config) (*Relay,
 				cfg.BeforePublishFunc(t)
 			}
 			started := time.Now()
-			err := pub.Publish(ctx, t)
+			err := publish(ctx, tracer, pub, t, len(fp.Events))
 			r.publishing.Add(int64(time.Since(started)))
 			if err != nil {
 				return fmt.Errorf("relay: publish trigger up to %s: %w", t.Position, err)
@@ -180,7 +189,8 @@ func New(backend projection.Backend, pub trigger.Publisher, cfg Config) (*Relay,
 	if err != nil {
 		return nil, err
 	}
-	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: cfg.Logger}, p)
+	// The relay's own batches are not traced: most of its polls find nothing.
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: cfg.Logger, TracerProvider: noop.NewTracerProvider()}, p)
 	if err != nil {
 		return nil, err
 	}
@@ -200,6 +210,18 @@ func New(backend projection.Backend, pub trigger.Publisher, cfg Config) (*Relay,
 	}
 	r.runner, r.poller = runner, poller
 	return r, nil
+}
+
+// publish publishes t, the trigger of events events, in a span of its own.
+func publish(ctx context.Context, tracer *tracing.Tracer, pub trigger.Publisher, t trigger.Trigger, events int) error {
+	ctx, span := tracer.Start(ctx, tracing.SpanPublish, trace.SpanKindProducer)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrPositionTo.String(t.Position.String()), tracing.AttrEvents.Int(events),
+			tracing.AttrStream.String(t.StreamID), tracing.AttrMessagingOperation.String("send"))
+	}
+	err := pub.Publish(ctx, t)
+	tracing.End(span, err)
+	return err
 }
 
 // coalesce makes one trigger for a batch of events: the last position, every type, and the

@@ -28,11 +28,13 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/nudgeworks/nudge/channel"
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/backoff"
+	"github.com/nudgeworks/nudge/internal/tracing"
 	"github.com/nudgeworks/nudge/lease"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/retry"
@@ -65,8 +67,14 @@ type Config struct {
 	Channel channel.Channel
 	// Projections are the names to run. Defaults to all of the runner's.
 	Projections []string
-	// Logger defaults to slog.Default(). Every line about a projection carries its name.
+	// Logger defaults to slog.Default(). Every line about a projection carries its name, and
+	// every line logged within a span its trace_id and span_id.
 	Logger *slog.Logger
+	// TracerProvider receives a span per trigger handled, a child of the span that published
+	// the trigger (its trace context travels in the message's metadata), and per replay of
+	// dead letters at start. Batches and redrives are the Runner's (RunnerConfig.TracerProvider).
+	// Defaults to otel.GetTracerProvider() (a no-op unless the application sets one).
+	TracerProvider trace.TracerProvider
 	// SafetyNetInterval is how often every projection catches up without a trigger. Defaults to
 	// SafetyNetIntervalDefault; a negative value turns the tick off (start-up catch-up stays).
 	SafetyNetInterval time.Duration
@@ -167,6 +175,7 @@ type Worker struct {
 	cfg     Config
 	names   []string
 	logger  *slog.Logger
+	tracer  *tracing.Tracer
 	stats   map[string]*counters
 	running chan struct{}
 	// ran is set by the first Run or RunBackground.
@@ -261,7 +270,7 @@ func New(cfg Config) (*Worker, error) {
 	if len(names) == 0 {
 		names = cfg.Runner.Names()
 	}
-	w := &Worker{cfg: cfg, names: slices.Clone(names), logger: cfg.Logger, stats: make(map[string]*counters, len(names)), created: time.Now(),
+	w := &Worker{cfg: cfg, names: slices.Clone(names), logger: tracing.Logger(cfg.Logger), tracer: tracing.New(cfg.TracerProvider), stats: make(map[string]*counters, len(names)), created: time.Now(),
 		running: make(chan struct{}), parts: map[string]*partitionSet{}, partitionOf: map[string]string{},
 		retired: newRetiredSubscriptions(cfg.Channel, names, cfg.Logger)}
 	w.healer, w.sleepFunc = newHealer(w), backoff.Sleep
@@ -489,8 +498,14 @@ func (w *Worker) startDeadLetters(parent context.Context, name string, log *slog
 		}
 		return
 	}
+	// The replayed triggers carry the replay's trace context: their trigger spans are its children.
+	ctx, span := w.tracer.Start(ctx, tracing.SpanReplay, trace.SpanKindProducer)
 	res, err := deadletter.Replay(ctx, w.cfg.DeadLetters, w.cfg.Channel, deadletter.ReplayFilter{Projection: name, FailedBefore: w.created},
 		"worker start", time.Now())
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrProjection.String(name), tracing.AttrBy.String("worker start"), tracing.AttrCount.Int(res.Replayed))
+	}
+	tracing.End(span, err)
 	switch {
 	case err != nil && parent.Err() == nil:
 		log.ErrorContext(ctx, "replaying dead letters at start failed", slog.Any("error", err))
@@ -559,12 +574,31 @@ type projectionHandler struct {
 
 func (h *projectionHandler) handle(msg *message.Message) error {
 	h.c.received.Add(1)
+	// The trigger's span is a child of the publisher's (the relay's, or the append's), whose
+	// trace context the message carries.
+	ctx, span := h.w.tracer.Start(tracing.Extract(msg.Context(), msg.Metadata), tracing.SpanTrigger, trace.SpanKindConsumer)
+	if span.IsRecording() {
+		// The dead-letter middleware's lines about the trigger join its (last) span too.
+		msg.SetContext(ctx)
+	}
 	t, err := trigger.FromMessage(msg)
 	if err != nil {
 		h.c.invalid.Add(1)
-		return retry.Permanent(err) // the same bytes can never decode: dead-letter at once
+		err = retry.Permanent(err) // the same bytes can never decode: dead-letter at once
+	} else {
+		err = h.process(ctx, t)
 	}
-	ctx := msg.Context()
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrProjection.String(h.name), tracing.AttrReason.String(string(t.Reason)),
+			tracing.AttrPositionTo.String(t.Position.String()), tracing.AttrMessagingOperation.String("process"),
+			tracing.AttrMessagingMessageID.String(msg.UUID), tracing.AttrMessagingConsumer.String(h.name))
+	}
+	tracing.End(span, err)
+	return err
+}
+
+// process handles the trigger t.
+func (h *projectionHandler) process(ctx context.Context, t trigger.Trigger) error {
 	if err := h.w.clearCrashLoopOnStart(ctx, h.name); err != nil {
 		return err // nacked: comes back
 	}

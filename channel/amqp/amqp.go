@@ -94,6 +94,7 @@ import (
 	"github.com/nudgeworks/nudge/channel"
 	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/internal/redact"
+	"github.com/nudgeworks/nudge/internal/tracing"
 	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/trigger"
 )
@@ -676,6 +677,7 @@ func (c *Channel) Publish(ctx context.Context, t trigger.Trigger) error {
 		return err
 	}
 	msg.SetContext(ctx)
+	tracing.Inject(ctx, msg.Metadata) // the consumer's span is a child of ctx's
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/internal/tracing"
 	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/trigger"
 )
@@ -89,6 +90,7 @@ func (c *Channel) Publish(ctx context.Context, t trigger.Trigger) error {
 		return err
 	}
 	msg.SetContext(ctx)
+	tracing.Inject(ctx, msg.Metadata) // the consumer's span is a child of ctx's
 	if err := c.pubsub.Publish(channel.TriggerTopic, msg); err != nil {
 		return fmt.Errorf("gochannel: publish trigger: %w", err)
 	}

@@ -142,6 +142,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/internal/tracing"
 	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/trigger"
@@ -492,6 +493,7 @@ func (c *Channel) triggerMessage(ctx context.Context, q interface {
 		return "", nil, err
 	}
 	msg.SetContext(ctx)
+	tracing.Inject(ctx, msg.Metadata) // the consumer's span is a child of ctx's
 	return topic, msg, nil
 }
 

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/nudgeworks/nudge/retry"
 )
 
@@ -117,6 +119,12 @@ type Config struct {
 	PollInterval time.Duration
 	// LogLevel is the lowest level logged (--log-level, $TICKETS_LOG_LEVEL).
 	LogLevel slog.Level
+	// TraceStdout exports OpenTelemetry traces to stdout (--trace-stdout,
+	// $TICKETS_TRACE_STDOUT): main sets TracerProvider to one that writes every span as JSON.
+	TraceStdout bool
+	// TracerProvider receives the service's spans (nudge.Config.TracerProvider). Defaults to
+	// otel.GetTracerProvider(), a no-op. Not a flag: main sets it for TraceStdout.
+	TracerProvider trace.TracerProvider
 	// Retry is the worker's backoff before a failing trigger is dead-lettered; zero fields take
 	// package retry's defaults (5 attempts over about 3 s). Not a flag: the tests shorten it.
 	Retry retry.Policy
@@ -149,6 +157,7 @@ var flagEnv = []struct{ flag, env string }{
 	{"safety-net", "TICKETS_SAFETY_NET"},
 	{"poll-interval", "TICKETS_POLL_INTERVAL"},
 	{"log-level", "TICKETS_LOG_LEVEL"},
+	{"trace-stdout", "TICKETS_TRACE_STDOUT"},
 }
 
 // parseConfig reads the flags in args; a flag not given takes its environment variable (from
@@ -175,6 +184,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (C
 	fs.DurationVar(&cfg.SafetyNet, "safety-net", SafetyNetDefault, "catch every projection up this often without a trigger; negative: never ($TICKETS_SAFETY_NET)")
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", 0, "PostgreSQL channel: idle poll interval; 0: the channel's 100ms ($TICKETS_POLL_INTERVAL)")
 	fs.TextVar(&cfg.LogLevel, "log-level", slog.LevelInfo, "lowest log `level`: debug, info, warn or error ($TICKETS_LOG_LEVEL)")
+	fs.BoolVar(&cfg.TraceStdout, "trace-stdout", false, "export OpenTelemetry traces to stdout ($TICKETS_TRACE_STDOUT)")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err // flag.ErrHelp for -h; the flag package has printed the problem
 	}

@@ -29,6 +29,9 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // readHeaderTimeout bounds how long a client may take to send a request's headers.
@@ -48,6 +51,16 @@ func realMain() int {
 		return 2
 	}
 	cfg.Logger = slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	if cfg.TraceStdout {
+		exporter, err := stdouttrace.New(stdouttrace.WithWriter(os.Stdout))
+		if err != nil {
+			cfg.Logger.Error("cannot export traces", slog.Any("error", err))
+			return 1
+		}
+		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter))
+		defer func() { _ = tp.Shutdown(context.Background()) }() // flushes the last spans
+		cfg.TracerProvider = tp
+	}
 	var ln net.Listener
 	if cfg.Mode.ServesHTTP() {
 		if ln, err = net.Listen("tcp", cfg.Addr); err != nil {

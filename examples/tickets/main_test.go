@@ -107,7 +107,7 @@ func TestParseConfig(t *testing.T) {
 	cfg, err = parseConfig([]string{"--channel", "postgres", "--title-width", "200"}, env(map[string]string{
 		"NUDGE_DATABASE_URL": "postgres://db.internal/tickets", "NUDGE_CHANNEL": "amqp", "TICKETS_MODE": "worker",
 		"TICKETS_REPLAY_ON_START": "false", "TICKETS_SAFETY_NET": "1m", "TICKETS_LOG_LEVEL": "debug", "NUDGE_SCHEMA": "tickets",
-		"TICKETS_LIST_VERSION": "2",
+		"TICKETS_LIST_VERSION": "2", "TICKETS_TRACE_STDOUT": "true",
 	}), &out)
 	require.NoError(t, err)
 	require.Equal(t, "postgres://db.internal/tickets", cfg.DatabaseURL, "the environment fills what no flag gives")
@@ -119,6 +119,7 @@ func TestParseConfig(t *testing.T) {
 	require.Equal(t, slog.LevelDebug, cfg.LogLevel)
 	require.Equal(t, "tickets", cfg.Schema)
 	require.Equal(t, 2, cfg.ListVersion)
+	require.True(t, cfg.TraceStdout)
 
 	for _, tc := range []struct {
 		args []string

@@ -107,6 +107,7 @@ func (s *service) newClient() (*nudge.Client, error) {
 	return nudge.New(s.pool, nudge.Config{
 		Channel: s.ch, Projections: projections, Schema: s.cfg.Schema, Logger: s.log, Metrics: m,
 		Retry: s.cfg.Retry, SafetyNetInterval: s.cfg.SafetyNet, DisableReplayOnStart: s.cfg.DisableReplayOnStart,
+		TracerProvider: s.cfg.TracerProvider,
 	})
 }
 

@@ -223,7 +223,7 @@ func (v *appendVariant) run(ctx context.Context, h *harness, size int, d time.Du
 	for wr := range appendWriters {
 		wg.Go(func() {
 			for i := 0; time.Now().Before(deadline) && ctx.Err() == nil; i++ {
-				if _, err := store.Append(ctx, fmt.Sprintf("s-%d-%d", wr, i%appendStreamsPerWriter), eventstore.Any, events...); err != nil {
+				if _, err := appendTraced(ctx, store, fmt.Sprintf("s-%d-%d", wr, i%appendStreamsPerWriter), events...); err != nil {
 					mu.Lock()
 					first = cmpOrErr(first, err)
 					mu.Unlock()

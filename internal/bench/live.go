@@ -608,7 +608,7 @@ func appendPaced(ctx context.Context, w *wiring, cfg liveConfig, record func(uui
 				if err == nil {
 					var res eventstore.AppendResult
 					stream := fmt.Sprintf("ticket-%03d", (wr+i*cfg.writers)%cfg.streams)
-					res, err = w.store.Append(ctx, stream, eventstore.Any, data)
+					res, err = appendTraced(ctx, w.store, stream, data)
 					if err == nil {
 						if !cfg.poison || stream != poisonStream {
 							record(res.Events[0].ID, time.Now())

@@ -117,6 +117,8 @@ type options struct {
 	liveWarmup    time.Duration
 	liveWarmupSet bool
 	logLevel      slog.Level
+	// trace turns OpenTelemetry tracing on: every span sampled, exported to memory.
+	trace bool
 }
 
 // scenario is one benchmark scenario.
@@ -171,6 +173,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.BoolVar(&o.noListen, "no-listen", false, "relays and the PostgreSQL queue poll only, without LISTEN/NOTIFY wake-ups (the idle scenario measures both)")
 	fs.DurationVar(&o.relayInterval, "relay-interval", relay.MinIntervalDefault, "the trigger relays' MinInterval: their wait after a publish")
 	fs.DurationVar(&o.liveWarmup, "live-warmup", liveWarmupDefault, "how long live runs append before their measured window, every event of it awaited and none measured (0: none; -quick: "+liveWarmupQuick.String()+" unless set)")
+	fs.BoolVar(&o.trace, "trace", false, "trace with OpenTelemetry: every span sampled and exported to memory (measures tracing's cost)")
 	fs.StringVar(&logLevel, "log-level", "info", "level of the library's own logs, written to <out>/bench-<time>.log (debug, info, warn, error)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: go run ./internal/bench [flags]\n\nMeasures nudge against real PostgreSQL and RabbitMQ; every figure beside its baseline.\n\n")
@@ -262,6 +265,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	defer func() { _ = logFile.Close() }()
 	libLog := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: opts.logLevel}))
+	if opts.trace {
+		exported, stopTracing := startTracing(ctx)
+		defer func() {
+			stopTracing()
+			log.Info("tracing", slog.Int64("spans_exported", exported.Load()))
+		}()
+	}
 	h, err := newHarness(ctx, opts, log, libLog)
 	if err != nil {
 		fmt.Fprintln(stderr, "bench:", err)
