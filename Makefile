@@ -21,7 +21,7 @@ CHAOS_LOADED_SCALE     ?= 3
 OUTAGE_TESTS           := TestPublishersAcrossOutages|TestBrokerOutageWhileRunning
 
 .DEFAULT_GOAL := help
-.PHONY: help up tools down test test-loaded lint chaos chaos-loaded bench bench-go demo
+.PHONY: help up tools down test test-loaded lint chaos chaos-loaded bench bench-go demo docs
 
 help: ## Show the targets and what they do.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -79,6 +79,9 @@ bench-go: up ## Run the Go micro-benchmarks (go test -bench), each beside its ba
 	$(GO) test -run '^$$' -bench AppendOverhead -benchtime $(BENCH_TIME) -timeout 30m ./worker/
 	@# Each live-latency scenario appends for NUDGE_BENCH_DURATION (10s by default).
 	$(GO) test -run '^$$' -bench LiveLatency -benchtime 1x -timeout 30m ./worker/
+
+docs: ## Regenerate docs/reference (configuration, CLI, metrics) from the code; a test fails when they are stale.
+	$(GO) run ./internal/docgen
 
 demo: ## Run the embedded quickstart: a projection fails, is dead-lettered, fixed, replayed (no servers).
 	$(GO) run ./examples/quickstart
