@@ -70,8 +70,8 @@ chaos-loaded: ## Run make chaos while every core is kept busy (scripts/cpuhog.sh
 	@scripts/cpuhog.sh -t $(CPUHOG_SECONDS) $(if $(CPUHOG_WORKERS),-n $(CPUHOG_WORKERS)) -- \
 		$(MAKE) --no-print-directory chaos CHAOS_TIMEOUT_SCALE=$(CHAOS_LOADED_SCALE)
 
-bench: up ## Run the benchmark harness: every figure beside its baseline, same run (BENCH_FLAGS=-quick).
-	$(GO) run ./internal/bench $(BENCH_FLAGS)
+bench: up ## Run the benchmark harness: every figure beside its baseline; rewrites docs/performance.md (BENCH_FLAGS=-quick).
+	$(GO) run ./internal/bench -write-docs docs/performance.md $(BENCH_FLAGS)
 
 bench-go: up ## Run the Go micro-benchmarks (go test -bench), each beside its baseline (BENCH_TIME=2s).
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCH_TIME) -timeout 30m \

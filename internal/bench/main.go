@@ -5,6 +5,7 @@
 //
 //	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|dlstall|bluegreen|status|horizon|partitions|cqrs|scaleout]
 //	                        [-out bench-results] [-cpuprofile] [-pprof-dir DIR]
+//	                        [-write-docs docs/performance.md] [-from-json FILE]
 //
 // Scenarios (several may be given, comma-separated):
 //
@@ -117,6 +118,9 @@ type options struct {
 	liveWarmup    time.Duration
 	liveWarmupSet bool
 	logLevel      slog.Level
+	// writeDocs is the performance page the run's scenarios are merged into; fromJSON, a
+	// results file to merge into it instead of running.
+	writeDocs, fromJSON string
 }
 
 // scenario is one benchmark scenario.
@@ -172,6 +176,8 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.DurationVar(&o.relayInterval, "relay-interval", relay.MinIntervalDefault, "the trigger relays' MinInterval: their wait after a publish")
 	fs.DurationVar(&o.liveWarmup, "live-warmup", liveWarmupDefault, "how long live runs append before their measured window, every event of it awaited and none measured (0: none; -quick: "+liveWarmupQuick.String()+" unless set)")
 	fs.StringVar(&logLevel, "log-level", "info", "level of the library's own logs, written to <out>/bench-<time>.log (debug, info, warn, error)")
+	fs.StringVar(&o.writeDocs, "write-docs", "", "merge the scenarios run into this Markdown `page` (make bench: docs/performance.md), one section each, and keep the JSON results in bench/ beside it")
+	fs.StringVar(&o.fromJSON, "from-json", "", "run nothing: merge this results `file` into the -write-docs page")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: go run ./internal/bench [flags]\n\nMeasures nudge against real PostgreSQL and RabbitMQ; every figure beside its baseline.\n\n")
 		fs.PrintDefaults()
@@ -197,6 +203,9 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		default:
 			return o, fmt.Errorf("-scenario %q: use all or %s", s, strings.Join(scenarioNames(), ", "))
 		}
+	}
+	if o.fromJSON != "" && o.writeDocs == "" {
+		return o, errors.New("-from-json needs -write-docs: the page to merge the results into")
 	}
 	if o.relayInterval <= 0 {
 		return o, fmt.Errorf("-relay-interval %s: must be positive", o.relayInterval)
@@ -243,6 +252,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "bench:", err)
 		return 2
+	}
+	if opts.fromJSON != "" {
+		return renderOnly(opts, stdout, stderr)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -303,10 +315,32 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stdout, "\n%d target(s) missed; results in %s (%.0f s)\n", misses, path, report.DurationSeconds)
+	if opts.writeDocs != "" {
+		kept, err := writeDocs(opts.writeDocs, report)
+		if err != nil {
+			fmt.Fprintln(stderr, "bench: -write-docs:", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "%s rewritten for %d scenario(s); results kept in %s\n", opts.writeDocs, len(report.Scenarios), kept)
+	}
 	if failed || ctx.Err() != nil {
 		return 1
 	}
 	return 0
+}
+
+// renderOnly merges the results file -from-json names into the -write-docs page.
+func renderOnly(opts options, stdout, stderr io.Writer) int {
+	report, err := readReport(opts.fromJSON)
+	if err == nil {
+		var kept string
+		if kept, err = writeDocs(opts.writeDocs, report); err == nil {
+			fmt.Fprintf(stdout, "%s rewritten for %d scenario(s); results kept in %s\n", opts.writeDocs, len(report.Scenarios), kept)
+			return 0
+		}
+	}
+	fmt.Fprintln(stderr, "bench:", err)
+	return 1
 }
 
 // runScenario runs sc with its CPU profile and timing, and returns its section.
