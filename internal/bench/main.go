@@ -68,7 +68,14 @@
 // <out>/bench-<start time>.log beside the JSON results (-log-level). With -cpuprofile, each
 // scenario's CPU profile of this process goes to -pprof-dir: where a target is missed, `go tool
 // pprof` on it shows where the client's time went (the servers' CPU is not in it; Section's
-// go_cpu_s says how much of the wall time this process used). The exit code is 0 when every
+// go_cpu_s says how much of the wall time this process used).
+//
+// With -write-docs (make bench), the scenarios run are merged into that Markdown page, one
+// section each with the machine, the commit and the date; the other scenarios' sections stay,
+// and the JSON results are kept in bench/ beside the page. -from-json merges a results file
+// into the page without running anything.
+//
+// The exit code is 0 when every
 // scenario ran, whatever the targets say, 1 when one failed, 2 for bad flags.
 package main
 

@@ -51,7 +51,7 @@ func TestSlug(t *testing.T) {
 func TestFieldDefault(t *testing.T) {
 	p := &pkgInfo{name: "worker", doc: nil}
 	for text, want := range map[string]string{
-		"Logger gets the logs. Defaults to slog.Default().":                      "slog.Default()",
+		"Logger gets the logs. Defaults to slog.Default().":                     "slog.Default()",
 		"Schema holds tables. Defaults to \"\", the search_path. Ignored by X.": "\"\", the search_path",
 		"Interval is how often. Defaults to 30 s; negative turns it off.":       "30 s; negative turns it off",
 	} {
