@@ -11,6 +11,9 @@ import (
 	"time"
 )
 
+// testMarker marks a shell block that internal/readme's tests run.
+const testMarker = "<!-- test -->"
+
 // cliReference renders docs/reference/cli.md: it builds cmd/nudge and runs `nudge help`,
 // then `nudge help <command>` for every command the main help lists.
 func cliReference(root, _ string) ([]byte, error) {
@@ -47,7 +50,10 @@ func cliReference(root, _ string) ([]byte, error) {
 	var b bytes.Buffer
 	b.WriteString(generatedHeader("CLI reference", "the help of the nudge command (nudge help, nudge help <command>)"))
 	b.WriteString("The operator's command, `go install github.com/nudgeworks/nudge/cmd/nudge@latest`. " +
-		"Each section below is what `nudge help <command>` prints.\n\n")
+		"Each section below is what `nudge help <command>` prints; `nudge <command> --help` prints the same.\n\n")
+	b.WriteString(testMarker + "\n")
+	fence(&b, "sh", "nudge help\nnudge status --help")
+	b.WriteString("\n")
 	for _, c := range commands {
 		fmt.Fprintf(&b, "- [nudge %s](#%s)\n", c, slug("nudge "+c))
 	}

@@ -106,17 +106,17 @@ func markdownFiles(t *testing.T, extra ...string) []string {
 }
 
 var (
-	headingRE   = regexp.MustCompile(`^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$`)
-	htmlAnchor  = regexp.MustCompile(`<a\s+(?:name|id)="([^"]+)"`)
-	mdLinkInRE  = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`)
-	slugDropRE  = regexp.MustCompile(`[^\p{L}\p{N}\- _]`)
-	inlineCode  = regexp.MustCompile("`[^`]*`")
-	linkRE      = regexp.MustCompile(`!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)`)
-	refDefRE    = regexp.MustCompile(`^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)`)
-	htmlHrefRE  = regexp.MustCompile(`<a\s+[^>]*href="([^"]+)"`)
-	schemeRE    = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9+.-]*:`)
-	htmlTagRE   = regexp.MustCompile(`<[^>]+>`)
-	codeTextRE  = regexp.MustCompile("`([^`]*)`")
+	headingRE  = regexp.MustCompile(`^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$`)
+	htmlAnchor = regexp.MustCompile(`<a\s+(?:name|id)="([^"]+)"`)
+	mdLinkInRE = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`)
+	slugDropRE = regexp.MustCompile(`[^\p{L}\p{N}\- _]`)
+	inlineCode = regexp.MustCompile("`[^`]*`")
+	linkRE     = regexp.MustCompile(`!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)`)
+	refDefRE   = regexp.MustCompile(`^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)`)
+	htmlHrefRE = regexp.MustCompile(`<a\s+[^>]*href="([^"]+)"`)
+	schemeRE   = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9+.-]*:`)
+	htmlTagRE  = regexp.MustCompile(`<[^>]+>`)
+	codeTextRE = regexp.MustCompile("`([^`]*)`")
 )
 
 // slug is GitHub's anchor for a heading's text: markup dropped (link targets, tags), lower
