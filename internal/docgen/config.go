@@ -172,30 +172,34 @@ func resolveStruct(pkgs map[string]*pkgInfo, module string, in *pkgInfo, expr as
 		if !ok {
 			return typeRef{}, false
 		}
-		for _, f := range in.files {
-			for _, imp := range f.Imports {
-				path := strings.Trim(imp.Path.Value, `"`)
-				rel, ok := strings.CutPrefix(path, module+"/")
-				if !ok {
-					continue
-				}
-				p := pkgs[rel]
-				if p == nil {
-					continue
-				}
-				name := p.name
-				if imp.Name != nil {
-					name = imp.Name.Name
-				}
-				if name == x.Name {
-					if _, ok := p.structs[e.Sel.Name]; ok {
-						return typeRef{p, e.Sel.Name}, true
-					}
-				}
+		if p := importedPackage(pkgs, module, in, x.Name); p != nil {
+			if _, ok := p.structs[e.Sel.Name]; ok {
+				return typeRef{p, e.Sel.Name}, true
 			}
 		}
 	}
 	return typeRef{}, false
+}
+
+// importedPackage returns the module's package that the files of in import as name.
+func importedPackage(pkgs map[string]*pkgInfo, module string, in *pkgInfo, name string) *pkgInfo {
+	for _, f := range in.files {
+		for _, imp := range f.Imports {
+			rel, ok := strings.CutPrefix(strings.Trim(imp.Path.Value, `"`), module+"/")
+			p := pkgs[rel]
+			if !ok || p == nil {
+				continue
+			}
+			local := p.name
+			if imp.Name != nil {
+				local = imp.Name.Name
+			}
+			if local == name {
+				return p
+			}
+		}
+	}
+	return nil
 }
 
 // defaultRE finds the sentence of a field's doc that gives its default.

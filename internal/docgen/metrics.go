@@ -161,13 +161,13 @@ func parseDesc(d *prometheus.Desc) (name, help string, labels []string, err erro
 // values.
 func vecType(c prometheus.Collector) string {
 	switch c.(type) {
-	case *prometheus.CounterVec, prometheus.Counter:
+	case *prometheus.CounterVec:
 		return "counter"
-	case *prometheus.GaugeVec, prometheus.Gauge:
+	case *prometheus.GaugeVec:
 		return "gauge"
-	case *prometheus.HistogramVec, prometheus.Histogram:
+	case *prometheus.HistogramVec:
 		return "histogram"
-	case *prometheus.SummaryVec, prometheus.Summary:
+	case *prometheus.SummaryVec:
 		return "summary"
 	}
 	return ""
