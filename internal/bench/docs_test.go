@@ -58,3 +58,26 @@ func TestWritePerformancePage(t *testing.T) {
 	require.Empty(t, r.LogFile, "no path of the measuring machine in the kept results")
 	require.Contains(t, sections["idle"], "(bench/"+filepath.Base(jsons[1])+")")
 }
+
+// TestPerformancePageMatchesResults: docs/performance.md is what the results kept in
+// docs/bench/ render to, merged in the order they were measured: no figure on the page was
+// typed by hand.
+func TestPerformancePageMatchesResults(t *testing.T) {
+	t.Parallel()
+	docs := filepath.Join("..", "..", "docs")
+	want, err := os.ReadFile(filepath.Join(docs, "performance.md"))
+	require.NoError(t, err)
+	results, err := filepath.Glob(filepath.Join(docs, "bench", "bench-*.json"))
+	require.NoError(t, err)
+	require.NotEmpty(t, results, "docs/performance.md without the results it shows in docs/bench/")
+	page := filepath.Join(t.TempDir(), "performance.md")
+	for _, path := range results { // Glob sorts: the names are start times
+		r, err := readReport(path)
+		require.NoError(t, err)
+		require.NoError(t, writePerformancePage(page, r, "bench/"+filepath.Base(path)))
+	}
+	got, err := os.ReadFile(page)
+	require.NoError(t, err)
+	require.Equal(t, string(want), string(got),
+		"docs/performance.md differs from its results in docs/bench/: rewrite it with make bench (or go run ./internal/bench -write-docs docs/performance.md -from-json FILE), do not edit it")
+}
