@@ -203,7 +203,7 @@ func importedPackage(pkgs map[string]*pkgInfo, module string, in *pkgInfo, name 
 }
 
 // defaultRE finds the sentence of a field's doc that gives its default.
-var defaultRE = regexp.MustCompile(`(?:^|[.;:] )Defaults? (?:to|is) (.+?)(?:\.(?: [A-Z(]|$)|$)`)
+var defaultRE = regexp.MustCompile(`(?:^|[.;:] |^[A-Z]\w* )(?:Defaults?|defaults) (?:to|is) (.+?)(?:\.(?: [A-Z(]|$)|$)`)
 
 // fieldDefault returns a field's default: from its doc ("Defaults to X."), else the
 // exported constant <Field>Default of its package, else "".
@@ -247,12 +247,12 @@ func configReference(root, module string) ([]byte, error) {
 		fmt.Fprintf(&b, "- [%s](#%s)\n", heading, slug(heading))
 	}
 	for _, r := range refs {
-		writeStruct(&b, r, module)
+		writeStruct(&b, r, pkgs, module)
 	}
 	return b.Bytes(), nil
 }
 
-func writeStruct(b *bytes.Buffer, r typeRef, module string) {
+func writeStruct(b *bytes.Buffer, r typeRef, pkgs map[string]*pkgInfo, module string) {
 	path := module
 	if r.pkg.rel != "" {
 		path += "/" + r.pkg.rel
@@ -283,6 +283,10 @@ func writeStruct(b *bytes.Buffer, r typeRef, module string) {
 			text = f.Comment.Text()
 		}
 		def := oneLine(fieldDefault(r.pkg, names[0], oneLine(text)))
+		if nested, ok := resolveStruct(pkgs, module, r.pkg, f.Type); ok && def == "" {
+			heading := nested.pkg.qualified() + "." + nested.name
+			def = fmt.Sprintf("field by field: [%s](#%s)", heading, slug(heading))
+		}
 		if def == "" {
 			def = "—"
 		}

@@ -54,6 +54,8 @@ func TestFieldDefault(t *testing.T) {
 		"Logger gets the logs. Defaults to slog.Default().":                     "slog.Default()",
 		"Schema holds tables. Defaults to \"\", the search_path. Ignored by X.": "\"\", the search_path",
 		"Interval is how often. Defaults to 30 s; negative turns it off.":       "30 s; negative turns it off",
+		"Logger defaults to slog.Default(). Every line names it.":               "slog.Default()",
+		"Relay tunes the relay; its Logger defaults to Logger.":                 "",
 	} {
 		require.Equal(t, want, fieldDefault(p, "X", text), text)
 	}
