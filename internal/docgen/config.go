@@ -265,31 +265,36 @@ func writeStruct(b *bytes.Buffer, r typeRef, pkgs map[string]*pkgInfo, module st
 	}
 	b.WriteString("| Field | Type | Default | Description |\n|---|---|---|---|\n")
 	for _, f := range r.pkg.structs[r.name].Fields.List {
-		names := make([]string, 0, len(f.Names))
-		for _, n := range f.Names {
-			if n.IsExported() {
-				names = append(names, n.Name)
-			}
-		}
-		typ := types.ExprString(f.Type)
-		if len(f.Names) == 0 { // embedded
-			names = []string{strings.TrimPrefix(typ[strings.LastIndex(typ, ".")+1:], "*")}
-		}
-		if len(names) == 0 {
-			continue
-		}
-		text := f.Doc.Text()
-		if text == "" {
-			text = f.Comment.Text()
-		}
-		def := oneLine(fieldDefault(r.pkg, names[0], oneLine(text)))
-		if nested, ok := resolveStruct(pkgs, module, r.pkg, f.Type); ok && def == "" {
-			heading := nested.pkg.qualified() + "." + nested.name
-			def = fmt.Sprintf("field by field: [%s](#%s)", heading, slug(heading))
-		}
-		if def == "" {
-			def = "—"
-		}
-		fmt.Fprintf(b, "| `%s` | `%s` | %s | %s |\n", strings.Join(names, "`, `"), strings.ReplaceAll(typ, "|", `\|`), def, oneLine(text))
+		writeField(b, r, f, pkgs, module)
 	}
+}
+
+// writeField writes a struct field's row; none for an unexported field.
+func writeField(b *bytes.Buffer, r typeRef, f *ast.Field, pkgs map[string]*pkgInfo, module string) {
+	names := make([]string, 0, len(f.Names))
+	for _, n := range f.Names {
+		if n.IsExported() {
+			names = append(names, n.Name)
+		}
+	}
+	typ := types.ExprString(f.Type)
+	if len(f.Names) == 0 { // embedded
+		names = []string{strings.TrimPrefix(typ[strings.LastIndex(typ, ".")+1:], "*")}
+	}
+	if len(names) == 0 {
+		return
+	}
+	text := f.Doc.Text()
+	if text == "" {
+		text = f.Comment.Text()
+	}
+	def := oneLine(fieldDefault(r.pkg, names[0], oneLine(text)))
+	if nested, ok := resolveStruct(pkgs, module, r.pkg, f.Type); ok && def == "" {
+		heading := nested.pkg.qualified() + "." + nested.name
+		def = fmt.Sprintf("field by field: [%s](#%s)", heading, slug(heading))
+	}
+	if def == "" {
+		def = "—"
+	}
+	fmt.Fprintf(b, "| `%s` | `%s` | %s | %s |\n", strings.Join(names, "`, `"), strings.ReplaceAll(typ, "|", `\|`), def, oneLine(text))
 }
