@@ -76,3 +76,9 @@ func shellScript(code string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+func TestShellScript(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "nudge help\nmake help\n", shellScript("nudge help\nmake help\n"))
+	require.Equal(t, "nudge version\ngo doc ./worker", shellScript("$ nudge version\nnudge v1.2.3\n$ go doc ./worker\npackage worker\n"))
+}
