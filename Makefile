@@ -21,7 +21,7 @@ CHAOS_LOADED_SCALE     ?= 3
 OUTAGE_TESTS           := TestPublishersAcrossOutages|TestBrokerOutageWhileRunning
 
 .DEFAULT_GOAL := help
-.PHONY: help up tools down test test-loaded lint chaos chaos-loaded bench bench-go demo
+.PHONY: help up tools down test test-loaded lint chaos chaos-loaded bench bench-go demo docs
 
 help: ## Show the targets and what they do.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -70,8 +70,8 @@ chaos-loaded: ## Run make chaos while every core is kept busy (scripts/cpuhog.sh
 	@scripts/cpuhog.sh -t $(CPUHOG_SECONDS) $(if $(CPUHOG_WORKERS),-n $(CPUHOG_WORKERS)) -- \
 		$(MAKE) --no-print-directory chaos CHAOS_TIMEOUT_SCALE=$(CHAOS_LOADED_SCALE)
 
-bench: up ## Run the benchmark harness: every figure beside its baseline, same run (BENCH_FLAGS=-quick).
-	$(GO) run ./internal/bench $(BENCH_FLAGS)
+bench: up ## Run the benchmark harness: every figure beside its baseline; rewrites docs/performance.md (BENCH_FLAGS=-quick).
+	$(GO) run ./internal/bench -write-docs docs/performance.md $(BENCH_FLAGS)
 
 bench-go: up ## Run the Go micro-benchmarks (go test -bench), each beside its baseline (BENCH_TIME=2s).
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCH_TIME) -timeout 30m \
@@ -79,6 +79,9 @@ bench-go: up ## Run the Go micro-benchmarks (go test -bench), each beside its ba
 	$(GO) test -run '^$$' -bench AppendOverhead -benchtime $(BENCH_TIME) -timeout 30m ./worker/
 	@# Each live-latency scenario appends for NUDGE_BENCH_DURATION (10s by default).
 	$(GO) test -run '^$$' -bench LiveLatency -benchtime 1x -timeout 30m ./worker/
+
+docs: ## Regenerate docs/reference (configuration, CLI, metrics) from the code; a test fails when they are stale.
+	$(GO) run ./internal/docgen
 
 demo: ## Run the embedded quickstart: a projection fails, is dead-lettered, fixed, replayed (no servers).
 	$(GO) run ./examples/quickstart

@@ -1,5 +1,7 @@
 package nudge
 
+//go:generate go run ./internal/docgen
+
 import (
 	"errors"
 	"fmt"

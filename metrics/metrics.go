@@ -17,39 +17,15 @@
 // Names below use the default namespace "nudge" (Config.Namespace). Every metric about a
 // projection has the label projection.
 //
-//	name                                          type       labels              source
-//	nudge_projection_events_projected_total       counter    projection          ObserveBatch: events committed
-//	nudge_projection_batches_total                counter    projection,outcome  ObserveBatch: committed|failed|error
-//	nudge_projection_batch_duration_seconds       histogram  projection          ObserveBatch: every batch, any outcome
-//	nudge_projection_handler_failures_total       counter    projection,event_type  ObserveBatch: a handler failed
-//	nudge_projection_build_paced_seconds_total    counter    projection          ObserveCatchUp: a building version's waits for the active version's lag
-//	nudge_projection_lag_events                   gauge      projection          WatchRunner: readable events not yet handled
-//	nudge_projection_lag_seconds                  gauge      projection          WatchRunner: age of the oldest of them
-//	nudge_projection_state                        gauge      projection,state    WatchRunner: 1 for the current state, 0 for the others
-//	nudge_projection_held_by_horizon              gauge      projection          WatchRunner: 1 while an open transaction holds events back
-//	nudge_projection_horizon_holder_age_seconds   gauge      projection          WatchRunner: age of that transaction (nudge horizon names it)
-//	nudge_projection_condition                    gauge      projection, condition WatchRunner: 1 for the one current condition (caught_up, working, held, …)
-//	nudge_projection_parked_streams               gauge      projection          WatchRunner: streams parked (OnFailure park), held until a redrive
-//	nudge_projection_oldest_parked_seconds        gauge      projection          WatchRunner: how long the oldest of them has been parked
-//	nudge_projection_version                      gauge      projection          WatchRunner: the version of the read model the row belongs to (Config.Version)
-//	nudge_projection_version_state                gauge      projection,version_state WatchRunner: 1 for active, building or retired, 0 for the others
-//	nudge_worker_triggers_received_total          counter    projection          WatchWorker: triggers delivered (redeliveries and retries included)
-//	nudge_worker_triggers_redundant_total         counter    projection          WatchWorker: triggers already passed; no read
-//	nudge_worker_triggers_ignored_total           counter    projection          WatchWorker: triggers addressed to another projection
-//	nudge_worker_triggers_invalid_total           counter    projection          WatchWorker: triggers that did not decode
-//	nudge_worker_triggers_dead_lettered_total     counter    projection          WatchWorker: triggers handed to the dead letters
-//	nudge_worker_stalls_total                     counter    projection          WatchWorker: stalls found by the safety net (worker.Config.StallAfter)
-//	nudge_worker_catchups_total                   counter    projection          WatchWorker: catch-ups (triggers, start-up, safety net)
-//	nudge_worker_catchup_failures_total           counter    projection          WatchWorker: catch-ups that returned an error
-//	nudge_worker_partitions_owned                 gauge      projection          WatchWorker: partitions of a partitioned projection this worker owns now
-//	nudge_worker_partitions_claimed_total         counter    projection          WatchWorker: partitions it took over (start, rebalance, another worker's death)
-//	nudge_worker_partitions_given_back_total      counter    projection          WatchWorker: partitions it gave back (rebalance, stop)
-//	nudge_dead_letters_failed                     gauge      projection          WatchDeadLetters: records in status failed
-//	nudge_metrics_collect_errors_total            counter    source              scrape-time queries that failed (source status|dead_letters)
-//	nudge_metrics_collect_duration_seconds        gauge      source              how long the last scrape-time query took
-//	nudge_router_handler_execution_time_seconds   histogram  handler_name,success,projection   AddRouterMetrics (Watermill)
-//	nudge_router_subscriber_messages_received_total  counter  handler_name,subscriber_name,acked,projection  AddRouterMetrics
-//	nudge_router_publish_time_seconds             histogram  publisher_name,handler_name,success,projection  AddRouterMetrics
+// The list of every metric with its type, labels and help is docs/reference/metrics.md in
+// the repository, generated from these collectors (make docs), so it cannot drift from them.
+// The batch metrics (nudge_projection_events_projected_total, _batches_total,
+// _batch_duration_seconds, _handler_failures_total, _build_paced_seconds_total) come with New
+// and ObserveBatch/ObserveCatchUp; lag, state, condition, horizon, parked streams and version
+// (nudge_projection_*) with WatchRunner; the trigger counters and partitions
+// (nudge_worker_*) with WatchWorker; nudge_dead_letters_failed with WatchDeadLetters; the
+// nudge_metrics_collect_* pair with each scrape-time query (label source); Watermill's
+// nudge_router_* with AddRouterMetrics.
 //
 // outcome is committed (the batch committed events), failed (a handler failed on an event:
 // projection.ErrHandler) or error (the batch could not run: the database is down, say).

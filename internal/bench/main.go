@@ -5,6 +5,7 @@
 //
 //	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|dlstall|bluegreen|status|horizon|partitions|cqrs|scaleout]
 //	                        [-out bench-results] [-cpuprofile] [-pprof-dir DIR]
+//	                        [-write-docs docs/performance.md] [-from-json FILE]
 //
 // Scenarios (several may be given, comma-separated):
 //
@@ -67,7 +68,14 @@
 // <out>/bench-<start time>.log beside the JSON results (-log-level). With -cpuprofile, each
 // scenario's CPU profile of this process goes to -pprof-dir: where a target is missed, `go tool
 // pprof` on it shows where the client's time went (the servers' CPU is not in it; Section's
-// go_cpu_s says how much of the wall time this process used). The exit code is 0 when every
+// go_cpu_s says how much of the wall time this process used).
+//
+// With -write-docs (make bench), the scenarios run are merged into that Markdown page, one
+// section each with the machine, the commit and the date; the other scenarios' sections stay,
+// and the JSON results are kept in bench/ beside the page. -from-json merges a results file
+// into the page without running anything.
+//
+// The exit code is 0 when every
 // scenario ran, whatever the targets say, 1 when one failed, 2 for bad flags.
 package main
 
@@ -119,6 +127,9 @@ type options struct {
 	logLevel      slog.Level
 	// trace turns OpenTelemetry tracing on: every span sampled, exported to memory.
 	trace bool
+	// writeDocs is the performance page the run's scenarios are merged into; fromJSON, a
+	// results file to merge into it instead of running.
+	writeDocs, fromJSON string
 }
 
 // scenario is one benchmark scenario.
@@ -175,6 +186,8 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.DurationVar(&o.liveWarmup, "live-warmup", liveWarmupDefault, "how long live runs append before their measured window, every event of it awaited and none measured (0: none; -quick: "+liveWarmupQuick.String()+" unless set)")
 	fs.BoolVar(&o.trace, "trace", false, "trace with OpenTelemetry: every span sampled and exported to memory (measures tracing's cost)")
 	fs.StringVar(&logLevel, "log-level", "info", "level of the library's own logs, written to <out>/bench-<time>.log (debug, info, warn, error)")
+	fs.StringVar(&o.writeDocs, "write-docs", "", "merge the scenarios run into this Markdown `page` (make bench: docs/performance.md), one section each, and keep the JSON results in bench/ beside it")
+	fs.StringVar(&o.fromJSON, "from-json", "", "run nothing: merge this results `file` into the -write-docs page")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: go run ./internal/bench [flags]\n\nMeasures nudge against real PostgreSQL and RabbitMQ; every figure beside its baseline.\n\n")
 		fs.PrintDefaults()
@@ -200,6 +213,9 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		default:
 			return o, fmt.Errorf("-scenario %q: use all or %s", s, strings.Join(scenarioNames(), ", "))
 		}
+	}
+	if o.fromJSON != "" && o.writeDocs == "" {
+		return o, errors.New("-from-json needs -write-docs: the page to merge the results into")
 	}
 	if o.relayInterval <= 0 {
 		return o, fmt.Errorf("-relay-interval %s: must be positive", o.relayInterval)
@@ -246,6 +262,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "bench:", err)
 		return 2
+	}
+	if opts.fromJSON != "" {
+		return renderOnly(opts, stdout, stderr)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -313,10 +332,32 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stdout, "\n%d target(s) missed; results in %s (%.0f s)\n", misses, path, report.DurationSeconds)
+	if opts.writeDocs != "" {
+		kept, err := writeDocs(opts.writeDocs, report)
+		if err != nil {
+			fmt.Fprintln(stderr, "bench: -write-docs:", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "%s rewritten for %d scenario(s); results kept in %s\n", opts.writeDocs, len(report.Scenarios), kept)
+	}
 	if failed || ctx.Err() != nil {
 		return 1
 	}
 	return 0
+}
+
+// renderOnly merges the results file -from-json names into the -write-docs page.
+func renderOnly(opts options, stdout, stderr io.Writer) int {
+	report, err := readReport(opts.fromJSON)
+	if err == nil {
+		var kept string
+		if kept, err = writeDocs(opts.writeDocs, report); err == nil {
+			fmt.Fprintf(stdout, "%s rewritten for %d scenario(s); results kept in %s\n", opts.writeDocs, len(report.Scenarios), kept)
+			return 0
+		}
+	}
+	fmt.Fprintln(stderr, "bench:", err)
+	return 1
 }
 
 // runScenario runs sc with its CPU profile and timing, and returns its section.

@@ -248,6 +248,12 @@ func TestParseFlags(t *testing.T) {
 
 	_, err = parseFlags([]string{"-scenario", "speed"}, io.Discard)
 	require.ErrorContains(t, err, `-scenario "speed": use all or rebuild, latency, append, idle, fanout, recovery, park, dlstall, bluegreen, status, horizon, partitions, cqrs, scaleout`)
+	_, err = parseFlags([]string{"-from-json", "r.json"}, io.Discard)
+	require.ErrorContains(t, err, "-from-json needs -write-docs")
+	o, err = parseFlags([]string{"-write-docs", "docs/performance.md", "-from-json", "r.json"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, "docs/performance.md", o.writeDocs)
+	require.Equal(t, "r.json", o.fromJSON)
 	_, err = parseFlags([]string{"-log-level", "loud"}, io.Discard)
 	require.ErrorContains(t, err, "-log-level")
 	_, err = parseFlags([]string{"extra"}, io.Discard)

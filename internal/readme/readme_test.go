@@ -1,15 +1,13 @@
-// Package readme checks the Go code of the repository's README.md: every ```go block, pasted
-// into one package, compiles, and names each package it imports the same way everywhere.
 package readme_test
 
 import (
-	"bufio"
 	"fmt"
 	"go/parser"
 	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,56 +15,21 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// snippet is one ```go block of a Markdown file.
-type snippet struct {
-	line int // of the opening fence
-	code string
+// packageClause finds a block that is a whole file (its own package clause).
+var packageClause = regexp.MustCompile(`(?m)^package \w+`)
+
+// dirName turns a Markdown path into a directory name: docs/guides/x.md → docs_guides_x.
+func dirName(path string) string {
+	return strings.NewReplacer("/", "_", ".md", "", "-", "_", ".", "_").Replace(path)
 }
 
-// goSnippets returns the ```go blocks of the Markdown file at path, their indentation (inside a
-// list item, say) removed.
-func goSnippets(t *testing.T, path string) []snippet {
-	t.Helper()
-	f, err := os.Open(path)
-	require.NoError(t, err)
-	defer f.Close()
-	var (
-		out    []snippet
-		cur    *snippet
-		indent string
-		n      int
-	)
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		n++
-		line := sc.Text()
-		trimmed := strings.TrimSpace(line)
-		switch {
-		case cur == nil && trimmed == "```go":
-			cur, indent = &snippet{line: n}, line[:strings.Index(line, "```")]
-		case cur != nil && trimmed == "```":
-			out = append(out, *cur)
-			cur = nil
-		case cur != nil:
-			cur.code += strings.TrimPrefix(line, indent) + "\n"
-		}
-	}
-	require.NoError(t, sc.Err())
-	require.Nil(t, cur, "%s: a ```go block that does not end", path)
-	return out
-}
-
-// TestREADMESnippets writes the Go blocks of README.md as the files of one package under
-// testdata and runs go vet on it: every import is named, every error is used, and the blocks
-// fit together as a user pasting them would put them.
-func TestREADMESnippets(t *testing.T) {
+// TestGoBlocks writes the Go blocks of README.md and of every docs/**/*.md as packages under
+// testdata and runs go vet on them: every import is named, every error is used, and the blocks
+// fit together as a user pasting them would put them. The blocks of one file without a
+// package clause are the files of one package (each file's its own); a block with a package
+// clause is a whole program, a package of its own.
+func TestGoBlocks(t *testing.T) {
 	t.Parallel()
-	snippets := goSnippets(t, filepath.Join("..", "..", "README.md"))
-	require.NotEmpty(t, snippets)
-
-	aliases := map[string]string{} // import path → name, across every block
-	where := map[string]int{}
-	fset := token.NewFileSet()
 	require.NoError(t, os.MkdirAll("testdata", 0o755))
 	dir, err := os.MkdirTemp("testdata", "snippets-")
 	require.NoError(t, err)
@@ -74,11 +37,53 @@ func TestREADMESnippets(t *testing.T) {
 		_ = os.RemoveAll(dir)
 		_ = os.Remove("testdata") // unless another run still uses it
 	})
-	for i, s := range snippets {
-		src := fmt.Sprintf("// README.md line %d.\n\npackage snippets\n\n%s", s.line, s.code)
-		f, err := parser.ParseFile(fset, fmt.Sprintf("README.md:%d", s.line), src, parser.ImportsOnly)
-		require.NoError(t, err, "README.md line %d", s.line)
-		require.NotEmpty(t, f.Imports, "README.md line %d: the block names its imports", s.line)
+	total := 0
+	for _, file := range markdownFiles(t) {
+		var pasted []block
+		for i, b := range parseMarkdown(t, file).blocks {
+			if b.lang != "go" {
+				continue
+			}
+			total++
+			if packageClause.MatchString(b.code) {
+				pkgDir := filepath.Join(dir, fmt.Sprintf("%s_program%02d", dirName(file), i))
+				writeBlocks(t, pkgDir, file, []block{b}, false)
+				continue
+			}
+			pasted = append(pasted, b)
+		}
+		if len(pasted) > 0 {
+			writeBlocks(t, filepath.Join(dir, dirName(file)), file, pasted, true)
+		}
+	}
+	require.NotZero(t, total, "no Go blocks found in README.md or docs/")
+
+	goTool, err := exec.LookPath("go")
+	require.NoError(t, err)
+	out, err := exec.Command(goTool, "vet", "./"+filepath.ToSlash(dir)+"/...").CombinedOutput()
+	require.NoError(t, err, "Go blocks do not compile (each file's first line names its Markdown file and line):\n%s", out)
+}
+
+// writeBlocks writes blocks of the Markdown file as the files of one package in dir;
+// addPackage puts a package clause before each, and checks that every block names its
+// imports, one name per package across the blocks.
+func writeBlocks(t *testing.T, dir, file string, blocks []block, addPackage bool) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	aliases := map[string]string{} // import path → name, across the blocks
+	where := map[string]int{}
+	fset := token.NewFileSet()
+	for i, b := range blocks {
+		src := fmt.Sprintf("// %s line %d.\n\n", file, b.line)
+		if addPackage {
+			src += "package snippets\n\n"
+		}
+		src += b.code
+		f, err := parser.ParseFile(fset, fmt.Sprintf("%s:%d", file, b.line), src, parser.ImportsOnly)
+		require.NoError(t, err, "%s line %d", file, b.line)
+		if addPackage {
+			require.NotEmpty(t, f.Imports, "%s line %d: the block names its imports", file, b.line)
+		}
 		for _, imp := range f.Imports {
 			path, err := strconv.Unquote(imp.Path.Value)
 			require.NoError(t, err)
@@ -87,24 +92,19 @@ func TestREADMESnippets(t *testing.T) {
 				name = imp.Name.Name
 			}
 			if prev, ok := aliases[path]; ok {
-				require.Equal(t, prev, name, "README.md line %d imports %s as %s, line %d as %s: use one name per package",
-					s.line, path, name, where[path], prev)
+				require.Equal(t, prev, name, "%s line %d imports %s as %s, line %d as %s: use one name per package",
+					file, b.line, path, name, where[path], prev)
 				continue
 			}
-			aliases[path], where[path] = name, s.line
+			aliases[path], where[path] = name, b.line
 		}
 		require.NoError(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("snippet%02d.go", i)), []byte(src), 0o644))
 	}
 	names := map[string]string{} // name → import path
 	for path, name := range aliases {
 		if prev, ok := names[name]; ok && prev != path {
-			t.Errorf("README.md names two packages %s: %s (line %d) and %s (line %d)", name, prev, where[prev], path, where[path])
+			t.Errorf("%s names two packages %s: %s (line %d) and %s (line %d)", file, name, prev, where[prev], path, where[path])
 		}
 		names[name] = path
 	}
-
-	goTool, err := exec.LookPath("go")
-	require.NoError(t, err)
-	out, err := exec.Command(goTool, "vet", "./"+filepath.ToSlash(dir)).CombinedOutput()
-	require.NoError(t, err, "the Go blocks of README.md do not compile (each file's first line names its block's line):\n%s", out)
 }
