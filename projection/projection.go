@@ -69,7 +69,7 @@ type Config struct {
 
 	// OnFailure says what the projection does once a handler keeps failing on an event:
 	// OnFailureStop (stop before it) or OnFailurePark (park its stream and go on). Defaults to
-	// OnFailureStop. See OnFailurePark for the semantics and the README for when to use it.
+	// OnFailureStop. See OnFailurePark for the semantics and docs/guides/parking.md for when to use it.
 	OnFailure OnFailure
 	// MaxParkedStreams bounds the projection's parked streams: past it the projection stops on
 	// the next failing event instead of parking its stream. Defaults to MaxParkedStreamsDefault.
@@ -97,15 +97,15 @@ type Config struct {
 
 	// Version is the version of the projection's read model. Deploying a definition with a
 	// higher version than the active one builds it beside the active version, as a unit of its
-	// own (UnitName), and cuts readers over to it atomically once it has caught up (see the
-	// README, "Changing a read model's shape"). Defaults to 1.
+	// own (UnitName), and cuts readers over to it atomically once it has caught up (see
+	// docs/guides/changing-shape.md). Defaults to 1.
 	Version int
 	// Tables are the stable names of the read model's tables. Hooks and handlers write to
 	// Projection.Table(name), the version's own table (name_vN); readers query name, a view
 	// of the active version's table, which the cut-over replaces in its transaction. Leave it
 	// empty for a projection that names its tables itself. A version above 1 that lists a
 	// name still held by version 1's plain table adopts it when it registers: the table is
-	// renamed name_v1 and name becomes a view of it (see the README).
+	// renamed name_v1 and name becomes a view of it (see docs/guides/changing-shape.md).
 	Tables []string
 	// ActivateFunc runs in the cut-over's transaction, after the views point at this version
 	// and before the commit: an error cancels the cut-over (nothing changes). Grant privileges
@@ -133,7 +133,7 @@ type Config struct {
 	// BuildLagTarget paces this version while it is built beside the active one: while the
 	// active version runs with a lag (the age of the oldest event it has not handled yet) over
 	// BuildLagTarget, the build waits between its batches, longer each time the lag stays over
-	// it and shorter each time it is under (see the README, "Changing a read model's shape"),
+	// it and shorter each time it is under (see docs/guides/changing-shape.md),
 	// and while the active version takes live events the build's batches are sized to take
 	// about half the target each (at least 10 events, at most BatchSize), so a live event
 	// never queues behind a long one. While the live projection lags over the target on

@@ -88,7 +88,7 @@
 //	100 ms          1 / 10          10 / 97    1.2% / 3.6%    0.7% / 1.7–2%
 //	1 s             1 / 10          1 / 10     0.2% / 0.5%    below 0.3%
 //
-// make bench measures the woken channel beside these (README, Performance).
+// make bench measures the woken channel beside these (docs/performance.md).
 //
 // # Nacks, AckDeadline and connections
 //

@@ -91,7 +91,7 @@ func (s *suite) runScenario(ctx context.Context, sc scenario) *result {
 		return fail(err)
 	}
 	if sc.settings.outage {
-		// An outage is retried until it heals, never dead-lettered (README).
+		// An outage is retried until it heals, never dead-lettered (docs/explanation/guarantees.md).
 		r.addCheck("no dead letter after the outages", len(r.DeadLetters) == 0, "%d record(s)", len(r.DeadLetters))
 	}
 	return r

@@ -16,7 +16,7 @@ import (
 
 // LeastPrivilegeGrants are the grants of a role that may only read and write nudge's tables in
 // a schema ({schema}), as a least-privilege deploy gives the role its services run as: no
-// CREATE, no ownership. The README's "Wire it" shows them.
+// CREATE, no ownership. docs/guides/least-privilege.md shows them.
 var LeastPrivilegeGrants = []string{
 	`GRANT USAGE ON SCHEMA {schema} TO {role}`,
 	`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}`,
