@@ -65,7 +65,7 @@ type ticket struct {
 }
 
 // hostile is a title that would run script, or recolour a terminal, if shown unescaped.
-const hostile = `poison <script>window.pwned=1</script><img src=x onerror="window.pwned=2"> "\x1b[31mred\x1b[0m`
+const hostile = `poison <script>window.pwned=1</script><img src=x onerror="window.pwned=2"> ` + "\x1b[31mred\x1b[0m \u202e"
 
 // TestBrowser drives the console in headless Chromium against a worker on PostgreSQL and
 // RabbitMQ: a poison event shows on its projection's page (payload as text, its script not
@@ -128,7 +128,7 @@ func TestBrowser(t *testing.T) {
 	payload := run1(t, ctx, chromedp.Text(chromedp.ID("payload")))
 	require.Contains(t, payload, "<script>window.pwned=1</script>")
 	require.Contains(t, payload, `onerror=\"window.pwned=2\"`)
-	require.Contains(t, run1(t, ctx, chromedp.Text(chromedp.ID("last-error"))), `\x1b[31mred`, "the terminal escape shows as text")
+	require.Contains(t, run1(t, ctx, chromedp.Text(chromedp.ID("last-error"))), `\x1b[31mred\x1b[0m \u202e`, "the terminal escape and the bidi override show as text")
 	require.False(t, run1(t, ctx, chromedp.Evaluate[bool](`window.pwned !== undefined || document.querySelector("#failing script, #failing img") !== null`)),
 		"the hostile payload ran or became markup")
 
