@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/lease"
 	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/projection"
 	pjpg "github.com/nudgeworks/nudge/projection/postgres"
@@ -37,6 +39,10 @@ type page struct {
 type row struct {
 	projection.Status
 	DeadLetters int
+	// Owners are the workers holding a partitioned projection's leases, sorted, and Unowned
+	// counts its partitions no live worker holds; both empty without a lease table.
+	Owners  []string
+	Unowned int
 }
 
 // overviewData is the overview's live part.
@@ -69,11 +75,46 @@ func (c *console) overviewData(ctx context.Context) (overviewData, error) {
 	if err != nil && !unknown {
 		return overviewData{}, fmt.Errorf("count the dead letters: %w", err)
 	}
+	all = projection.FoldPartitioned(all)
 	d := overviewData{Rows: make([]row, 0, len(all)), At: time.Now().UTC(), DeadLettersUnknown: unknown}
 	for _, st := range all {
-		d.Rows = append(d.Rows, row{Status: st, DeadLetters: counts[st.Name]})
+		r := row{Status: st, DeadLetters: counts[st.Name]}
+		for _, p := range st.Partitions {
+			r.DeadLetters += counts[p.Name] // a partition's dead letters are under its unit name
+		}
+		leases, err := c.leases(ctx, st)
+		if err != nil {
+			return d, err
+		}
+		for _, l := range leases {
+			switch {
+			case l.Owner == "":
+				r.Unowned++
+			case !slices.Contains(r.Owners, l.Owner):
+				r.Owners = append(r.Owners, l.Owner)
+			}
+		}
+		slices.Sort(r.Owners)
+		d.Rows = append(d.Rows, r)
 	}
 	return d, nil
+}
+
+// leases returns the leases of a partitioned projection's partitions, in index order; nil
+// for another projection, or without the lease table.
+func (c *console) leases(ctx context.Context, st projection.Status) ([]lease.Lease, error) {
+	if len(st.Partitions) == 0 {
+		return nil, nil
+	}
+	count := max(st.Partitions[0].Partition.Count, len(st.Partitions))
+	ls, err := lease.Leases(ctx, c.cfg.DB, c.cfg.Schema, st.Name, count)
+	if isUndefinedTable(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the partition leases of %s: %w", st.Name, err)
+	}
+	return ls, nil
 }
 
 // failedDeadLetters counts the failed dead letters of every projection.
@@ -106,6 +147,8 @@ type projectionData struct {
 	// (0 when unknown).
 	Done, Total int64
 	ETA         time.Duration
+	// Leases are a partitioned projection's partition leases, by index (nil without).
+	Leases []lease.Lease
 	// RequestAt is the database's clock now: a rebuild form sends it, so that submitting the
 	// same form twice starts one rebuild.
 	RequestAt string
@@ -155,6 +198,9 @@ func (c *console) projectionData(ctx context.Context, n string) (projectionData,
 		if rate := st.EventsPerSecond(time.Now()); rate > 0 {
 			d.ETA = time.Duration(float64(st.LagEvents) / rate * float64(time.Second)).Round(time.Second)
 		}
+	}
+	if d.Leases, err = c.leases(ctx, st); err != nil {
+		return d, err
 	}
 	var at time.Time
 	if err := c.cfg.DB.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&at); err != nil {

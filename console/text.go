@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"html/template"
 	"strconv"
 	"strings"
@@ -9,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/nudgeworks/nudge/lease"
 )
 
 // funcs are the templates' functions.
@@ -17,6 +20,7 @@ var funcs = template.FuncMap{
 	"lines":    visibleLines,
 	"short":    short,
 	"duration": duration,
+	"owner":    owner,
 }
 
 // shortWidth is how many characters of an error a table shows.
@@ -90,4 +94,14 @@ func table(schema, name string) string {
 		return pgx.Identifier{name}.Sanitize()
 	}
 	return pgx.Identifier{schema, name}.Sanitize()
+}
+
+// owner is the owner of partition i in leases: the worker's id, "unowned", or "" when unknown.
+func owner(leases []lease.Lease, i int) string {
+	for _, l := range leases {
+		if l.Partition == i {
+			return cmp.Or(l.Owner, "unowned")
+		}
+	}
+	return ""
 }

@@ -11,12 +11,12 @@ import (
 func TestVisible(t *testing.T) {
 	t.Parallel()
 	cases := map[string]string{
-		"plain <b>":               "plain <b>",
-		"\x1b[31mred\x1b[0m":      `\x1b[31mred\x1b[0m`,
-		"tab\there\r\n":           `tab\there\r\n`,
-		"abc\u202edcba":           `abc\u202edcba`,
-		"bad \xff byte":           `bad \xff byte`,
-		"ünïcödé stays":           "ünïcödé stays",
+		"plain <b>":                "plain <b>",
+		"\x1b[31mred\x1b[0m":       `\x1b[31mred\x1b[0m`,
+		"tab\there\r\n":            `tab\there\r\n`,
+		"abc\u202edcba":            `abc\u202edcba`,
+		"bad \xff byte":            `bad \xff byte`,
+		"ünïcödé stays":            "ünïcödé stays",
 		"\u0007bell and \u009bcsi": `\abell and \u009bcsi`,
 	}
 	for in, want := range cases {
