@@ -15,6 +15,7 @@ import (
 
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/name"
+	"github.com/nudgeworks/nudge/projection"
 	pjpg "github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/trigger"
 )
@@ -165,6 +166,9 @@ func (c *console) skip(ctx context.Context, n, event, confirm, reason, by string
 		return "", fmt.Errorf("%w: give a reason; it is recorded with the skip", errRefused)
 	}
 	st, err := c.backend.StatusOf(ctx, n)
+	if errors.Is(err, projection.ErrNotRegistered) {
+		return "", fmt.Errorf("%w: %s", errNoProjection, n)
+	}
 	if err != nil {
 		return "", fmt.Errorf("read the status of %s: %w", n, err)
 	}

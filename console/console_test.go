@@ -83,6 +83,22 @@ func TestWritesRefused(t *testing.T) {
 	other, _ := formToken(t, srv.URL+"/console/projections/tickets")
 	require.Equal(t, http.StatusForbidden, post(other, token), "another browser's token")
 	require.Equal(t, http.StatusSeeOther, post(cookie, token), "the token taken")
+
+	// A skip needs the event's id typed back.
+	skip := func(confirm string) int {
+		form := url.Values{"projection": {"tickets"}, "event": {"0196a1c2-7b1e-7d3a-9a1b-0c1d2e3f4a5b"}, "confirm": {confirm},
+			"reason": {"bad import"}, "csrf": {token}}
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/console/actions/skip", strings.NewReader(form.Encode()))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.AddCookie(cookie)
+		resp, err := noRedirect.Do(req)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusBadRequest, skip(""), "no confirmation")
+	require.Equal(t, http.StatusBadRequest, skip("0196a1c2"), "a wrong confirmation")
 }
 
 // formToken GETs a page and returns the CSRF cookie it set and its forms' token.
