@@ -120,6 +120,7 @@ Commands:
   parked skip        PROJECTION --stream S --reason TEXT [--by NAME]
   parked purge       (PROJECTION | --all) --reason TEXT [--by NAME]
   drop-retired       PROJECTION   drop a retired version's read model now (not after RetireGrace)
+  console            [--listen 127.0.0.1:8080] [--writes]   the operator console in a browser
   migrate            create or upgrade the event store, projection and dead-letter tables
                      (the PostgreSQL channel's tables are its workers' to create)
   version            the version of nudge and of the Go it was built with (also --version)
@@ -294,6 +295,8 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 		return c.parked(ctx, rest)
 	case "drop-retired":
 		return c.dropRetired(ctx, rest)
+	case "console":
+		return c.console(ctx, rest)
 	case "migrate":
 		return c.migrate(ctx, rest)
 	case "version":
@@ -304,11 +307,11 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 }
 
 // commands are the command names, for suggestions.
-var commands = []string{"status", "horizon", "rebuild", "reset", "deadletter", "skip", "parked", "drop-retired", "migrate", "version", "help"}
+var commands = []string{"status", "horizon", "rebuild", "reset", "deadletter", "skip", "parked", "drop-retired", "console", "migrate", "version", "help"}
 
 // unknownCommand is the error about an unknown command.
 func unknownCommand(cmd string) error {
-	return usageErrorf("unknown command %q%s; the commands are status, horizon, rebuild (or reset), deadletter, skip, parked, drop-retired, migrate, version and help",
+	return usageErrorf("unknown command %q%s; the commands are status, horizon, rebuild (or reset), deadletter, skip, parked, drop-retired, console, migrate, version and help",
 		cmd, didYouMean(cmd, commands))
 }
 
@@ -326,7 +329,7 @@ func (c *cli) help(ctx context.Context, args []string) error {
 	}
 	// Reuse the command's own --help.
 	switch args[0] {
-	case "status", "horizon", "rebuild", "reset", "deadletter", "skip", "parked", "drop-retired", "migrate", "version":
+	case "status", "horizon", "rebuild", "reset", "deadletter", "skip", "parked", "drop-retired", "console", "migrate", "version":
 		return c.dispatch(ctx, append(args, "--help"))
 	}
 	return unknownCommand(args[0])

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/nudgeworks/nudge/lease"
 	"github.com/nudgeworks/nudge/postgres"
@@ -13,24 +11,9 @@ import (
 )
 
 // foldPartitioned folds the per-partition statuses of the backend's Statuses into one status
-// per partitioned projection (projection.FoldPartitions, its partitions in index order in
-// Status.Partitions) and returns them with the other statuses, sorted by name.
+// per partitioned projection: projection.FoldPartitioned.
 func foldPartitioned(all []projection.Status) []projection.Status {
-	parts := map[string][]projection.Status{}
-	out := make([]projection.Status, 0, len(all))
-	for _, st := range all {
-		if st.PartitionOf == "" {
-			out = append(out, st)
-			continue
-		}
-		parts[st.PartitionOf] = append(parts[st.PartitionOf], st)
-	}
-	for name, ps := range parts {
-		slices.SortFunc(ps, func(a, b projection.Status) int { return cmp.Compare(a.Partition.Index, b.Partition.Index) })
-		out = append(out, projection.FoldPartitions(name, ps))
-	}
-	slices.SortFunc(out, func(a, b projection.Status) int { return strings.Compare(a.Name, b.Name) })
-	return out
+	return projection.FoldPartitioned(all)
 }
 
 // pickStatuses returns the statuses of names, in their order: a projection's by its name, a

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/nudgeworks/nudge/console"
 	"github.com/nudgeworks/nudge/deadletter"
 )
 
@@ -47,6 +48,8 @@ const readModelQuery = pgx.QueryExecModeExec
 //	GET  /status               every projection's state, position, lag, failure, dead letters
 //	POST /replay?projection=P  replays P's dead letters (P = all: every projection's)
 //	GET  /healthz              200 while the database answers
+//	GET  /console/             the operator console (HTML, read-only): every projection,
+//	                           its failing event, parked streams and dead letters
 //
 // Every response is JSON; every error is {"error": "..."} with a 4xx or 5xx status.
 func (s *service) handler() http.Handler {
@@ -59,6 +62,14 @@ func (s *service) handler() http.Handler {
 	mux.HandleFunc("POST /replay", s.handleReplay)
 	mux.HandleFunc("GET /healthz", s.handleHealth)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}))
+	// The operator console, read-only: this API has no authentication. Behind your own, build it
+	// with Writes: true and ActorHeader set to the header your proxy names the operator in.
+	ops, err := console.New(console.Config{DB: s.pool, Schema: s.cfg.Schema, Channel: s.ch, BasePath: "/console", Logger: s.log})
+	if err != nil {
+		s.log.Error("tickets: the console is off", slog.Any("error", err))
+	} else {
+		mux.Handle("/console/", ops)
+	}
 	return jsonErrors(mux)
 }
 

@@ -43,6 +43,8 @@ func TestTickets(t *testing.T) {
 			require.Nil(t, p.FailingEvent, name)
 		}
 		require.NotNil(t, st.Relay, "a relay publishes the triggers, on either channel")
+		page := api.page(t, "/console/projections/"+ProjectionTicketList)
+		require.Contains(t, page, `id="condition" class="c-caught_up">caught_up<`, "the console at /console shows the projection")
 		require.Zero(t, st.Relay.LagEvents, "relay %+v", *st.Relay)
 
 		all := api.tickets(t, "")

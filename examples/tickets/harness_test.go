@@ -241,6 +241,20 @@ func (i *instance) call(t testing.TB, method, path, body string, wantStatus int,
 	}
 }
 
+// page GETs an HTML page (the console's) and returns it.
+func (i *instance) page(t testing.TB, path string) string {
+	t.Helper()
+	require.NotNil(t, i.server, "a worker instance has no HTTP API")
+	res, err := http.Get(i.server.URL + path)
+	require.NoError(t, err)
+	body, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	require.NoError(t, res.Body.Close())
+	require.Equal(t, http.StatusOK, res.StatusCode, "GET %s → %s", path, body)
+	require.Equal(t, "text/html; charset=utf-8", res.Header.Get("Content-Type"))
+	return string(body)
+}
+
 // register creates a ticket from a JSON body and returns its id.
 func (i *instance) register(t testing.TB, body string) string {
 	t.Helper()

@@ -3,7 +3,7 @@
 // (PASS/MISS with the gap). It also writes the results as JSON, with the machine they were
 // measured on, to -out.
 //
-//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|dlstall|bluegreen|status|horizon|partitions|cqrs|scaleout]
+//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|dlstall|bluegreen|status|horizon|partitions|cqrs|scaleout|console]
 //	                        [-out bench-results] [-cpuprofile] [-pprof-dir DIR]
 //	                        [-write-docs docs/performance.md] [-from-json FILE]
 //
@@ -58,6 +58,8 @@
 //     this process (each its own runner, pool and lease membership), timed from the workers'
 //     start, lease convergence included; and what partitioning itself costs: the same backlog
 //     without the wait, unpartitioned and in 16 partitions on one worker.
+//   - console: the operator console's overview (console.New's handler, server time through
+//     httptest) of 300 projections, each the whole store (the status scenario's) behind.
 //
 // Each scenario step runs on a database of its own (created and dropped, named like
 // internal/pgtest's) and a RabbitMQ prefix of its own (named like internal/amqptest's). The
@@ -157,6 +159,7 @@ var scenarios = []scenario{
 	{"partitions", "reading the log as 16 partitions beside reading it whole", runPartitions, []Target{targetPartitionTuples, targetPartitionBlocks}},
 	{"cqrs", "beside Watermill's CQRS event processor", runCQRS, []Target{targetCQRSFaults}},
 	{"scaleout", "a partitioned projection's catch-up on 1 to 8 workers", runScaleOut, []Target{targetScaleOut, targetPartitionCost}},
+	{"console", "the operator console's overview of 300 projections", runConsole, []Target{targetConsole}},
 }
 
 func scenarioNames() []string {
@@ -407,7 +410,7 @@ func startCPUProfile(dir, name string, at time.Time) (stop func(), path string, 
 }
 
 // postgresOnly are the scenarios that do not use RabbitMQ.
-var postgresOnly = []string{"rebuild", "status", "horizon", "partitions", "scaleout"}
+var postgresOnly = []string{"rebuild", "status", "horizon", "partitions", "scaleout", "console"}
 
 // needsAMQP reports whether any of the scenarios uses RabbitMQ.
 func needsAMQP(names []string) bool {
