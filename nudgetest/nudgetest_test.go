@@ -143,6 +143,8 @@ func TestRunToHeadAndRequireRows(t *testing.T) {
 		{"id": "3", "title": "title 3", "n": 1},
 	}, `SELECT id, title, n FROM tickets ORDER BY id`)
 	kit.RequireRows(t, nil, `SELECT id FROM tickets WHERE id = $1`, "4")
+	kit.RequireRows(t, []nudgetest.Row{{"state": projection.StateFailing, "amount": 2.5, "big": 7, "none": nil}},
+		`SELECT 'failing' AS state, 2.5::numeric AS amount, 7::bigint AS big, NULL::text AS none`)
 
 	msg := fatal(t, func(tb testing.TB) {
 		kit.RequireRows(tb, []nudgetest.Row{{"id": "1", "title": "title 1"}, {"id": "2", "title": "title two"}},

@@ -3,12 +3,14 @@ package nudgetest
 import (
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/projection"
@@ -38,7 +40,8 @@ func (k *Kit) Rows(t testing.TB, query string, args ...any) []Row {
 
 // RequireRows fails t unless query (with args) returns exactly the rows want, in order (give
 // the query an ORDER BY). Values compare by how they print, so a want of 2 matches an int32,
-// an int64 or a numeric 2; a string is quoted; []byte compares as a string. The failure
+// an int64 or a numeric 2; a string (of any string type) is quoted; []byte compares as a
+// string; a time compares in UTC; nil is NULL. The failure
 // message lists the wanted and the returned rows one per line, each column as name=value in
 // name order.
 func (k *Kit) RequireRows(t testing.TB, want []Row, query string, args ...any) {
@@ -74,11 +77,18 @@ func formatValue(v any) string {
 		return fmt.Sprintf("%q", v)
 	case time.Time:
 		return v.UTC().Format(time.RFC3339Nano)
-	case fmt.Stringer:
-		return v.String()
-	default:
-		return fmt.Sprint(v)
+	case pgtype.Numeric:
+		if b, err := v.MarshalJSON(); err == nil {
+			return string(b) // 2, 2.5, NaN: as a number prints
+		}
 	}
+	if rv := reflect.ValueOf(v); rv.Kind() == reflect.String {
+		return fmt.Sprintf("%q", rv.String()) // a named string type (a state, say) is a string
+	}
+	if s, ok := v.(fmt.Stringer); ok {
+		return s.String()
+	}
+	return fmt.Sprint(v)
 }
 
 // diffLines shows want and got line by line: "  " for a line both have at that index, "- "
