@@ -50,8 +50,9 @@ type Options struct {
 	// CREATEDB. Defaults to NUDGE_TEST_DATABASE_URL, then NUDGE_TEST_POSTGRES_URL, then
 	// DATABASE_URL, then URLDefault.
 	URL string
-	// Schema holds nudge's tables, as nudge.Config.Schema. Defaults to "", the connection's
-	// search_path (public).
+	// Schema holds nudge's tables, as nudge.Config.Schema, and is the search_path of
+	// DB.Pool and of MigrateFunc's pool, so unqualified names (the service's tables, a read
+	// model's) are in it. Defaults to "", the server's search_path (public).
 	Schema string
 	// MigrateFunc, if set, runs the service's own migrations (read-model tables and the like)
 	// on the template, after nudge's: once per test process, not once per test. One template
@@ -81,7 +82,7 @@ type DB struct {
 	Name string
 	// URL connects to it.
 	URL string
-	// Pool is a pool on it, closed when the test ends.
+	// Pool is a pool on it, closed when the test ends; its search_path is Schema, if set.
 	Pool *pgxpool.Pool
 	// Schema is Options.Schema: where nudge's tables are.
 	Schema string
@@ -114,7 +115,7 @@ func Database(t testing.TB, opts Options) *DB {
 		}
 	})
 	db := &DB{Name: name, URL: withDatabase(t, srv.url, name), Schema: opts.Schema}
-	pool, err := openPool(db.URL, cmpOr(opts.MaxConns, MaxConnsDefault))
+	pool, err := openPool(db.URL, cmpOr(opts.MaxConns, MaxConnsDefault), opts.Schema)
 	if err != nil {
 		t.Fatalf("nudgetest: %v", err)
 	}
@@ -130,12 +131,17 @@ func cmpOr(v, def int32) int32 {
 	return def
 }
 
-func openPool(rawURL string, maxConns int32) (*pgxpool.Pool, error) {
+// openPool connects up to maxConns connections to rawURL, with schema (if set) as their
+// search_path.
+func openPool(rawURL string, maxConns int32, schema string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("parse %s: %w", redact.URL(rawURL), err)
 	}
 	cfg.MaxConns = maxConns
+	if schema != "" {
+		cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(serverTimeout))
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -179,7 +185,7 @@ func server(t testing.TB, rawURL string) *srv {
 	s, ok := servers[rawURL]
 	if !ok {
 		s = &srv{url: rawURL, templates: map[templateKey]*template{}}
-		s.admin, s.err = openPool(rawURL, 4)
+		s.admin, s.err = openPool(rawURL, 4, "")
 		if s.err == nil {
 			s.err = ping(s.admin)
 		}
@@ -239,7 +245,7 @@ func (s *srv) build(opts Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	pool, err := openPool(u, 2)
+	pool, err := openPool(u, 2, opts.Schema)
 	if err != nil {
 		return "", err
 	}

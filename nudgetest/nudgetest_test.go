@@ -225,3 +225,20 @@ func TestRequireDeadLetters(t *testing.T) {
 	msg := fatal(t, func(tb testing.TB) { kit.RequireDeadLetters(tb, "ticket_list", 0) })
 	requireContains(t, msg, "projection ticket_list has 1 failed dead letters, want 0", "3 attempts: value too long")
 }
+
+// TestSchema: with Options.Schema, nudge's tables, the service's and the read model are in
+// that schema, and the kit's queries find them by their plain names.
+func TestSchema(t *testing.T) {
+	t.Parallel()
+	db := nudgetest.Database(t, nudgetest.Options{Schema: "helpdesk", MigrateFunc: func(ctx context.Context, pool *pgxpool.Pool) error {
+		_, err := pool.Exec(ctx, `CREATE TABLE customers (id text PRIMARY KEY)`)
+		return err
+	}})
+	kit := nudgetest.New(t, db, nudge.Config{Projections: []*projection.Projection{ticketList(t, projection.Config{})}})
+	register(t, kit, "1", "short")
+	kit.RunToHead(t)
+	kit.RequireRows(t, []nudgetest.Row{{"id": "1"}}, `SELECT id FROM tickets`)
+	kit.RequireRows(t, []nudgetest.Row{{"table_name": "customers"}, {"table_name": "nudge_events"}, {"table_name": "tickets"}},
+		`SELECT table_name FROM information_schema.tables WHERE table_schema = 'helpdesk' AND table_name IN ('customers', 'nudge_events', 'tickets') ORDER BY 1`)
+	kit.RequireRows(t, []nudgetest.Row{{"n": 0}}, `SELECT count(*) AS n FROM information_schema.tables WHERE table_schema = 'public'`)
+}
