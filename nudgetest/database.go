@@ -233,7 +233,8 @@ func (s *srv) template(t testing.TB, opts Options) string {
 	return tpl.name
 }
 
-// build creates and migrates a template database; nothing may stay connected to it.
+// build creates and migrates a template database; nothing may stay connected to it. A
+// template that fails to build is dropped.
 func (s *srv) build(opts Options) (string, error) {
 	name := fmt.Sprintf("%s%d_%s", templatePrefix, time.Now().Unix(), randomHex(4))
 	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(serverTimeout))
@@ -241,24 +242,34 @@ func (s *srv) build(opts Options) (string, error) {
 	if _, err := s.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return "", fmt.Errorf("create %s: %w", name, err)
 	}
+	if err := s.migrate(ctx, name, opts); err != nil {
+		_, _ = s.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		return "", err
+	}
+	return name, nil
+}
+
+// migrate runs nudge's migrations and opts.MigrateFunc on the database called name, and
+// closes its connections.
+func (s *srv) migrate(ctx context.Context, name string, opts Options) error {
 	u, err := setDatabase(s.url, name)
 	if err != nil {
-		return "", err
+		return err
 	}
 	pool, err := openPool(u, 2, opts.Schema)
 	if err != nil {
-		return "", err
+		return err
 	}
 	defer pool.Close()
 	if err := postgres.Migrate(ctx, pool, opts.Schema); err != nil {
-		return "", fmt.Errorf("migrate nudge's tables: %w", err)
+		return fmt.Errorf("migrate nudge's tables: %w", err)
 	}
 	if opts.MigrateFunc != nil {
 		if err := opts.MigrateFunc(ctx, pool); err != nil {
-			return "", fmt.Errorf("Options.MigrateFunc: %w", err)
+			return fmt.Errorf("Options.MigrateFunc: %w", err)
 		}
 	}
-	return name, nil
+	return nil
 }
 
 // dropStale drops the databases and templates of runs older than staleAfter.

@@ -242,3 +242,15 @@ func TestSchema(t *testing.T) {
 		`SELECT table_name FROM information_schema.tables WHERE table_schema = 'helpdesk' AND table_name IN ('customers', 'nudge_events', 'tickets') ORDER BY 1`)
 	kit.RequireRows(t, []nudgetest.Row{{"n": 0}}, `SELECT count(*) AS n FROM information_schema.tables WHERE table_schema = 'public'`)
 }
+
+// TestMigrateFuncFails: a failing MigrateFunc fails the test, naming it and its error.
+func TestMigrateFuncFails(t *testing.T) {
+	t.Parallel()
+	msg := fatal(t, func(tb testing.TB) {
+		nudgetest.Database(tb, nudgetest.Options{MigrateFunc: func(ctx context.Context, pool *pgxpool.Pool) error {
+			_, err := pool.Exec(ctx, `CREATE TABLE nudge_events (id int)`)
+			return err
+		}})
+	})
+	requireContains(t, msg, "build the template database: Options.MigrateFunc:", `"nudge_events" already exists`)
+}
