@@ -24,7 +24,7 @@ const WaitDefault = 2 * time.Minute
 // the projections up and asserts on what they did. Its methods take the test (or subtest)
 // they report to.
 type Kit struct {
-	// DB is the kit's database.
+	// DB is the kit's database; nil for a kit of NewInMemory.
 	DB *DB
 	// Client is the nudge client the kit appends and catches up with; it has no channel and is
 	// never Run.
@@ -62,6 +62,30 @@ func New(t testing.TB, db *DB, cfg nudge.Config) *Kit {
 		t.Fatalf("nudgetest: prepare the projections: %v", err)
 	}
 	return &Kit{DB: db, Client: client}
+}
+
+// NewInMemory returns a kit for projections on nudge's in-memory event store and projection
+// backend (nudge.NewInMemory), for projections whose read models are not in PostgreSQL: it
+// needs no server. Rows and RequireRows are not available: assert on the read model
+// directly.
+func NewInMemory(t testing.TB, cfg nudge.Config) *Kit {
+	t.Helper()
+	if cfg.Channel != nil {
+		t.Fatalf("nudgetest: NewInMemory runs projections without a broker: leave Config.Channel nil")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	client, err := nudge.NewInMemory(cfg)
+	if err != nil {
+		t.Fatalf("nudgetest: %v", err)
+	}
+	ctx, cancel := waitContext()
+	defer cancel()
+	if err := client.Prepare(ctx); err != nil {
+		t.Fatalf("nudgetest: prepare the projections: %v", err)
+	}
+	return &Kit{Client: client}
 }
 
 func waitContext() (context.Context, context.CancelFunc) {

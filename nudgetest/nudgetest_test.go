@@ -254,3 +254,34 @@ func TestMigrateFuncFails(t *testing.T) {
 	})
 	requireContains(t, msg, "build the template database: Options.MigrateFunc:", `"nudge_events" already exists`)
 }
+
+// TestNewInMemory: the in-memory kit catches up and reports failures without a server, and
+// says that it has no rows to query.
+func TestNewInMemory(t *testing.T) {
+	t.Parallel()
+	var seen atomic.Int32
+	p, err := projection.New("counter", projection.Config{},
+		projection.OnIdempotent("TicketWasRegistered", func(_ context.Context, e projection.Event[registered]) error {
+			if e.Data.Title == "poison" {
+				return errors.New("cannot count poison")
+			}
+			seen.Add(1)
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kit := nudgetest.NewInMemory(t, nudge.Config{Projections: []*projection.Projection{p}})
+	register(t, kit, "1", "fine")
+	kit.RunToHead(t)
+	if n := seen.Load(); n != 1 {
+		t.Fatalf("counted %d events, want 1", n)
+	}
+	register(t, kit, "2", "poison")
+	if err := kit.CatchUp(t); err == nil {
+		t.Fatal("CatchUp passed a poison event")
+	}
+	kit.RequireFailure(t, "counter", "cannot count poison")
+	msg := fatal(t, func(tb testing.TB) { kit.Rows(tb, `SELECT 1`) })
+	requireContains(t, msg, "this kit is in memory (NewInMemory)")
+}

@@ -25,6 +25,9 @@ type Row = map[string]any
 // query fails.
 func (k *Kit) Rows(t testing.TB, query string, args ...any) []Row {
 	t.Helper()
+	if k.DB == nil {
+		t.Fatalf("nudgetest: Rows and RequireRows need a database, and this kit is in memory (NewInMemory): use New on nudgetest.Database")
+	}
 	ctx, cancel := waitContext()
 	defer cancel()
 	rows, err := k.DB.Pool.Query(ctx, query, args...)
