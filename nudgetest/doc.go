@@ -8,7 +8,8 @@
 // catches the projections up to the head (RunToHead) and asserts on the read model
 // (RequireRows), a projection's condition and failure (RequireCondition, RequireFailure), its
 // parked streams (RequireParked) and dead letters (RequireDeadLetters). A failed assertion
-// says what it wanted and what it found.
+// says what it wanted and what it found. NewInMemory is the kit on nudge's in-memory store,
+// for read models outside PostgreSQL; it needs no server.
 //
 //	func TestTicketList(t *testing.T) {
 //		t.Parallel()
@@ -21,5 +22,5 @@
 //
 // The server comes from Options.URL, else NUDGE_TEST_DATABASE_URL, NUDGE_TEST_POSTGRES_URL or
 // DATABASE_URL, else URLDefault (127.0.0.1). An unreachable server skips the test, or fails
-// it when CI=true.
+// it when CI=true. The guide is docs/guides/testing.md.
 package nudgetest
