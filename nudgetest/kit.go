@@ -17,7 +17,7 @@ import (
 )
 
 // WaitDefault bounds RunToHead's wait for a projection to reach the head (scaled by
-// NUDGE_TEST_WAIT_SCALE, if set): an upper bound for a busy machine, not the expected time.
+// NUDGE_TEST_TIMEOUT_SCALE, if set): an upper bound for a busy machine, not the expected time.
 const WaitDefault = 2 * time.Minute
 
 // Kit runs a test's projections on its database without a broker: it appends events, catches
