@@ -40,8 +40,13 @@ const (
 // drop a database.
 const serverTimeout = 2 * time.Minute
 
-// staleAfter is the age after which a database or template of an earlier run is dropped.
+// staleAfter is the age after which a test database of an earlier run is dropped. A template
+// is dropped as soon as the process that built it has ended (see holdTemplate).
 const staleAfter = 2 * time.Hour
+
+// templateLockClass is the first key of the advisory lock by which a process holds its
+// templates ("nt" in ASCII); the second is hashtext of the template's name.
+const templateLockClass = 28276
 
 // Options says where and how Database creates a test's database. Every field is optional.
 type Options struct {
@@ -95,7 +100,8 @@ type DB struct {
 //
 // If the server cannot be reached, t is skipped with a message saying so, unless the
 // environment has CI=true: then t fails, so a CI run never passes by skipping its tests.
-// Databases and templates a killed run left behind are dropped after two hours.
+// The next run drops the templates of test processes that have ended, and test databases a
+// killed run left behind once they are two hours old.
 func Database(t testing.TB, opts Options) *DB {
 	t.Helper()
 	srv := server(t, opts.url())
@@ -239,6 +245,9 @@ func (s *srv) build(opts Options) (string, error) {
 	name := fmt.Sprintf("%s%d_%s", templatePrefix, time.Now().Unix(), randomHex(4))
 	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(serverTimeout))
 	defer cancel()
+	if err := s.holdTemplate(ctx, name); err != nil {
+		return "", err
+	}
 	if _, err := s.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return "", fmt.Errorf("create %s: %w", name, err)
 	}
@@ -247,6 +256,22 @@ func (s *srv) build(opts Options) (string, error) {
 		return "", err
 	}
 	return name, nil
+}
+
+// holdTemplate marks the template called name as in use for as long as this process lives,
+// before it exists: a connection of its own, never closed, holds an advisory lock on the
+// name, which the server releases when the process ends. A later run's dropStale drops a
+// template whose lock it can take.
+func (s *srv) holdTemplate(ctx context.Context, name string) error {
+	conn, err := pgx.Connect(ctx, s.url)
+	if err != nil {
+		return fmt.Errorf("connect to hold the template: %w", err)
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, templateLockClass, name); err != nil {
+		_ = conn.Close(ctx)
+		return fmt.Errorf("hold the template: %w", err)
+	}
+	return nil
 }
 
 // migrate runs nudge's migrations and opts.MigrateFunc on the database called name, and
@@ -285,14 +310,27 @@ func dropStale(pool *pgxpool.Pool) {
 		return
 	}
 	for _, name := range names {
-		rest := strings.TrimPrefix(strings.TrimPrefix(name, namePrefix), "t")
-		stamp, _, _ := strings.Cut(rest, "_")
-		sec, err := strconv.ParseInt(stamp, 10, 64)
-		if err != nil || time.Since(time.Unix(sec, 0)) < staleAfter {
-			continue
+		if stale(ctx, pool, name) {
+			_, _ = pool.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 		}
-		_, _ = pool.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 	}
+}
+
+// stale reports whether the database called name is left over: a template whose process has
+// ended (nothing holds its lock), or anything older than staleAfter.
+func stale(ctx context.Context, pool *pgxpool.Pool, name string) bool {
+	rest := strings.TrimPrefix(name, namePrefix)
+	if strings.HasPrefix(name, templatePrefix) {
+		var free bool
+		err := pool.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1, hashtext($2))`, templateLockClass, name).Scan(&free)
+		if err == nil && free {
+			return true
+		}
+		rest = strings.TrimPrefix(name, templatePrefix)
+	}
+	stamp, _, _ := strings.Cut(rest, "_")
+	sec, err := strconv.ParseInt(stamp, 10, 64)
+	return err == nil && time.Since(time.Unix(sec, 0)) >= staleAfter
 }
 
 func withDatabase(t testing.TB, raw, name string) string {
