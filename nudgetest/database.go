@@ -165,6 +165,10 @@ type srv struct {
 
 	mu        sync.Mutex
 	templates map[templateKey]*template
+	// holders are the connections that hold the templates' locks. They stay referenced for
+	// the process's life: a connection the garbage collector finalised would close, and the
+	// lock with it.
+	holders []*pgx.Conn
 }
 
 type templateKey struct {
@@ -271,6 +275,9 @@ func (s *srv) holdTemplate(ctx context.Context, name string) error {
 		_ = conn.Close(ctx)
 		return fmt.Errorf("hold the template: %w", err)
 	}
+	s.mu.Lock()
+	s.holders = append(s.holders, conn)
+	s.mu.Unlock()
 	return nil
 }
 

@@ -47,3 +47,4 @@ func TestDropStaleTemplates(t *testing.T) {
 		}
 	}
 }
+
