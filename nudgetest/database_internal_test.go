@@ -47,4 +47,3 @@ func TestDropStaleTemplates(t *testing.T) {
 		}
 	}
 }
-
