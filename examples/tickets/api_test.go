@@ -182,7 +182,7 @@ func TestConcurrentClose(t *testing.T) {
 func TestSchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := newTestEnv(t, ChannelPostgres)
+	e := newBareTestEnv(t, ChannelPostgres) // the service migrates its schema itself
 	cfg := e.config(ModeAll)
 	cfg.Schema = "helpdesk"
 	api := e.start(cfg)

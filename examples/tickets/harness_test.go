@@ -23,6 +23,7 @@ import (
 	"github.com/nudgeworks/nudge/internal/pgtest"
 	"github.com/nudgeworks/nudge/internal/testlog"
 	"github.com/nudgeworks/nudge/internal/testwait"
+	"github.com/nudgeworks/nudge/nudgetest"
 	"github.com/nudgeworks/nudge/retry"
 )
 
@@ -87,13 +88,28 @@ var bodyLong = `{"title":"` + longTitle + `","customer":"globex"}`
 type testEnv struct {
 	t    *testing.T
 	kind ChannelKind
-	db   *pgtest.DB
+	db   *nudgetest.DB
 	amqp *amqptest.Env // ChannelAMQP only
 }
 
+// newTestEnv gives t a database with nudge's tables (a copy of nudgetest's template) and, for
+// ChannelAMQP, a corner of RabbitMQ.
 func newTestEnv(t *testing.T, kind ChannelKind) *testEnv {
 	t.Helper()
-	e := &testEnv{t: t, kind: kind, db: pgtest.New(t)}
+	return newTestEnvOn(t, kind, nudgetest.Database(t, nudgetest.Options{}))
+}
+
+// newBareTestEnv is newTestEnv on an empty database, for a test of the service's own
+// migrations.
+func newBareTestEnv(t *testing.T, kind ChannelKind) *testEnv {
+	t.Helper()
+	db := pgtest.New(t)
+	return newTestEnvOn(t, kind, &nudgetest.DB{Name: db.Name, URL: db.URL, Pool: db.Pool})
+}
+
+func newTestEnvOn(t *testing.T, kind ChannelKind, db *nudgetest.DB) *testEnv {
+	t.Helper()
+	e := &testEnv{t: t, kind: kind, db: db}
 	if kind == ChannelAMQP {
 		e.amqp = amqptest.New(t)
 	}

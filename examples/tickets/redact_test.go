@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/nudgeworks/nudge/internal/pgtest"
+	"github.com/nudgeworks/nudge/nudgetest"
 )
 
 // malformedURLs are connection strings url.Parse reads as a path or an opaque part.
@@ -19,7 +19,7 @@ var malformedURLs = []string{"amqp//guest:S3CR3T@host", "amqp:/guest:S3CR3T@host
 func TestMalformedURLsKeepThePassword(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.New(t)
+	db := nudgetest.Database(t, nudgetest.Options{})
 	for _, raw := range malformedURLs {
 		var logs bytes.Buffer
 		logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
