@@ -13,6 +13,7 @@ import (
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/metrics"
+	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/retry"
@@ -103,6 +104,22 @@ type Config struct {
 	// status --partitions` shows which process owns which. Defaults to the host name, the
 	// process id and a random suffix; set it to the pod's name, say.
 	WorkerID string
+	// TransactionPooling says that the database handle New gets goes through a connection
+	// pooler in transaction mode (PgBouncer's pool_mode = transaction), where no session
+	// outlives a transaction. New then refuses, with an error matching
+	// postgres.ErrSessionNeeded, what needs one: a pool that prepares named statements per
+	// connection (pgx's default; add default_query_exec_mode=cache_describe to its URL), and
+	// the relay's LISTEN on that pool (set ListenConnect to a direct connection, or
+	// DisableListen). See docs/operations/pgbouncer-and-sizing.md.
+	TransactionPooling bool
+	// ListenConnect opens the connection on which the relay LISTENs for appends, to publish
+	// their triggers at once rather than at its next poll. It must reach PostgreSQL directly,
+	// not through a pooler in transaction mode: postgres.PoolConnect(directPool), or a
+	// pgx.Connect to a direct URL. Defaults to a connection taken from New's pool for good.
+	ListenConnect postgres.ConnectFunc
+	// DisableListen turns the relay's LISTEN off: it polls, every Relay.MinInterval to
+	// Relay.MaxInterval.
+	DisableListen bool
 	// TracerProvider, if set, receives nudge's OpenTelemetry spans: appends, the relay's
 	// publishes, triggers, batches, cut-overs, redrives and replays (see docs/guides/tracing.md).
 	// Defaults to otel.GetTracerProvider(), a no-op that costs nothing unless the application

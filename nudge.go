@@ -107,14 +107,8 @@ func New(db postgres.DB, cfg Config) (*Client, error) {
 	}
 	components := []postgres.Component{postgres.ComponentEvents, postgres.ComponentProjections}
 	p := parts{store: store, pg: store, backend: backend, dead: cfg.DeadLetters, db: db}
-	if pool, ok := db.(interface {
-		Acquire(ctx context.Context) (*pgxpool.Conn, error)
-	}); ok && cfg.Triggers == TriggersRelay && cfg.Channel != nil && cfg.Relay.Waker == nil {
-		// Appends notify postgres.NotifyEvents; the relay listens, and polls as a fallback.
-		p.listener, err = postgres.NewListener(postgres.PoolConnect(pool), postgres.ListenerConfig{Channel: postgres.NotifyEvents, Logger: cfg.Logger})
-		if err != nil {
-			return nil, err
-		}
+	if p.listener, err = relayListener(db, cfg); err != nil {
+		return nil, err
 	}
 	if p.dead == nil {
 		dead, err := dlpg.New(db, dlpg.Config{Schema: cfg.Schema})
@@ -125,6 +119,35 @@ func New(db postgres.DB, cfg Config) (*Client, error) {
 	}
 	p.migrate = func(ctx context.Context) error { return postgres.Migrate(ctx, db, cfg.Schema, components...) }
 	return newClient(cfg, p)
+}
+
+// relayListener returns the listener that wakes the relay on appends, or nil when the relay
+// polls only. Appends notify postgres.NotifyEvents; the relay listens, and polls as a fallback.
+func relayListener(db postgres.DB, cfg Config) (*postgres.Listener, error) {
+	if cfg.TransactionPooling {
+		if err := postgres.CheckTransactionPooling(db); err != nil {
+			return nil, fmt.Errorf("%w: TransactionPooling: %w", ErrInvalidConfig, err)
+		}
+	}
+	if cfg.Triggers != TriggersRelay || cfg.Channel == nil || cfg.Relay.Waker != nil || cfg.DisableListen {
+		return nil, nil
+	}
+	connect := cfg.ListenConnect
+	if connect == nil {
+		if cfg.TransactionPooling {
+			return nil, fmt.Errorf("%w: TransactionPooling: %w: the relay LISTENs for appends on a connection of its own: "+
+				"set Config.ListenConnect to a direct connection (postgres.PoolConnect(directPool)), or Config.DisableListen to poll only",
+				ErrInvalidConfig, postgres.ErrSessionNeeded)
+		}
+		pool, ok := db.(interface {
+			Acquire(ctx context.Context) (*pgxpool.Conn, error)
+		})
+		if !ok {
+			return nil, nil
+		}
+		connect = postgres.PoolConnect(pool)
+	}
+	return postgres.NewListener(connect, postgres.ListenerConfig{Channel: postgres.NotifyEvents, Logger: cfg.Logger})
 }
 
 // NewInMemory returns a client whose event store, projection positions and dead letters live
