@@ -25,8 +25,9 @@ import (
 // statement by name, closed when t ends.
 func bouncedPool(t *testing.T, url string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(url + "&default_query_exec_mode=cache_describe")
+	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe // as default_query_exec_mode=cache_describe in the URL
 	cfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
@@ -111,4 +112,43 @@ func TestThroughPgBouncer(t *testing.T) {
 	st, err := a.RelayStatus(ctx)
 	require.NoError(t, err)
 	require.Zero(t, st.LagEvents, "the relay published every event")
+}
+
+// TestTransactionPoolingRefusesSessions: told that its pool goes through a pooler in
+// transaction mode, New (and the PostgreSQL-queue channel's New) refuses at start what needs a
+// session, with an error matching postgres.ErrSessionNeeded that says what to set.
+func TestTransactionPoolingRefusesSessions(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	describing := bouncedPool(t, db.URL, 2) // a direct pool, with the exec mode a bounced one needs
+	ps := []*projection.Projection{ticketList(t)}
+	ch, err := pgchannel.New(describing, pgchannel.Config{DisableListen: true, TransactionPooling: true})
+	require.NoError(t, err)
+
+	_, err = nudge.New(db.Pool, nudge.Config{Projections: ps, TransactionPooling: true})
+	require.ErrorIs(t, err, postgres.ErrSessionNeeded)
+	require.ErrorIs(t, err, nudge.ErrInvalidConfig)
+	require.ErrorContains(t, err, "default_query_exec_mode=cache_describe")
+
+	_, err = nudge.New(describing, nudge.Config{Projections: ps, Channel: ch, TransactionPooling: true})
+	require.ErrorIs(t, err, postgres.ErrSessionNeeded)
+	require.ErrorContains(t, err, "ListenConnect")
+
+	for name, cfg := range map[string]nudge.Config{
+		"poll only":            {Projections: ps, Channel: ch, TransactionPooling: true, DisableListen: true},
+		"direct listener":      {Projections: ps, Channel: ch, TransactionPooling: true, ListenConnect: postgres.PoolConnect(db.Pool)},
+		"no channel, no relay": {Projections: ps, TransactionPooling: true},
+	} {
+		_, err = nudge.New(describing, cfg)
+		require.NoError(t, err, name)
+	}
+
+	_, err = pgchannel.New(db.Pool, pgchannel.Config{DisableListen: true, TransactionPooling: true})
+	require.ErrorIs(t, err, postgres.ErrSessionNeeded)
+	require.ErrorContains(t, err, "default_query_exec_mode")
+	_, err = pgchannel.New(describing, pgchannel.Config{TransactionPooling: true})
+	require.ErrorIs(t, err, postgres.ErrSessionNeeded)
+	require.ErrorContains(t, err, "ListenConnect")
+	_, err = pgchannel.New(describing, pgchannel.Config{TransactionPooling: true, ListenConnect: postgres.PoolConnect(db.Pool)})
+	require.NoError(t, err)
 }
