@@ -108,17 +108,19 @@ type Config struct {
 	// pooler in transaction mode (PgBouncer's pool_mode = transaction), where no session
 	// outlives a transaction. New then refuses, with an error matching
 	// postgres.ErrSessionNeeded, what needs one: a pool that prepares named statements per
-	// connection (pgx's default; add default_query_exec_mode=cache_describe to its URL), and
-	// the relay's LISTEN on that pool (set ListenConnect to a direct connection, or
-	// DisableListen). See docs/operations/pgbouncer-and-sizing.md.
+	// connection (pgx's default; add default_query_exec_mode=cache_describe to its URL), and,
+	// without SessionConnect, the relay's LISTEN (unless DisableListen) and a partitioned
+	// projection's index build. See docs/operations/pgbouncer-and-sizing.md.
 	TransactionPooling bool
-	// ListenConnect opens the connection on which the relay LISTENs for appends, to publish
-	// their triggers at once rather than at its next poll. It must reach PostgreSQL directly,
-	// not through a pooler in transaction mode: postgres.PoolConnect(directPool), or a
-	// pgx.Connect to a direct URL. Defaults to a connection taken from New's pool for good.
-	ListenConnect postgres.ConnectFunc
+	// SessionConnect opens a direct connection to PostgreSQL (not through a pooler in
+	// transaction mode) for what needs a session of its own: the connection the relay LISTENs
+	// on for appends (held while the client runs), and the one a partitioned projection's
+	// event index is built on at registration (a session advisory lock, then CREATE INDEX
+	// CONCURRENTLY; closed after). postgres.PoolConnect(directPool) or a pgx.Connect to a
+	// direct URL. Defaults to connections of New's pool.
+	SessionConnect postgres.ConnectFunc
 	// DisableListen turns the relay's LISTEN off: it polls, every Relay.MinInterval to
-	// Relay.MaxInterval.
+	// Relay.MaxInterval (5 to 25 ms by default).
 	DisableListen bool
 	// TracerProvider, if set, receives nudge's OpenTelemetry spans: appends, the relay's
 	// publishes, triggers, batches, cut-overs, redrives and replays (see docs/guides/tracing.md).

@@ -70,7 +70,7 @@ func TestThroughPgBouncer(t *testing.T) {
 		t.Cleanup(func() { require.NoError(t, ch.Close()) })
 		return start(t, pool, nudge.Config{Channel: ch, Logger: logger, WorkerID: id,
 			Projections:        []*projection.Projection{ticketListWith(t, projection.Config{Partitions: partitions}), ticketLog(t)},
-			TransactionPooling: true, ListenConnect: postgres.PoolConnect(direct)}, false)
+			TransactionPooling: true, SessionConnect: postgres.PoolConnect(direct)}, false)
 	}
 	a, c := service("svc-a"), service("svc-b")
 	require.Eventually(t, func() bool {
@@ -109,6 +109,10 @@ func TestThroughPgBouncer(t *testing.T) {
 		require.Zero(t, twice, "%s: every event applied once", table)
 	}
 	require.NoError(t, c.WaitCaughtUp(ctx))
+	var locks int
+	require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database =
+		(SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&locks))
+	require.Zero(t, locks, "no session advisory lock left behind on a server connection of PgBouncer's")
 	st, err := a.RelayStatus(ctx)
 	require.NoError(t, err)
 	require.Zero(t, st.LagEvents, "the relay published every event")
@@ -132,11 +136,15 @@ func TestTransactionPoolingRefusesSessions(t *testing.T) {
 
 	_, err = nudge.New(describing, nudge.Config{Projections: ps, Channel: ch, TransactionPooling: true})
 	require.ErrorIs(t, err, postgres.ErrSessionNeeded)
-	require.ErrorContains(t, err, "ListenConnect")
+	require.ErrorContains(t, err, "SessionConnect")
+	partitioned := []*projection.Projection{ticketListWith(t, projection.Config{Partitions: 4})}
+	_, err = nudge.New(describing, nudge.Config{Projections: partitioned, TransactionPooling: true})
+	require.ErrorIs(t, err, postgres.ErrSessionNeeded)
+	require.ErrorContains(t, err, "ticket_list is partitioned")
 
 	for name, cfg := range map[string]nudge.Config{
 		"poll only":            {Projections: ps, Channel: ch, TransactionPooling: true, DisableListen: true},
-		"direct listener":      {Projections: ps, Channel: ch, TransactionPooling: true, ListenConnect: postgres.PoolConnect(db.Pool)},
+		"direct session":       {Projections: partitioned, Channel: ch, TransactionPooling: true, SessionConnect: postgres.PoolConnect(db.Pool)},
 		"no channel, no relay": {Projections: ps, TransactionPooling: true},
 	} {
 		_, err = nudge.New(describing, cfg)
