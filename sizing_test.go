@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,13 +36,18 @@ func namedPool(t *testing.T, url, name string, maxConns int32) *pgxpool.Pool {
 
 // slowTickets is a projection whose handler holds its batch's connection a little, so the
 // pools fill up under load.
-func slowTickets(t testing.TB) *projection.Projection {
+// It records in locks the most locks a batch held (pg_locks of its backend).
+func slowTickets(t testing.TB, locks *atomic.Int64) *projection.Projection {
 	t.Helper()
 	p, err := projection.New("slow_tickets", projection.Config{BatchSize: 5, InitFunc: func(ctx context.Context, p projection.HookParams) error {
 		_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS slow_tickets (event_id uuid PRIMARY KEY)`)
 		return err
 	}}, projection.On("TicketRegistered", func(ctx context.Context, tx pgx.Tx, e projection.Event[ticketRegistered]) error {
-		_, err := tx.Exec(ctx, `INSERT INTO slow_tickets SELECT $1 FROM pg_sleep(0.002)`, e.ID)
+		var held int64
+		err := tx.QueryRow(ctx, `WITH ins AS (INSERT INTO slow_tickets SELECT $1 FROM pg_sleep(0.002))
+			SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid()`, e.ID).Scan(&held)
+		for cur := locks.Load(); held > cur && !locks.CompareAndSwap(cur, held); cur = locks.Load() {
+		}
 		return err
 	}))
 	require.NoError(t, err)
@@ -64,12 +70,13 @@ func TestConnectionsPerWorker(t *testing.T) {
 	pool := namedPool(t, db.URL, "sizing_client", clientMax)
 	chPool := namedPool(t, db.URL, "sizing_channel", channelMax)
 	logger := testlog.New(t)
+	var locks atomic.Int64
 	ch, err := pgchannel.New(chPool, pgchannel.Config{PollInterval: 20 * time.Millisecond, Logger: logger})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, ch.Close()) })
 	// Subscriptions: slow_tickets, ticket_log, ticket_list and its 4 partitions: 7 < channelMax.
 	w := start(t, pool, nudge.Config{Channel: ch, Logger: logger,
-		Projections: []*projection.Projection{ticketListWith(t, projection.Config{Partitions: 4}), ticketLog(t), slowTickets(t)}}, false)
+		Projections: []*projection.Projection{ticketListWith(t, projection.Config{Partitions: 4}), ticketLog(t), slowTickets(t, &locks)}}, false)
 
 	peak := map[string]int{}
 	sampled := make(chan struct{})
@@ -125,4 +132,6 @@ func TestConnectionsPerWorker(t *testing.T) {
 	require.LessOrEqual(t, peak["sizing_channel"], channelMax+1, "channel pool + channel listener")
 	require.Greater(t, peak["sizing_client"]+peak["sizing_channel"], clientMax,
 		"the listeners and the lease pool come on top of the pools")
+	t.Logf("most locks a batch held: %d", locks.Load())
+	require.Less(t, locks.Load(), int64(64), "well within max_locks_per_transaction's default, 64")
 }
