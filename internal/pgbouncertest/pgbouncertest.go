@@ -87,8 +87,12 @@ func Start(t testing.TB, directURL string, opts Options) *Bouncer {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("pgbouncertest: start pgbouncer: %v", err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	var waitErr error // set before exited closes
+	exited := make(chan struct{})
+	go func() {
+		waitErr = cmd.Wait()
+		close(exited)
+	}()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-exited
@@ -97,7 +101,7 @@ func Start(t testing.TB, directURL string, opts Options) *Bouncer {
 		URL:     fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", url.PathEscape(user), port, url.PathEscape(db)),
 		Version: strings.TrimSpace(strings.SplitN(string(version), "\n", 2)[0]),
 	}
-	awaitAccepting(t, b.URL, exited)
+	awaitAccepting(t, b.URL, exited, func() error { return waitErr })
 	return b
 }
 
@@ -124,13 +128,13 @@ func config(u *url.URL, dir string, port int, opts Options) string {
 }
 
 // awaitAccepting waits until a query through PgBouncer answers.
-func awaitAccepting(t testing.TB, url string, exited <-chan error) {
+func awaitAccepting(t testing.TB, url string, exited <-chan struct{}, waitErr func() error) {
 	t.Helper()
 	ctx := testwait.Context(t, 30*time.Second)
 	for {
 		select {
-		case err := <-exited:
-			t.Fatalf("pgbouncertest: pgbouncer exited at start: %v (its output is above)", err)
+		case <-exited:
+			t.Fatalf("pgbouncertest: pgbouncer exited at start: %v (its output is above)", waitErr())
 		default:
 		}
 		conn, err := pgx.Connect(ctx, url)
