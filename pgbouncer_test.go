@@ -60,7 +60,7 @@ func TestThroughPgBouncer(t *testing.T) {
 	db := pgtest.New(t)
 	b := pgbouncertest.Start(t, db.URL, pgbouncertest.Options{PoolSize: 8})
 	logger := testlog.New(t)
-	direct := db.NewPool(t, 4)
+	direct := db.NewPool(t, 8)
 	const partitions = 4
 	service := func(id string) running {
 		pool := bouncedPool(t, b.URL, 12)
@@ -76,6 +76,13 @@ func TestThroughPgBouncer(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return len(a.Worker().Owned("ticket_list")) == partitions/2 && len(c.Worker().Owned("ticket_list")) == partitions/2
 	}, eventually, 10*time.Millisecond, "two partitions each, by leases through PgBouncer")
+
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query LIKE 'LISTEN %'`).Scan(&n))
+		return n == 4
+	}, eventually, 10*time.Millisecond, "each service's relay and channel listen")
 
 	const writers, each = 8, 25
 	var wg sync.WaitGroup
