@@ -15,7 +15,7 @@ import (
 )
 
 // TestListenThroughTransactionPoolingIsNotYours shows why a listener needs a direct connection
-// (ListenConnect) behind PgBouncer in transaction mode: LISTEN runs on the server connection
+// (SessionConnect, ListenConnect) behind PgBouncer in transaction mode: LISTEN runs on the server connection
 // PgBouncer lends for that one statement, then the server connection goes to the next client,
 // which finds itself listening, while the listener's client connection listens to nothing.
 func TestListenThroughTransactionPoolingIsNotYours(t *testing.T) {
