@@ -51,9 +51,9 @@ func ticketLog(t testing.TB) *projection.Projection {
 
 // TestThroughPgBouncer: two services run through PgBouncer in transaction pooling mode — the
 // event store, the projections (one partitioned, its partitions leased to both), the relay,
-// the PostgreSQL-queue channel and the migrations all on a pool through it, only the two
-// listeners and the partition index build on direct connections (SessionConnect, ListenConnect). Appends from many goroutines reach every
-// read model exactly once.
+// the PostgreSQL-queue channel and the migrations all on a pool through it; only the
+// listeners and the partition index build on direct connections (SessionConnect,
+// ListenConnect). Appends from many goroutines reach every read model exactly once.
 func TestThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
