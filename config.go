@@ -15,6 +15,7 @@ import (
 	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/metrics"
+	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/retry"
@@ -105,6 +106,24 @@ type Config struct {
 	// status --partitions` shows which process owns which. Defaults to the host name, the
 	// process id and a random suffix; set it to the pod's name, say.
 	WorkerID string
+	// TransactionPooling says that the database handle New gets goes through a connection
+	// pooler in transaction mode (PgBouncer's pool_mode = transaction), where no session
+	// outlives a transaction. New then refuses, with an error matching
+	// postgres.ErrSessionNeeded, what needs one: a pool that prepares named statements per
+	// connection (pgx's default; add default_query_exec_mode=cache_describe to its URL), and,
+	// without SessionConnect, the relay's LISTEN (unless DisableListen) and a partitioned
+	// projection's index build. See docs/operations/pgbouncer-and-sizing.md.
+	TransactionPooling bool
+	// SessionConnect opens a direct connection to PostgreSQL (not through a pooler in
+	// transaction mode) for what needs a session of its own: the connection the relay LISTENs
+	// on for appends (held while the client runs), and the one a partitioned projection's
+	// event index is built on at registration (a session advisory lock, then CREATE INDEX
+	// CONCURRENTLY; closed after). postgres.PoolConnect(directPool) or a pgx.Connect to a
+	// direct URL. Defaults to connections of New's pool.
+	SessionConnect postgres.ConnectFunc
+	// DisableListen turns the relay's LISTEN off: it polls, every Relay.MinInterval to
+	// Relay.MaxInterval (5 to 25 ms by default).
+	DisableListen bool
 	// TracerProvider, if set, receives nudge's OpenTelemetry spans: appends, the relay's
 	// publishes, triggers, batches, cut-overs, redrives and replays (see docs/guides/tracing.md).
 	// Defaults to otel.GetTracerProvider(), a no-op that costs nothing unless the application

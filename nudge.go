@@ -97,7 +97,7 @@ func New(db postgres.DB, cfg Config) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	store, err := espg.New(db, espg.Config{Schema: cfg.Schema, Limits: cfg.Limits})
+	store, err := espg.New(db, espg.Config{Schema: cfg.Schema, Limits: cfg.Limits, SessionConnect: cfg.SessionConnect})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -107,14 +107,8 @@ func New(db postgres.DB, cfg Config) (*Client, error) {
 	}
 	components := []postgres.Component{postgres.ComponentEvents, postgres.ComponentProjections}
 	p := parts{store: store, pg: store, backend: backend, dead: cfg.DeadLetters, db: db}
-	if pool, ok := db.(interface {
-		Acquire(ctx context.Context) (*pgxpool.Conn, error)
-	}); ok && cfg.Triggers == TriggersRelay && cfg.Channel != nil && cfg.Relay.Waker == nil {
-		// Appends notify postgres.NotifyEvents; the relay listens, and polls as a fallback.
-		p.listener, err = postgres.NewListener(postgres.PoolConnect(pool), postgres.ListenerConfig{Channel: postgres.NotifyEvents, Logger: cfg.Logger})
-		if err != nil {
-			return nil, err
-		}
+	if p.listener, err = relayListener(db, cfg); err != nil {
+		return nil, err
 	}
 	if p.dead == nil {
 		dead, err := dlpg.New(db, dlpg.Config{Schema: cfg.Schema})
@@ -125,6 +119,50 @@ func New(db postgres.DB, cfg Config) (*Client, error) {
 	}
 	p.migrate = func(ctx context.Context) error { return postgres.Migrate(ctx, db, cfg.Schema, components...) }
 	return newClient(cfg, p)
+}
+
+// relayListener returns the listener that wakes the relay on appends, or nil when the relay
+// polls only. Appends notify postgres.NotifyEvents; the relay listens, and polls as a fallback.
+func relayListener(db postgres.DB, cfg Config) (*postgres.Listener, error) {
+	if cfg.TransactionPooling {
+		if err := checkTransactionPooling(db, cfg); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Triggers != TriggersRelay || cfg.Channel == nil || cfg.Relay.Waker != nil || cfg.DisableListen {
+		return nil, nil
+	}
+	connect := cfg.SessionConnect
+	if connect == nil {
+		if cfg.TransactionPooling {
+			return nil, fmt.Errorf("%w: TransactionPooling: %w: the relay LISTENs for appends on a connection of its own: "+
+				"set Config.SessionConnect to a direct connection (postgres.PoolConnect(directPool)), or Config.DisableListen to poll only",
+				ErrInvalidConfig, postgres.ErrSessionNeeded)
+		}
+		pool, ok := db.(interface {
+			Acquire(ctx context.Context) (*pgxpool.Conn, error)
+		})
+		if !ok {
+			return nil, nil
+		}
+		connect = postgres.PoolConnect(pool)
+	}
+	return postgres.NewListener(connect, postgres.ListenerConfig{Channel: postgres.NotifyEvents, Logger: cfg.Logger})
+}
+
+// checkTransactionPooling refuses, behind a pooler in transaction mode, a pool that prepares
+// statements by name and a partitioned projection without a direct connection for its index.
+func checkTransactionPooling(db postgres.DB, cfg Config) error {
+	if err := postgres.CheckTransactionPooling(db); err != nil {
+		return fmt.Errorf("%w: TransactionPooling: %w", ErrInvalidConfig, err)
+	}
+	for _, p := range cfg.Projections {
+		if p.Partitions() > 1 && cfg.SessionConnect == nil {
+			return fmt.Errorf("%w: TransactionPooling: %w: projection %s is partitioned: its event index is built under a session advisory lock: "+
+				"set Config.SessionConnect to a direct connection (postgres.PoolConnect(directPool))", ErrInvalidConfig, postgres.ErrSessionNeeded, p.Name())
+		}
+	}
+	return nil
 }
 
 // NewInMemory returns a client whose event store, projection positions and dead letters live

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Makes sure the programs some tests drive are installed: gdb (the tests that force an
 # interleaving of PostgreSQL backends stop them with it), PostgreSQL's server programs
-# (those tests and make chaos run a private cluster) and RabbitMQ's server (make chaos's
-# broker-restart runs a private node) and Chromium (the console's tests drive it headless). As root with apt-get it installs what is missing;
+# (those tests and make chaos run a private cluster), RabbitMQ's server (make chaos's
+# broker-restart runs a private node), PgBouncer (the tests that run nudge through it in
+# transaction pooling mode start their own) and Chromium (the console's tests drive it
+# headless). As root with apt-get it installs what is missing;
 # otherwise it says what to install. Without them those tests skip, or fail with CI=true.
 set -euo pipefail
 
@@ -11,6 +13,7 @@ command -v gdb >/dev/null 2>&1 || missing+=(gdb)
 if ! command -v pg_ctl >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
 	missing+=(postgresql)
 fi
+command -v pgbouncer >/dev/null 2>&1 || missing+=(pgbouncer)
 if [[ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] && ! command -v rabbitmq-server >/dev/null 2>&1; then
 	missing+=(rabbitmq-server)
 fi

@@ -187,6 +187,16 @@ type Config struct {
 	// must behind a connection pooler in transaction mode (PgBouncer), where LISTEN does not
 	// work.
 	DisableListen bool
+	// ListenConnect opens the connection the listener LISTENs on. It must reach PostgreSQL
+	// directly, not through a pooler in transaction mode: postgres.PoolConnect(directPool), or
+	// a pgx.Connect to a direct URL. Defaults to a connection taken from New's pool for good.
+	ListenConnect postgres.ConnectFunc
+	// TransactionPooling says that New's database handle goes through a connection pooler in
+	// transaction mode (PgBouncer's pool_mode = transaction). New then refuses, with an error
+	// matching postgres.ErrSessionNeeded, a pool that prepares named statements per
+	// connection (pgx's default), and listening on that pool: set ListenConnect or
+	// DisableListen.
+	TransactionPooling bool
 	// ListenerConfig tunes the listener's reconnection; its Channel and Logger are the
 	// channel's own.
 	ListenerConfig postgres.ListenerConfig
@@ -310,16 +320,44 @@ func New(db postgres.DB, cfg Config) (*Channel, error) {
 		return nil, fmt.Errorf("postgres channel: %w", err)
 	}
 	c.pub = pub
-	if pool, ok := db.(interface {
-		Acquire(ctx context.Context) (*pgxpool.Conn, error)
-	}); ok && !cfg.DisableListen {
+	connect, err := listenConnect(db, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if connect != nil {
 		lcfg := cfg.ListenerConfig
 		lcfg.Channel, lcfg.Logger = postgres.NotifyTriggers, log
-		if c.listener, err = postgres.NewListener(postgres.PoolConnect(pool), lcfg); err != nil {
+		if c.listener, err = postgres.NewListener(connect, lcfg); err != nil {
 			return nil, fmt.Errorf("%w: ListenerConfig: %w", ErrInvalidConfig, err)
 		}
 	}
 	return c, nil
+}
+
+// listenConnect returns what opens the listener's connection, or nil when the channel polls
+// only; behind a pooler in transaction mode it refuses what needs a session.
+func listenConnect(db postgres.DB, cfg Config) (postgres.ConnectFunc, error) {
+	if cfg.TransactionPooling {
+		if err := postgres.CheckTransactionPooling(db); err != nil {
+			return nil, fmt.Errorf("%w: TransactionPooling: %w", ErrInvalidConfig, err)
+		}
+	}
+	switch {
+	case cfg.DisableListen:
+		return nil, nil
+	case cfg.ListenConnect != nil:
+		return cfg.ListenConnect, nil
+	case cfg.TransactionPooling:
+		return nil, fmt.Errorf("%w: TransactionPooling: %w: the channel LISTENs for queued triggers on a connection of its own: "+
+			"set ListenConnect to a direct connection (postgres.PoolConnect(directPool)), or DisableListen to poll only",
+			ErrInvalidConfig, postgres.ErrSessionNeeded)
+	}
+	if pool, ok := db.(interface {
+		Acquire(ctx context.Context) (*pgxpool.Conn, error)
+	}); ok {
+		return postgres.PoolConnect(pool), nil
+	}
+	return nil, nil
 }
 
 // startListener starts the listener, once.

@@ -7,8 +7,10 @@ import (
 	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/nudgeworks/nudge/channel/amqp"
@@ -36,6 +38,11 @@ func (c *cli) connect(ctx context.Context) (*pgxpool.Pool, error) {
 			redact.Message(unwrapURLError(err).Error(), raw))
 	}
 	cfg.MaxConns = 4
+	if !strings.Contains(raw, "default_query_exec_mode") {
+		// No statement prepared by name: the CLI works through PgBouncer in transaction
+		// mode too, and its few queries lose nothing.
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = connectTimeout
 	}

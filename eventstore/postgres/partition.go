@@ -277,8 +277,16 @@ type sessionConn interface {
 }
 
 // session returns a connection of its own for session state (an advisory lock) and a release
-// func that returns it to the pool, or closes it when broken is true.
+// func that returns it to the pool, or closes it when broken is true: a direct one from
+// Config.SessionConnect, closed at release, if set.
 func (s *Store) session(ctx context.Context) (conn sessionConn, release func(broken bool), err error) {
+	if s.sessionConnect != nil {
+		direct, err := s.sessionConnect(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("SessionConnect: %w", err)
+		}
+		return direct, func(bool) { _ = direct.Close(context.WithoutCancel(ctx)) }, nil
+	}
 	pool, ok := s.db.(interface {
 		Acquire(ctx context.Context) (*pgxpool.Conn, error)
 	})

@@ -84,6 +84,12 @@ type Config struct {
 	// MaxAppendEventsDefault, 10,000). An append beyond them fails with eventstore.ErrTooLarge
 	// before any SQL is sent.
 	Limits eventstore.Limits
+	// SessionConnect, if set, opens the connection EnsurePartitions builds an index on: it
+	// holds a session advisory lock over several statements, so behind a connection pooler in
+	// transaction mode (PgBouncer) it must reach PostgreSQL directly, e.g.
+	// postgres.PoolConnect(directPool). The store closes it after the build. Defaults to a
+	// connection of the pool New gets.
+	SessionConnect postgres.ConnectFunc
 }
 
 // ErrInvalidConfig is matched (errors.Is) by every error New returns for a Config or a database
@@ -115,11 +121,13 @@ func (cfg Config) Validate() error {
 
 // Store is the PostgreSQL event store. It is safe for concurrent use.
 type Store struct {
-	db       postgres.DB
-	schema   string
-	attempts int
-	limits   eventstore.Limits
-	sql      statements
+	db postgres.DB
+	// sessionConnect is Config.SessionConnect.
+	sessionConnect postgres.ConnectFunc
+	schema         string
+	attempts       int
+	limits         eventstore.Limits
+	sql            statements
 	// pool is db when it is a pool: Append then runs on a connection of its own, and notifies
 	// after its commit through notifier (nil otherwise).
 	pool     acquirer
@@ -139,7 +147,7 @@ func New(db postgres.DB, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{db: db, schema: cfg.Schema, attempts: cfg.AppendAttempts, limits: cfg.Limits, sql: newStatements(cfg.Schema)}
+	s := &Store{db: db, sessionConnect: cfg.SessionConnect, schema: cfg.Schema, attempts: cfg.AppendAttempts, limits: cfg.Limits, sql: newStatements(cfg.Schema)}
 	s.partitions = &partitionStatements{events: s.qualified("nudge_events"), readable: s.sql.horizon}
 	if pool, pooled := db.(acquirer); pooled {
 		// A notification after the commit runs beside the next appends, so it needs a pool; on
