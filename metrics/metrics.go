@@ -22,6 +22,8 @@
 //	nudge_projection_batches_total                counter    projection,outcome  ObserveBatch: committed|failed|error
 //	nudge_projection_batch_duration_seconds       histogram  projection          ObserveBatch: every batch, any outcome
 //	nudge_projection_handler_failures_total       counter    projection,event_type  ObserveBatch: a handler failed
+//	nudge_projection_event_staleness_seconds      histogram  projection          ObserveBatch: per event, its recording to the batch's commit
+//	nudge_projection_batch_lock_wait_seconds      histogram  projection          ObserveBatch: per committed batch, its start to holding the lock
 //	nudge_projection_build_paced_seconds_total    counter    projection          ObserveCatchUp: a building version's waits for the active version's lag
 //	nudge_projection_lag_events                   gauge      projection          WatchRunner: readable events not yet handled
 //	nudge_projection_lag_seconds                  gauge      projection          WatchRunner: age of the oldest of them
@@ -56,6 +58,20 @@
 // event_type is the type of the event a handler failed on. The batch counters and the
 // histogram count this process's batches; the lag, state and dead-letter gauges are read from
 // the database and are the same in every process.
+//
+// # Staleness
+//
+// nudge_projection_event_staleness_seconds is what an SLO on freshness is set on ("99% of
+// events are in the read model within 1 s"): for every event a batch committed, the time from
+// the event's recorded_at (the database's statement_timestamp() of the append's INSERT) to
+// the batch's commit (clock_timestamp() read in the commit's round trip). Both ends are read
+// from the database's clock, so no host's clock skews it; it bounds the time from the event's
+// commit from above by what the append transaction did after its insert (for Append, one
+// round trip). It includes the relay's or trigger's transit, the wait for the lock
+// (nudge_projection_batch_lock_wait_seconds, a part of it) and the batch's own run. The
+// history a rebuild or a building version replays is left out: its age is not staleness.
+//
+//	histogram_quantile(0.99, sum by (projection, le) (rate(nudge_projection_event_staleness_seconds_bucket[5m])))
 //
 // # Scrape-time queries
 //
@@ -113,6 +129,13 @@ func BatchDurationBucketsDefault() []float64 {
 	return []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
 }
 
+// StalenessBucketsDefault returns the staleness histogram's default buckets, in seconds:
+// exponential, doubling from 1 ms to 262 s (19 buckets), so a quantile read from it is within a
+// factor of two, and an SLO threshold such as 1 s has a bucket boundary near it (1.024 s).
+func StalenessBucketsDefault() []float64 {
+	return prometheus.ExponentialBuckets(0.001, 2, 19)
+}
+
 // Batch outcomes, the values of the outcome label of nudge_projection_batches_total.
 const (
 	// OutcomeCommitted: the batch committed events.
@@ -148,6 +171,9 @@ type Config struct {
 	// BatchDurationBuckets are the batch-duration histogram's buckets, in seconds. Defaults to
 	// BatchDurationBucketsDefault().
 	BatchDurationBuckets []float64
+	// StalenessBuckets are the event-staleness histogram's buckets, in seconds. Defaults to
+	// StalenessBucketsDefault().
+	StalenessBuckets []float64
 	// QueryTimeout bounds each scrape-time query (statuses, dead letters). Defaults to
 	// QueryTimeoutDefault. Keep it below Prometheus's scrape_timeout.
 	QueryTimeout time.Duration
@@ -157,6 +183,11 @@ type Config struct {
 	// Logger receives a warning for each scrape-time query that fails. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+}
+
+// increasing reports whether buckets increase strictly.
+func increasing(buckets []float64) bool {
+	return slices.IsSorted(buckets) && len(slices.Compact(slices.Clone(buckets))) == len(buckets)
 }
 
 var namespaceRE = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
@@ -174,6 +205,8 @@ type Metrics struct {
 	batchDuration   *prometheus.HistogramVec
 	handlerFailures *prometheus.CounterVec
 	buildPaced      *prometheus.CounterVec
+	staleness       *prometheus.HistogramVec
+	lockWait        *prometheus.HistogramVec
 
 	mu      sync.Mutex
 	routers map[*message.Router]bool
@@ -184,6 +217,9 @@ func (cfg Config) WithDefaults() Config {
 	cfg.Namespace = cmp.Or(cfg.Namespace, NamespaceDefault)
 	if cfg.BatchDurationBuckets == nil {
 		cfg.BatchDurationBuckets = BatchDurationBucketsDefault()
+	}
+	if cfg.StalenessBuckets == nil {
+		cfg.StalenessBuckets = StalenessBucketsDefault()
 	}
 	cfg.QueryTimeout = cmp.Or(cfg.QueryTimeout, QueryTimeoutDefault)
 	cfg.CacheTTL = cmp.Or(cfg.CacheTTL, CacheTTLDefault)
@@ -202,8 +238,11 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("%w: namespace %q is not a Prometheus name (letters, digits and _, not starting with a digit)",
 			ErrInvalidConfig, cfg.Namespace)
 	}
-	if !slices.IsSorted(cfg.BatchDurationBuckets) || len(slices.Compact(slices.Clone(cfg.BatchDurationBuckets))) != len(cfg.BatchDurationBuckets) {
+	if !increasing(cfg.BatchDurationBuckets) {
 		return fmt.Errorf("%w: BatchDurationBuckets %v must increase strictly", ErrInvalidConfig, cfg.BatchDurationBuckets)
+	}
+	if !increasing(cfg.StalenessBuckets) {
+		return fmt.Errorf("%w: StalenessBuckets %v must increase strictly", ErrInvalidConfig, cfg.StalenessBuckets)
 	}
 	if cfg.QueryTimeout < 0 {
 		return fmt.Errorf("%w: QueryTimeout %s is negative", ErrInvalidConfig, cfg.QueryTimeout)
@@ -240,8 +279,19 @@ func New(cfg Config) (*Metrics, error) {
 		Namespace: m.ns, Subsystem: "projection", Name: "build_paced_seconds_total",
 		Help: "Time a version built beside the active one waited between its batches for the active version's lag (Config.BuildLagTarget).",
 	}, []string{"projection"})
+	m.staleness = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: m.ns, Subsystem: "projection", Name: "event_staleness_seconds",
+		Help: "Per event handled, the time from its recording in the store to the commit of the batch that applied it, " +
+			"both in the database's clock (an upper bound of commit to commit by what the append did after its insert).",
+		Buckets: cfg.StalenessBuckets,
+	}, []string{"projection"})
+	m.lockWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: m.ns, Subsystem: "projection", Name: "batch_lock_wait_seconds",
+		Help:    "Per committed batch, the time from its start to holding the projection's lock: a connection, BEGIN and the wait for another batch of the projection.",
+		Buckets: cfg.BatchDurationBuckets,
+	}, []string{"projection"})
 	var done []prometheus.Collector
-	for _, c := range []prometheus.Collector{m.eventsProjected, m.batches, m.batchDuration, m.handlerFailures, m.buildPaced} {
+	for _, c := range []prometheus.Collector{m.eventsProjected, m.batches, m.batchDuration, m.handlerFailures, m.buildPaced, m.staleness, m.lockWait} {
 		if err := m.register("the batch metrics", c); err != nil {
 			for _, d := range done {
 				m.reg.Unregister(d)
@@ -273,6 +323,7 @@ func (m *Metrics) ObserveBatch(b projection.BatchReport) {
 	switch {
 	case b.Err == nil:
 		m.eventsProjected.WithLabelValues(b.Projection).Add(float64(b.Events))
+		m.observeStaleness(b)
 	case errors.As(b.Err, &he):
 		outcome = OutcomeFailed
 		m.handlerFailures.WithLabelValues(b.Projection, he.Event.Type).Inc()
@@ -284,6 +335,19 @@ func (m *Metrics) ObserveBatch(b projection.BatchReport) {
 	}
 	m.batches.WithLabelValues(b.Projection, outcome).Inc()
 	m.batchDuration.WithLabelValues(b.Projection).Observe(b.Took.Seconds())
+}
+
+// observeStaleness records a committed batch's event staleness and lock wait.
+func (m *Metrics) observeStaleness(b projection.BatchReport) {
+	if len(b.Staleness) > 0 {
+		h := m.staleness.WithLabelValues(b.Projection)
+		for _, d := range b.Staleness {
+			h.Observe(d.Seconds())
+		}
+	}
+	if b.Events > 0 {
+		m.lockWait.WithLabelValues(b.Projection).Observe(b.LockWait.Seconds())
+	}
 }
 
 // ObserveCatchUp records one catch-up of a runner: the time a building version waited for the

@@ -96,6 +96,11 @@ type batch struct {
 	held   map[string]Held
 	// statements are the OnQueued handlers' statements left to the backend's commit.
 	statements *Statements
+	// locked is when the unit of work started (its lock taken); recorded are the handled
+	// events' RecordedAt and commitClock the store's clock at the commit (Outcome.CommitClock).
+	locked      time.Time
+	recorded    []time.Time
+	commitClock time.Time
 }
 
 func (r *Runner) newBatch(p *Projection, limit int) *batch {
@@ -150,6 +155,7 @@ func (b *batch) run(ctx context.Context, res *Result) (bool, error) {
 // unit is the batch's work inside the backend's unit of work, which commits the Outcome it
 // returns, or rolls back on an error.
 func (b *batch) unit(ctx context.Context, u Unit) (Outcome, error) {
+	b.locked = b.r.now()
 	st := u.Status
 	b.committed, b.rebuilding = st.Position, st.State == StateRebuilding
 	b.version, b.building = u.Version, u.Version.State == VersionBuilding && !b.cutOver
@@ -183,6 +189,11 @@ func (b *batch) unit(ctx context.Context, u Unit) (Outcome, error) {
 	}
 	out := b.outcome(st, passed, len(handled))
 	out.Statements = b.statements
+	b.recorded = b.recorded[:0]
+	for i := range handled {
+		b.recorded = append(b.recorded, handled[i].RecordedAt)
+	}
+	out.CommitClock = &b.commitClock
 	return out, nil
 }
 
@@ -378,8 +389,27 @@ func (b *batch) committedEvents(ctx context.Context, res *Result) bool {
 	took := b.r.now().Sub(b.started)
 	b.r.logger.DebugContext(ctx, "projection batch committed", slog.String("projection", b.p.name),
 		slog.Int("events", b.handled), slog.String("position", res.Position.String()), slog.Duration("took", took))
-	b.r.report(BatchReport{Projection: b.p.name, Events: b.handled, Took: took, Position: b.committed})
+	b.r.report(BatchReport{Projection: b.p.name, Events: b.handled, Took: took, Position: b.committed,
+		Staleness: b.staleness(), LockWait: b.locked.Sub(b.started)})
 	return !b.exhausted
+}
+
+// staleness is, per handled event, the time from its RecordedAt to the commit: in the store's
+// clock when the backend read it, else in the host's. None for a rebuild's or a building
+// version's batch: their events are history, whose age is not staleness.
+func (b *batch) staleness() []time.Duration {
+	if len(b.recorded) == 0 || b.rebuilding || b.building {
+		return nil
+	}
+	commit := b.commitClock
+	if commit.IsZero() {
+		commit = b.r.now()
+	}
+	out := make([]time.Duration, len(b.recorded))
+	for i, at := range b.recorded {
+		out[i] = max(commit.Sub(at), 0)
+	}
+	return out
 }
 
 // endAttempt forgets the batch's crash-loop attempt: it rolled back without the process dying,
