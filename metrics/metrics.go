@@ -35,6 +35,7 @@
 //	nudge_projection_oldest_parked_seconds        gauge      projection          WatchRunner: how long the oldest of them has been parked
 //	nudge_projection_version                      gauge      projection          WatchRunner: the version of the read model the row belongs to (Config.Version)
 //	nudge_projection_version_state                gauge      projection,version_state WatchRunner: 1 for active, building or retired, 0 for the others
+//	nudge_projection_partitions                   gauge      projection          WatchRunner: partitions of a partitioned projection (0: unpartitioned)
 //	nudge_worker_triggers_received_total          counter    projection          WatchWorker: triggers delivered (redeliveries and retries included)
 //	nudge_worker_triggers_redundant_total         counter    projection          WatchWorker: triggers already passed; no read
 //	nudge_worker_triggers_ignored_total           counter    projection          WatchWorker: triggers addressed to another projection
