@@ -2,7 +2,8 @@
 # Makes sure the programs some tests drive are installed: gdb (the tests that force an
 # interleaving of PostgreSQL backends stop them with it), PostgreSQL's server programs
 # (those tests and make chaos run a private cluster) and RabbitMQ's server (make chaos's
-# broker-restart runs a private node). As root with apt-get it installs what is missing;
+# broker-restart runs a private node) and promtool (internal/deploycheck checks and unit-tests
+# deploy/prometheus's alert rules with it; Debian ships it in prometheus). As root with apt-get it installs what is missing;
 # otherwise it says what to install. Without them those tests skip, or fail with CI=true.
 set -euo pipefail
 
@@ -14,6 +15,7 @@ fi
 if [[ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] && ! command -v rabbitmq-server >/dev/null 2>&1; then
 	missing+=(rabbitmq-server)
 fi
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 ((${#missing[@]} == 0)) && exit 0
 
 if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
