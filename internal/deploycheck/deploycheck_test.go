@@ -193,7 +193,9 @@ func (stats) Stats(string) worker.Stats { return worker.Stats{} }
 
 type deadLetters struct{}
 
-func (deadLetters) List(context.Context, deadletter.Filter) ([]deadletter.Record, error) { return nil, nil }
+func (deadLetters) List(context.Context, deadletter.Filter) ([]deadletter.Record, error) {
+	return nil, nil
+}
 
 // TestMetricNames: names are found wherever PromQL puts them, once each.
 func TestMetricNames(t *testing.T) {
