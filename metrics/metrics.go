@@ -24,6 +24,7 @@
 //	nudge_projection_handler_failures_total       counter    projection,event_type  ObserveBatch: a handler failed
 //	nudge_projection_event_staleness_seconds      histogram  projection          ObserveBatch: per event, its recording to the batch's commit
 //	nudge_projection_batch_lock_wait_seconds      histogram  projection          ObserveBatch: per committed batch, its start to holding the lock
+//	nudge_projection_trigger_transit_seconds      histogram  projection          ObserveTrigger: per append trigger, its making to its arrival
 //	nudge_projection_build_paced_seconds_total    counter    projection          ObserveCatchUp: a building version's waits for the active version's lag
 //	nudge_projection_lag_events                   gauge      projection          WatchRunner: readable events not yet handled
 //	nudge_projection_lag_seconds                  gauge      projection          WatchRunner: age of the oldest of them
@@ -70,6 +71,8 @@
 // commit from above by what the append transaction did after its insert (for Append, one
 // round trip). It includes the relay's or trigger's transit, the wait for the lock
 // (nudge_projection_batch_lock_wait_seconds, a part of it) and the batch's own run. The
+// trigger's trip from its publisher to the projection's handler is
+// nudge_projection_trigger_transit_seconds (hosts' clocks: skew between hosts adds to it). The
 // history a rebuild or a building version replays is left out: its age is not staleness.
 //
 //	histogram_quantile(0.99, sum by (projection, le) (rate(nudge_projection_event_staleness_seconds_bucket[5m])))
@@ -112,6 +115,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/worker"
 )
 
 // Defaults for Config.
@@ -208,6 +212,7 @@ type Metrics struct {
 	buildPaced      *prometheus.CounterVec
 	staleness       *prometheus.HistogramVec
 	lockWait        *prometheus.HistogramVec
+	transit         *prometheus.HistogramVec
 
 	mu      sync.Mutex
 	routers map[*message.Router]bool
@@ -291,8 +296,14 @@ func New(cfg Config) (*Metrics, error) {
 		Help:    "Per committed batch, the time from its start to holding the projection's lock: a connection, BEGIN and the wait for another batch of the projection.",
 		Buckets: cfg.BatchDurationBuckets,
 	}, []string{"projection"})
+	m.transit = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: m.ns, Subsystem: "projection", Name: "trigger_transit_seconds",
+		Help: "Per append trigger a projection's handler received, the time from its making (the relay's publish or the append) to its arrival, " +
+			"in the hosts' clocks: skew between the publishing and the consuming host adds to it.",
+		Buckets: cfg.StalenessBuckets,
+	}, []string{"projection"})
 	var done []prometheus.Collector
-	for _, c := range []prometheus.Collector{m.eventsProjected, m.batches, m.batchDuration, m.handlerFailures, m.buildPaced, m.staleness, m.lockWait} {
+	for _, c := range []prometheus.Collector{m.eventsProjected, m.batches, m.batchDuration, m.handlerFailures, m.buildPaced, m.staleness, m.lockWait, m.transit} {
 		if err := m.register("the batch metrics", c); err != nil {
 			for _, d := range done {
 				m.reg.Unregister(d)
@@ -349,6 +360,16 @@ func (m *Metrics) observeStaleness(b projection.BatchReport) {
 	if b.Events > 0 {
 		m.lockWait.WithLabelValues(b.Projection).Observe(b.LockWait.Seconds())
 	}
+}
+
+// ObserveTrigger records an append trigger's transit, from its making to its arrival at a
+// projection's handler. Pass it as worker.Config.TriggerFunc (the client does, with
+// nudge.Config.Metrics); it is fast and safe for concurrent use.
+func (m *Metrics) ObserveTrigger(r worker.TriggerReport) {
+	if r.Trigger.At.IsZero() {
+		return
+	}
+	m.transit.WithLabelValues(r.Projection).Observe(max(r.Received.Sub(r.Trigger.At), 0).Seconds())
 }
 
 // ObserveCatchUp records one catch-up of a runner: the time a building version waited for the

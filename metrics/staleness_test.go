@@ -19,6 +19,8 @@ import (
 	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection"
 	pgproj "github.com/nudgeworks/nudge/projection/postgres"
+	"github.com/nudgeworks/nudge/trigger"
+	"github.com/nudgeworks/nudge/worker"
 )
 
 // histogram gathers g and returns the histogram name{projection}.
@@ -130,4 +132,19 @@ func TestStalenessOnPostgreSQL(t *testing.T) {
 	require.LessOrEqual(t, h.GetSampleSum(), 3*oldest, "no event observed older than its age after the commit")
 	lock := histogram(t, g, "nudge_projection_batch_lock_wait_seconds", "tickets")
 	require.Equal(t, uint64(1), lock.GetSampleCount())
+}
+
+// TestObserveTrigger: an append trigger's transit, from its making to its arrival, in the
+// projection's histogram; a trigger with no making time is left out.
+func TestObserveTrigger(t *testing.T) {
+	t.Parallel()
+	m, g := newMetrics(t)
+	made := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	m.ObserveTrigger(worker.TriggerReport{Projection: "a", Trigger: trigger.Trigger{At: made}, Received: made.Add(5 * time.Millisecond)})
+	m.ObserveTrigger(worker.TriggerReport{Projection: "a", Received: made})
+	h := histogram(t, g, "nudge_projection_trigger_transit_seconds", "a")
+	require.Equal(t, uint64(1), h.GetSampleCount())
+	require.InDelta(t, 0.005, h.GetSampleSum(), 1e-9)
+	require.Equal(t, uint64(0), below(h, 0.004))
+	require.Equal(t, uint64(1), below(h, 0.008))
 }
