@@ -23,6 +23,7 @@ import (
 	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/metrics"
 	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/trigger"
 	"github.com/nudgeworks/nudge/worker"
 )
 
@@ -154,6 +155,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	m.ObserveBatch(projection.BatchReport{Projection: "p", Events: 1, Staleness: []time.Duration{time.Millisecond}})
 	m.ObserveBatch(projection.BatchReport{Projection: "p", Err: &projection.HandlerError{Err: projection.ErrHandler}})
 	m.ObserveCatchUp("p", projection.Result{Paced: time.Second}, nil)
+	m.ObserveTrigger(worker.TriggerReport{Projection: "p", Trigger: trigger.Trigger{At: time.Now()}, Received: time.Now()})
 	require.NoError(t, m.WatchRunner(statusReader{}))
 	require.NoError(t, m.WatchWorker(stats{}, "p"))
 	require.NoError(t, m.WatchDeadLetters(deadLetters{}, "p"))
