@@ -165,3 +165,15 @@ func histogramQuantile(q float64, h bucketCounts) float64 {
 	}
 	return lower + (h.bounds[i]-lower)*(rank-float64(below))/float64(inBucket)
 }
+
+// withinResolution reports whether the histogram's quantile hist agrees with the measured one
+// within the histogram's resolution: they differ by at most the width of the default bucket
+// that holds measured (buckets double from 1 ms, so (u/2, u] is u/2 wide).
+func withinResolution(measured, hist time.Duration) bool {
+	upper := time.Millisecond
+	for upper < measured {
+		upper *= 2
+	}
+	diff := max(measured-hist, hist-measured)
+	return diff <= upper/2
+}

@@ -44,3 +44,13 @@ func TestStalenessProbe(t *testing.T) {
 	require.InDelta(t, 0.003, s.P50.Seconds(), 1e-6, "half of the (2 ms, 4 ms] bucket")
 	require.InDelta(t, 0.00398, s.P99.Seconds(), 1e-6)
 }
+
+// TestWithinResolution: agreement is a difference of at most the measured value's bucket width.
+func TestWithinResolution(t *testing.T) {
+	t.Parallel()
+	ms := time.Millisecond
+	require.True(t, withinResolution(118*ms, 124*ms), "(64, 128] ms is 64 ms wide")
+	require.True(t, withinResolution(669*ms, 987*ms), "(512, 1024] ms is 512 ms wide")
+	require.False(t, withinResolution(100*ms, 200*ms))
+	require.True(t, withinResolution(500*time.Microsecond, 900*time.Microsecond), "the first bucket, 1 ms")
+}
