@@ -10,6 +10,7 @@
 //	err = m.WatchDeadLetters(dead, runner.Names()...) // failed dead letters per projection
 //	err = m.AddRouterMetrics(router)                 // Watermill's router metrics, same registry
 //	// or, with worker.Run's own router: worker.Config{RouterFunc: m.AddRouterMetrics, …}
+//	// trigger transit: worker.Config{TriggerFunc: m.ObserveTrigger, …}
 //	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 //
 // # Metrics
