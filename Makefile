@@ -29,7 +29,7 @@ help: ## Show the targets and what they do.
 up: ## Find or start PostgreSQL and RabbitMQ (docker compose, else the local services).
 	@scripts/services.sh
 
-tools: ## Install what some tests drive when missing (gdb, PostgreSQL's and RabbitMQ's server programs).
+tools: ## Install what some tests drive when missing (gdb, PostgreSQL's and RabbitMQ's server programs, promtool).
 	@scripts/tools.sh
 
 down: ## Stop the docker compose services (local services are left running).

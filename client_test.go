@@ -259,8 +259,9 @@ func TestRunNotMigrated(t *testing.T) {
 	require.ErrorIs(t, client.RunBackground(context.Background()), nudge.ErrRunTwice)
 }
 
-// TestMetrics: with Config.Metrics the client measures its batches, statuses, triggers, dead
-// letters and Run's router on one registry, with the projection's label.
+// TestMetrics: with Config.Metrics the client measures its batches, the events' staleness,
+// statuses, triggers and their transit, dead letters and Run's router on one registry, with
+// the projection's label.
 func TestMetrics(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
@@ -292,8 +293,9 @@ func TestMetrics(t *testing.T) {
 			}
 		}
 		return seen["nudge_projection_events_projected_total"] && seen["nudge_projection_lag_events"] &&
-			seen["nudge_worker_triggers_received_total"] && seen["nudge_router_handler_execution_time_seconds"]
-	}, eventually, 10*time.Millisecond, "batches, statuses, triggers and the router are measured")
+			seen["nudge_worker_triggers_received_total"] && seen["nudge_router_handler_execution_time_seconds"] &&
+			seen["nudge_projection_event_staleness_seconds"] && seen["nudge_projection_trigger_transit_seconds"]
+	}, eventually, 10*time.Millisecond, "batches, staleness, statuses, triggers and their transit, and the router are measured")
 }
 
 // TestPrepare: a client that only appends and reports status — an API beside workers that Run

@@ -208,6 +208,9 @@ func newClient(cfg Config, p parts) (*Client, error) {
 		SafetyNetInterval: cfg.SafetyNetInterval, StallAfter: cfg.StallAfter, Retry: cfg.Retry,
 		DisableReplayOnStart: cfg.DisableReplayOnStart, CloseTimeout: cfg.CloseTimeout, RouterFunc: routerFunc(cfg),
 		DeadLetterTimeout: cfg.DeadLetterTimeout, TracerProvider: cfg.TracerProvider}
+	if cfg.Metrics != nil {
+		wcfg.TriggerFunc = cfg.Metrics.ObserveTrigger
+	}
 	if c.pg != nil {
 		wcfg.Horizon = c.pg // names the transaction that holds readers back
 	}

@@ -10,6 +10,7 @@
 //	err = m.WatchDeadLetters(dead, runner.Names()...) // failed dead letters per projection
 //	err = m.AddRouterMetrics(router)                 // Watermill's router metrics, same registry
 //	// or, with worker.Run's own router: worker.Config{RouterFunc: m.AddRouterMetrics, …}
+//	// trigger transit: worker.Config{TriggerFunc: m.ObserveTrigger, …}
 //	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 //
 // # Metrics
@@ -32,6 +33,22 @@
 // event_type is the type of the event a handler failed on. The batch counters and the
 // histogram count this process's batches; the lag, state and dead-letter gauges are read from
 // the database and are the same in every process.
+//
+// # Staleness
+//
+// nudge_projection_event_staleness_seconds is what an SLO on freshness is set on ("99% of
+// events are in the read model within 1 s"): for every event a batch committed, the time from
+// the event's recorded_at (the database's statement_timestamp() of the append's INSERT) to
+// the batch's commit (clock_timestamp() read in the commit's round trip). Both ends are read
+// from the database's clock, so no host's clock skews it; it bounds the time from the event's
+// commit from above by what the append transaction did after its insert (for Append, one
+// round trip). It includes the relay's or trigger's transit, the wait for the lock
+// (nudge_projection_batch_lock_wait_seconds, a part of it) and the batch's own run. The
+// trigger's trip from its publisher to the projection's handler is
+// nudge_projection_trigger_transit_seconds (hosts' clocks: skew between hosts adds to it). The
+// history a rebuild or a building version replays is left out: its age is not staleness.
+//
+//	histogram_quantile(0.99, sum by (projection, le) (rate(nudge_projection_event_staleness_seconds_bucket[5m])))
 //
 // # Scrape-time queries
 //
@@ -71,6 +88,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/worker"
 )
 
 // Defaults for Config.
@@ -87,6 +105,13 @@ const (
 // 10 s (a batch is bounded by projection.Config.MaxBatchDuration).
 func BatchDurationBucketsDefault() []float64 {
 	return []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+}
+
+// StalenessBucketsDefault returns the staleness histogram's default buckets, in seconds:
+// exponential, doubling from 1 ms to 262 s (19 buckets), so a quantile read from it is within a
+// factor of two, and an SLO threshold such as 1 s has a bucket boundary near it (1.024 s).
+func StalenessBucketsDefault() []float64 {
+	return prometheus.ExponentialBuckets(0.001, 2, 19)
 }
 
 // Batch outcomes, the values of the outcome label of nudge_projection_batches_total.
@@ -124,6 +149,9 @@ type Config struct {
 	// BatchDurationBuckets are the batch-duration histogram's buckets, in seconds. Defaults to
 	// BatchDurationBucketsDefault().
 	BatchDurationBuckets []float64
+	// StalenessBuckets are the event-staleness histogram's buckets, in seconds. Defaults to
+	// StalenessBucketsDefault().
+	StalenessBuckets []float64
 	// QueryTimeout bounds each scrape-time query (statuses, dead letters). Defaults to
 	// QueryTimeoutDefault. Keep it below Prometheus's scrape_timeout.
 	QueryTimeout time.Duration
@@ -133,6 +161,11 @@ type Config struct {
 	// Logger receives a warning for each scrape-time query that fails. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+}
+
+// increasing reports whether buckets increase strictly.
+func increasing(buckets []float64) bool {
+	return slices.IsSorted(buckets) && len(slices.Compact(slices.Clone(buckets))) == len(buckets)
 }
 
 var namespaceRE = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
@@ -150,6 +183,9 @@ type Metrics struct {
 	batchDuration   *prometheus.HistogramVec
 	handlerFailures *prometheus.CounterVec
 	buildPaced      *prometheus.CounterVec
+	staleness       *prometheus.HistogramVec
+	lockWait        *prometheus.HistogramVec
+	transit         *prometheus.HistogramVec
 
 	mu      sync.Mutex
 	routers map[*message.Router]bool
@@ -160,6 +196,9 @@ func (cfg Config) WithDefaults() Config {
 	cfg.Namespace = cmp.Or(cfg.Namespace, NamespaceDefault)
 	if cfg.BatchDurationBuckets == nil {
 		cfg.BatchDurationBuckets = BatchDurationBucketsDefault()
+	}
+	if cfg.StalenessBuckets == nil {
+		cfg.StalenessBuckets = StalenessBucketsDefault()
 	}
 	cfg.QueryTimeout = cmp.Or(cfg.QueryTimeout, QueryTimeoutDefault)
 	cfg.CacheTTL = cmp.Or(cfg.CacheTTL, CacheTTLDefault)
@@ -178,8 +217,11 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("%w: namespace %q is not a Prometheus name (letters, digits and _, not starting with a digit)",
 			ErrInvalidConfig, cfg.Namespace)
 	}
-	if !slices.IsSorted(cfg.BatchDurationBuckets) || len(slices.Compact(slices.Clone(cfg.BatchDurationBuckets))) != len(cfg.BatchDurationBuckets) {
+	if !increasing(cfg.BatchDurationBuckets) {
 		return fmt.Errorf("%w: BatchDurationBuckets %v must increase strictly", ErrInvalidConfig, cfg.BatchDurationBuckets)
+	}
+	if !increasing(cfg.StalenessBuckets) {
+		return fmt.Errorf("%w: StalenessBuckets %v must increase strictly", ErrInvalidConfig, cfg.StalenessBuckets)
 	}
 	if cfg.QueryTimeout < 0 {
 		return fmt.Errorf("%w: QueryTimeout %s is negative", ErrInvalidConfig, cfg.QueryTimeout)
@@ -216,8 +258,25 @@ func New(cfg Config) (*Metrics, error) {
 		Namespace: m.ns, Subsystem: "projection", Name: "build_paced_seconds_total",
 		Help: "Time a version built beside the active one waited between its batches for the active version's lag (Config.BuildLagTarget).",
 	}, []string{"projection"})
+	m.staleness = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: m.ns, Subsystem: "projection", Name: "event_staleness_seconds",
+		Help: "Per event handled, the time from its recording in the store to the commit of the batch that applied it, " +
+			"both in the database's clock (an upper bound of commit to commit by what the append did after its insert).",
+		Buckets: cfg.StalenessBuckets,
+	}, []string{"projection"})
+	m.lockWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: m.ns, Subsystem: "projection", Name: "batch_lock_wait_seconds",
+		Help:    "Per committed batch, the time from its start to holding the projection's lock: a connection, BEGIN and the wait for another batch of the projection.",
+		Buckets: cfg.BatchDurationBuckets,
+	}, []string{"projection"})
+	m.transit = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: m.ns, Subsystem: "projection", Name: "trigger_transit_seconds",
+		Help: "Per append trigger a projection's handler received, the time from its making (the relay's publish or the append) to its arrival, " +
+			"in the hosts' clocks: skew between the publishing and the consuming host adds to it.",
+		Buckets: cfg.StalenessBuckets,
+	}, []string{"projection"})
 	var done []prometheus.Collector
-	for _, c := range []prometheus.Collector{m.eventsProjected, m.batches, m.batchDuration, m.handlerFailures, m.buildPaced} {
+	for _, c := range []prometheus.Collector{m.eventsProjected, m.batches, m.batchDuration, m.handlerFailures, m.buildPaced, m.staleness, m.lockWait, m.transit} {
 		if err := m.register("the batch metrics", c); err != nil {
 			for _, d := range done {
 				m.reg.Unregister(d)
@@ -249,6 +308,7 @@ func (m *Metrics) ObserveBatch(b projection.BatchReport) {
 	switch {
 	case b.Err == nil:
 		m.eventsProjected.WithLabelValues(b.Projection).Add(float64(b.Events))
+		m.observeStaleness(b)
 	case errors.As(b.Err, &he):
 		outcome = OutcomeFailed
 		m.handlerFailures.WithLabelValues(b.Projection, he.Event.Type).Inc()
@@ -260,6 +320,29 @@ func (m *Metrics) ObserveBatch(b projection.BatchReport) {
 	}
 	m.batches.WithLabelValues(b.Projection, outcome).Inc()
 	m.batchDuration.WithLabelValues(b.Projection).Observe(b.Took.Seconds())
+}
+
+// observeStaleness records a committed batch's event staleness and lock wait.
+func (m *Metrics) observeStaleness(b projection.BatchReport) {
+	if len(b.Staleness) > 0 {
+		h := m.staleness.WithLabelValues(b.Projection)
+		for _, d := range b.Staleness {
+			h.Observe(d.Seconds())
+		}
+	}
+	if b.Events > 0 {
+		m.lockWait.WithLabelValues(b.Projection).Observe(b.LockWait.Seconds())
+	}
+}
+
+// ObserveTrigger records an append trigger's transit, from its making to its arrival at a
+// projection's handler. Pass it as worker.Config.TriggerFunc (the client does, with
+// nudge.Config.Metrics); it is fast and safe for concurrent use.
+func (m *Metrics) ObserveTrigger(r worker.TriggerReport) {
+	if r.Trigger.At.IsZero() {
+		return
+	}
+	m.transit.WithLabelValues(r.Projection).Observe(max(r.Received.Sub(r.Trigger.At), 0).Seconds())
 }
 
 // ObserveCatchUp records one catch-up of a runner: the time a building version waited for the

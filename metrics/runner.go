@@ -32,7 +32,7 @@ func (m *Metrics) WatchRunner(r StatusReader) error {
 	if err := checkNames("WatchRunner", names); err != nil {
 		return err
 	}
-	c := &runnerCollector{names: slices.Clone(names)}
+	c := &runnerCollector{names: slices.Clone(names), partitions: partitionCounts(r, names)}
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(m.ns, "projection", name), help, append([]string{"projection"}, labels...), nil)
 	}
@@ -50,6 +50,8 @@ func (m *Metrics) WatchRunner(r StatusReader) error {
 	c.versionState = desc("version_state",
 		"Where this version stands: 1 for the current one of active (readers see it), building (beside the active one) and retired, 0 for the others.",
 		"version_state")
+	c.partitionsDesc = desc("partitions",
+		"Partitions of a partitioned projection (Config.Partitions), 0 for an unpartitioned one: compare with the sum of nudge_worker_partitions_owned.")
 	c.query = newQuery(m, SourceStatus, func(ctx context.Context) ([]projection.Status, int) {
 		out := make([]projection.Status, 0, len(c.names))
 		failed := 0
@@ -79,6 +81,8 @@ type runnerCollector struct {
 	condition, holderAge               *prometheus.Desc
 	parked, parkedAge                  *prometheus.Desc
 	version, versionState              *prometheus.Desc
+	partitionsDesc                     *prometheus.Desc
+	partitions                         []int
 	query                              *query[[]projection.Status]
 }
 
@@ -94,11 +98,15 @@ func (c *runnerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.parkedAge
 	ch <- c.version
 	ch <- c.versionState
+	ch <- c.partitionsDesc
 	c.query.describe(ch)
 }
 
 // Collect implements prometheus.Collector.
 func (c *runnerCollector) Collect(ch chan<- prometheus.Metric) {
+	for i, name := range c.names {
+		ch <- prometheus.MustNewConstMetric(c.partitionsDesc, prometheus.GaugeValue, float64(c.partitions[i]), name)
+	}
 	for _, st := range c.query.get(ch) {
 		ch <- prometheus.MustNewConstMetric(c.lagEvents, prometheus.GaugeValue, float64(st.LagEvents), st.Name)
 		ch <- prometheus.MustNewConstMetric(c.lagSeconds, prometheus.GaugeValue, st.LagTime.Seconds(), st.Name)
@@ -131,6 +139,25 @@ func (c *runnerCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, boolValue(s == st.State), st.Name, string(s))
 		}
 	}
+}
+
+// partitionCounts returns the number of partitions of each named projection, 0 for an
+// unpartitioned one or when r does not say (it has no Partitions method, as *projection.Runner
+// has).
+func partitionCounts(r StatusReader, names []string) []int {
+	out := make([]int, len(names))
+	pr, ok := r.(interface {
+		Partitions(name string) ([]string, error)
+	})
+	if !ok {
+		return out
+	}
+	for i, name := range names {
+		if units, err := pr.Partitions(name); err == nil && len(units) > 1 {
+			out[i] = len(units)
+		}
+	}
+	return out
 }
 
 func boolValue(b bool) float64 {

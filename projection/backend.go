@@ -183,6 +183,12 @@ type Outcome struct {
 	// Statements, when not nil, are statements of the batch's handlers not sent yet: the
 	// backend sends them first, in the unit's transaction (Statements.AppendTo).
 	Statements *Statements
+	// CommitClock, when not nil, receives the backend's clock as the unit commits: the
+	// database's clock_timestamp() read in the commit's round trip, right before COMMIT. The
+	// runner measures event staleness with it (BatchReport.Staleness) against the events'
+	// RecordedAt, so both ends come from the store's clock. A backend that cannot read it
+	// leaves it zero.
+	CommitClock *time.Time
 }
 
 // ChangesParking reports whether the outcome changes parked records.

@@ -103,6 +103,11 @@ type batch struct {
 	// span is the batch's span; traced, when it records, is when it started.
 	span   trace.Span
 	traced time.Time
+	// locked is when the unit of work started (its lock taken); recorded are the handled
+	// events' RecordedAt and commitClock the store's clock at the commit (Outcome.CommitClock).
+	locked      time.Time
+	recorded    []time.Time
+	commitClock time.Time
 }
 
 func (r *Runner) newBatch(p *Projection, limit int) *batch {
@@ -216,6 +221,7 @@ func (b *batch) unit(ctx context.Context, u Unit) (Outcome, error) {
 	if b.span.IsRecording() {
 		b.span.SetAttributes(tracing.AttrLockWait.Float64(time.Since(b.traced).Seconds()))
 	}
+	b.locked = b.r.now()
 	st := u.Status
 	b.committed, b.rebuilding = st.Position, st.State == StateRebuilding
 	b.version, b.building = u.Version, u.Version.State == VersionBuilding && !b.cutOver
@@ -250,6 +256,11 @@ func (b *batch) unit(ctx context.Context, u Unit) (Outcome, error) {
 	}
 	out := b.outcome(st, passed, len(handled))
 	out.Statements = b.statements
+	b.recorded = b.recorded[:0]
+	for i := range handled {
+		b.recorded = append(b.recorded, handled[i].RecordedAt)
+	}
+	out.CommitClock = &b.commitClock
 	return out, nil
 }
 
@@ -447,8 +458,27 @@ func (b *batch) committedEvents(ctx context.Context, res *Result) bool {
 	took := b.r.now().Sub(b.started)
 	b.r.logger.DebugContext(ctx, "projection batch committed", slog.String("projection", b.p.name),
 		slog.Int("events", b.handled), slog.String("position", res.Position.String()), slog.Duration("took", took))
-	b.r.report(BatchReport{Projection: b.p.name, Events: b.handled, Took: took, Position: b.committed})
+	b.r.report(BatchReport{Projection: b.p.name, Events: b.handled, Took: took, Position: b.committed,
+		Staleness: b.staleness(), LockWait: b.locked.Sub(b.started)})
 	return !b.exhausted
+}
+
+// staleness is, per handled event, the time from its RecordedAt to the commit: in the store's
+// clock when the backend read it, else in the host's. None for a rebuild's or a building
+// version's batch: their events are history, whose age is not staleness.
+func (b *batch) staleness() []time.Duration {
+	if len(b.recorded) == 0 || b.rebuilding || b.building {
+		return nil
+	}
+	commit := b.commitClock
+	if commit.IsZero() {
+		commit = b.r.now()
+	}
+	out := make([]time.Duration, len(b.recorded))
+	for i, at := range b.recorded {
+		out[i] = max(commit.Sub(at), 0)
+	}
+	return out
 }
 
 // endAttempt forgets the batch's crash-loop attempt: it rolled back without the process dying,

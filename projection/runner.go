@@ -68,6 +68,17 @@ type BatchReport struct {
 	// (errors.Is(Err, ErrHandler)), and any other error when the batch could not run (the
 	// database is down, say).
 	Err error
+	// Staleness holds, for each event a committed batch handled, the time from the event's
+	// RecordedAt to the batch's commit, both read from the store's clock (Outcome.CommitClock;
+	// the host's clock at the report when the backend gave none). RecordedAt is the time of the
+	// append's INSERT, so this bounds the time from the event's commit to the batch's from
+	// above, by what the append transaction did after the insert. Nil for a failed batch and
+	// for the history a rebuild or a building version replays.
+	Staleness []time.Duration
+	// LockWait is the time from the batch's start to its unit of work running: taking a
+	// connection, BEGIN and the wait for the projection's lock, which another runner's batch
+	// of the same projection holds meanwhile.
+	LockWait time.Duration
 }
 
 // Runner catches projections up: it reads each projection's events forward from the

@@ -3,8 +3,9 @@
 # interleaving of PostgreSQL backends stop them with it), PostgreSQL's server programs
 # (those tests and make chaos run a private cluster), RabbitMQ's server (make chaos's
 # broker-restart runs a private node), PgBouncer (the tests that run nudge through it in
-# transaction pooling mode start their own) and Chromium (the console's tests drive it
-# headless). As root with apt-get it installs what is missing;
+# transaction pooling mode start their own), Chromium (the console's tests drive it
+# headless) and promtool (internal/deploycheck checks and unit-tests deploy/prometheus's alert
+# rules with it; Debian ships it in prometheus). As root with apt-get it installs what is missing;
 # otherwise it says what to install. Without them those tests skip, or fail with CI=true.
 set -euo pipefail
 
@@ -18,6 +19,7 @@ if [[ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] && ! command -v rabbitmq-ser
 	missing+=(rabbitmq-server)
 fi
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 ((${#missing[@]} == 0)) && exit 0
 
 if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then

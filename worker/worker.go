@@ -67,6 +67,10 @@ type Config struct {
 	Channel channel.Channel
 	// Projections are the names to run. Defaults to all of the runner's.
 	Projections []string
+	// TriggerFunc, if set, is called with every append trigger a projection's handler
+	// decodes (redundant ones included), as it arrives: metrics.Metrics.ObserveTrigger
+	// measures the triggers' transit with it. It must be fast and safe for concurrent use.
+	TriggerFunc func(TriggerReport)
 	// Logger defaults to slog.Default(). Every line about a projection carries its name, and
 	// every line logged within a span its trace_id and span_id.
 	Logger *slog.Logger
@@ -554,6 +558,17 @@ func (w *Worker) handlerOf(name string) *projectionHandler {
 	return h
 }
 
+// TriggerReport is an append trigger as a projection's handler received it, for
+// Config.TriggerFunc.
+type TriggerReport struct {
+	// Projection is the projection's name, or its partition unit's.
+	Projection string
+	// Trigger is the decoded trigger; Trigger.At is when its publisher made it.
+	Trigger trigger.Trigger
+	// Received is when the handler decoded it, in this host's clock.
+	Received time.Time
+}
+
 // projectionHandler handles the triggers of one subscription: a projection's, or a partition
 // unit's (name is then the unit's).
 type projectionHandler struct {
@@ -599,6 +614,9 @@ func (h *projectionHandler) handle(msg *message.Message) error {
 
 // process handles the trigger t.
 func (h *projectionHandler) process(ctx context.Context, t trigger.Trigger) error {
+	if fn := h.w.cfg.TriggerFunc; fn != nil && t.Reason == trigger.ReasonAppend {
+		fn(TriggerReport{Projection: h.name, Trigger: t, Received: time.Now()})
+	}
 	if err := h.w.clearCrashLoopOnStart(ctx, h.name); err != nil {
 		return err // nacked: comes back
 	}

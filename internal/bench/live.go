@@ -395,6 +395,9 @@ type liveResult struct {
 	appended      int
 	appendsPerS   float64
 	slowBatches   int64
+	// staleness is package metrics' staleness histogram of the measured projections over the
+	// measured window, read as histogram_quantile reads it.
+	staleness stalenessSummary
 }
 
 // livePayload is the live events' payload.
@@ -489,7 +492,15 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 		ps = append(ps, p)
 		names = append(names, p.Name())
 	}
-	runner, err := projection.NewRunner(f.backend, projection.RunnerConfig{Logger: h.libLog, OnBatch: rec.onBatch}, ps...)
+	probe, err := newStalenessProbe()
+	if err != nil {
+		return res, err
+	}
+	onBatch := func(b projection.BatchReport) {
+		rec.onBatch(b)
+		probe.observe(b)
+	}
+	runner, err := projection.NewRunner(f.backend, projection.RunnerConfig{Logger: h.libLog, OnBatch: onBatch}, ps...)
 	if err != nil {
 		return res, err
 	}
@@ -519,6 +530,9 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 	if err := warmUp(ctx, w, cfg, rec, h.opts.liveWarmup); err != nil {
 		return res, err
 	}
+	if err := probe.mark(); err != nil {
+		return res, err
+	}
 	if workers.stalled != nil {
 		workers.stalled.Stall()
 	}
@@ -543,6 +557,9 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 		return res, fmt.Errorf("stop the worker: %w", err)
 	}
 	res.latency = Summarize(rec.samples())
+	if res.staleness, err = probe.summary(rec.measured); err != nil {
+		return res, err
+	}
 	if cfg.poison || cfg.stalledDeadLetters {
 		for _, name := range rec.measured {
 			if cfg.affected(name) {

@@ -265,6 +265,9 @@ func (b *Backend) unit(r *row, ver projection.VersionInfo) projection.Unit {
 
 // apply stores a batch's outcome on r.
 func (b *Backend) apply(r *row, out projection.Outcome) {
+	if out.CommitClock != nil {
+		*out.CommitClock = b.now()
+	}
 	r.update(func(st *projection.Status) {
 		r.applyParking(out)
 		if out.Skip != nil {

@@ -436,6 +436,11 @@ func (b *Backend) outcome(p *projection.Projection, st projection.Status, out pr
 		}
 		batch.Queue(advance, p.Name(), out.Position.TransactionID, out.Position.GlobalPosition, out.Processed, string(out.State))
 	}
+	if clock := out.CommitClock; clock != nil {
+		// Last before COMMIT, in its round trip: the batch's commit in the database's clock,
+		// the clock of the events' recorded_at.
+		batch.Queue("SELECT clock_timestamp()").QueryRow(func(row pgx.Row) error { return row.Scan(clock) })
+	}
 	return batch
 }
 
