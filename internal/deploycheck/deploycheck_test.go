@@ -205,3 +205,21 @@ func TestMetricNames(t *testing.T) {
 	got := deploycheck.MetricNames(`histogram_quantile(0.99, sum by (le) (rate(nudge_a_bucket{projection=~"$p"}[5m]))) / nudge_b and nudge_a_bucket`)
 	require.True(t, slices.Equal([]string{"nudge_a_bucket", "nudge_b"}, got), got)
 }
+
+// TestRunbookHasEveryAlert: each alert's runbook_url lands on a heading of its own in
+// docs/operations/runbook.md ("### <Alert>", whose GitHub anchor is the lowercased name), so
+// the link an operator follows from a firing alert says what it means and what to do.
+func TestRunbookHasEveryAlert(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../../docs/operations/runbook.md")
+	require.NoError(t, err)
+	headings := map[string]bool{}
+	for line := range strings.Lines(string(raw)) {
+		if rest, ok := strings.CutPrefix(line, "### "); ok {
+			headings[strings.ToLower(strings.TrimSpace(rest))] = true
+		}
+	}
+	for _, name := range alertNames {
+		require.True(t, headings[strings.ToLower(name)], "docs/operations/runbook.md has no heading ### %s for the alert's runbook_url", name)
+	}
+}
