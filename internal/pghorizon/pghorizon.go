@@ -61,15 +61,17 @@ const readable = `(SELECT least(coalesce((SELECT min(x) FROM pg_snapshot_xip(s) 
 	FROM pg_current_snapshot() s)`
 
 // exemptXids lists the transaction ids (top level and subtransactions) of the transactions
-// that hold the store's exemption lock, from one scan of the lock table; see readable.
-const exemptXids = `SELECT unnest(array_agg(transactionid) FILTER (WHERE locktype = 'transactionid'))
-	FROM pg_locks
+// that are exempt from the horizon, from one scan of the lock table; see readable. A
+// transaction is exempt when it holds the store's exemption lock, or when it runs in another
+// database: it holds a lock of another database (not 0, the shared catalogs) and none of this
+// one. Locks with no database (ids, virtual ids) say nothing either way.
+const exemptXids = `SELECT unnest(array_agg(transactionid) FILTER (WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock'))
+	FROM pg_locks, (SELECT oid AS here FROM pg_database WHERE datname = current_database()) d
 	WHERE granted AND virtualtransaction NOT LIKE '%/0'
-		AND ((locktype = 'transactionid' AND mode = 'ExclusiveLock')
-			OR (locktype = 'advisory' AND mode = 'ShareLock' AND classid = ` + ExemptClass + `::oid AND objid = {key} AND objsubid = 2
-				AND database = (SELECT oid FROM pg_database WHERE datname = current_database())))
-	GROUP BY virtualtransaction
-	HAVING bool_or(locktype = 'advisory')`
+	GROUP BY virtualtransaction, here
+	HAVING bool_or(locktype = 'advisory' AND mode = 'ShareLock' AND classid = ` + ExemptClass + `::oid AND objid = {key} AND objsubid = 2
+			AND database = here)
+		OR (bool_or(database <> 0 AND database <> here) AND NOT coalesce(bool_or(database = here), false))`
 
 // ExemptClass is the first key of the advisory lock that exempts a transaction from the
 // horizon ("nhzn" in ASCII); the second is {key}, the events table's OID, so that every store
