@@ -129,12 +129,19 @@ func TestHorizonOtherDatabase(t *testing.T) {
 		require.NoError(t, err)
 		_, err = tx.Exec(ctx, `PREPARE TRANSACTION 'here'`)
 		require.NoError(t, err)
+		committed := false
+		defer func() {
+			if !committed {
+				_, _ = admin.Exec(context.Background(), `ROLLBACK PREPARED 'here'`)
+			}
+		}()
 		appendTo(s, "q")
 
 		require.Equal(t, []string{"q"}, read(byPID), "control: tied by pid, the prepared transactions share a group and this database's passes for the other's")
 		require.Empty(t, read(""), "the reader waits for this database's prepared transaction")
 		_, err = admin.Exec(ctx, `COMMIT PREPARED 'here'`)
 		require.NoError(t, err)
+		committed = true
 		require.Empty(t, read(clusterWide), "control: the cluster-wide horizon waits for the other database's prepared transaction")
 		require.Equal(t, []string{"p", "q"}, read(""), "the events are read while the other database's transaction is prepared")
 	})
