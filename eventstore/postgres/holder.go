@@ -12,7 +12,8 @@ import (
 
 // HorizonHolder returns the open transaction that keeps committed events of the store
 // unreadable, or nil when no committed event waits. It names the transaction's session from
-// pg_stat_activity, in any database of the cluster; without the privilege to see other users'
+// pg_stat_activity, in any database of the cluster (a transaction of another database holds the
+// horizon only while it shows no lock there: it has only taken an id); without the privilege to see other users'
 // sessions (pg_read_all_stats) it gives the transaction id and the reason (Hidden).
 func (s *Store) HorizonHolder(ctx context.Context) (*eventstore.HorizonHolder, error) {
 	var (

@@ -2,6 +2,18 @@
 // events may not all be readable yet. The store (eventstore/postgres) reads below it, and the
 // driver core (package postgres) embeds it in the view nudge_projection_conditions, so both
 // take it from here.
+//
+// The horizon counts only transactions that may append to the store's events, so never one of
+// another database of the cluster (a backend never changes database): a batch job or a report
+// elsewhere holds no reader back. Such a transaction is recognised in the same scan of the lock
+// table as the exempt ones: under its virtual transaction it holds a lock of its database (a
+// relation, an advisory lock; prepared transactions keep theirs) and none of the store's. A
+// backend of database X holds locks of X, of the shared catalogs (database 0) and locks of
+// no database (transaction ids); the one exception, CREATE DATABASE, also locks relations of
+// the template and of the new database, but runs alone in its transaction and appends nothing.
+// A transaction of another database that has taken an id but holds no lock of that database
+// (only SELECT pg_current_xact_id(), or only shared catalogs) still holds readers back, and so
+// does every transaction in its commit window (see readable).
 package pghorizon
 
 import (
@@ -39,7 +51,8 @@ func Readable(schema string) string {
 // transaction that may append for exempt. exemptXids finds the exempt ones in pg_locks: every transaction
 // holds an ExclusiveLock on its own id (a lock it waits for on another's id is a ShareLock),
 // and an exempt one also holds the shared advisory lock (ExemptClass, the events table's OID);
-// the two are tied by virtualtransaction. Two rules keep that tie exact:
+// the two are tied by virtualtransaction; a transaction of another database is tied the same
+// way to a lock of its database. Two rules keep that tie exact:
 //
 //   - One snapshot of the lock table. pg_locks is a call of pg_lock_status(), each call a
 //     snapshot of its own; the locks are grouped in one scan, never joined across two. Two
@@ -53,23 +66,31 @@ func Readable(schema string) string {
 // Within one snapshot a live virtual transaction names one transaction: a backend releases all
 // its transaction locks before it starts the next transaction (session-level advisory locks
 // are the exception; a session holding this class and key itself declares every transaction it
-// runs exempt). eventstore/postgres's TestHorizonCommitWindow forces the commit-window
-// interleaving with gdb.
+// runs exempt). A scan reads the fast-path locks backend by backend before the shared lock
+// table, yet no two transactions share a live name: a new backend that takes a backend id goes
+// on with the local transaction counter its predecessor left (PostgreSQL keeps it per backend
+// slot: sinval's nextLXID), and prepared transactions are named "-1/<xid>". And the statement's
+// snapshot comes before the scan: a transaction of the snapshot that still holds its id lock at
+// the scan has held its backend since before it, so no backend that took its place later can
+// lend it its database. eventstore/postgres's TestHorizonCommitWindow and
+// TestHorizonOtherDatabaseSlotReuse force those interleavings with gdb.
 const readable = `(SELECT least(coalesce((SELECT min(x) FROM pg_snapshot_xip(s) x
 			WHERE x::xid <> ALL (ARRAY(` + exemptXids + `))),
 		pg_snapshot_xmax(s)), pg_current_xact_id_if_assigned())
 	FROM pg_current_snapshot() s)`
 
 // exemptXids lists the transaction ids (top level and subtransactions) of the transactions
-// that hold the store's exemption lock, from one scan of the lock table; see readable.
-const exemptXids = `SELECT unnest(array_agg(transactionid) FILTER (WHERE locktype = 'transactionid'))
-	FROM pg_locks
+// that are exempt from the horizon, from one scan of the lock table; see readable. A
+// transaction is exempt when it holds the store's exemption lock, or when it runs in another
+// database: it holds a lock of another database (not 0, the shared catalogs) and none of this
+// one. Locks with no database (ids, virtual ids) say nothing either way.
+const exemptXids = `SELECT unnest(array_agg(transactionid) FILTER (WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock'))
+	FROM pg_locks, (SELECT oid AS here FROM pg_database WHERE datname = current_database()) d
 	WHERE granted AND virtualtransaction NOT LIKE '%/0'
-		AND ((locktype = 'transactionid' AND mode = 'ExclusiveLock')
-			OR (locktype = 'advisory' AND mode = 'ShareLock' AND classid = ` + ExemptClass + `::oid AND objid = {key} AND objsubid = 2
-				AND database = (SELECT oid FROM pg_database WHERE datname = current_database())))
-	GROUP BY virtualtransaction
-	HAVING bool_or(locktype = 'advisory')`
+	GROUP BY virtualtransaction, here
+	HAVING bool_or(locktype = 'advisory' AND mode = 'ShareLock' AND classid = ` + ExemptClass + `::oid AND objid = {key} AND objsubid = 2
+			AND database = here)
+		OR (bool_or(database <> 0 AND database <> here) AND NOT coalesce(bool_or(database = here), false))`
 
 // ExemptClass is the first key of the advisory lock that exempts a transaction from the
 // horizon ("nhzn" in ASCII); the second is {key}, the events table's OID, so that every store
