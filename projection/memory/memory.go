@@ -249,6 +249,9 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, _ *pro
 		if err != nil {
 			return err
 		}
+		if release := b.claim(p, r.get(), &ver); release != nil {
+			defer release()
+		}
 		out, err := fn(ctx, b.unit(r, ver))
 		if err != nil {
 			return err

@@ -3,6 +3,8 @@ package memory
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/nudgeworks/nudge/eventstore"
@@ -81,6 +83,7 @@ func (b *Backend) versionInfo(ctx context.Context, p *projection.Projection) (pr
 	var active []*row
 	if v.state == projection.VersionActive {
 		info.Undropped = undropped(vs)
+		info.Claims = b.claims(vs)
 	}
 	if a := vs[activeOf(vs)]; a != nil && v.state == projection.VersionBuilding {
 		active = b.activeRows(a.unit, p.Partition())
@@ -358,4 +361,99 @@ func (b *Backend) DropRetiredTables(ctx context.Context, p *projection.Projectio
 		}
 		return nil
 	})
+}
+
+// claims returns the committed positions of the units of every building version among vs, by
+// version, in index order (projection.VersionInfo.Claims). The caller holds b.mu.
+func (b *Backend) claims(vs map[int]*version) [][]eventstore.Position {
+	var out [][]eventstore.Position
+	for _, n := range slices.Sorted(maps.Keys(vs)) {
+		if vs[n].state != projection.VersionBuilding {
+			continue
+		}
+		var positions []eventstore.Position
+		for _, name := range b.unitRows(vs[n].unit) {
+			positions = append(positions, b.rows[name].get().Position)
+		}
+		if len(positions) > 0 {
+			out = append(out, positions)
+		}
+	}
+	return out
+}
+
+// unitRows returns the names of the units of unit, a version's unit name, that have a status
+// row: itself, or its partitions in index order. The caller holds b.mu.
+func (b *Backend) unitRows(unit string) []string {
+	names := b.unitsOf(unit)
+	if len(names) > 1 {
+		names = names[1:] // a partitioned projection's definition keeps no position
+	}
+	var out []string
+	for _, name := range names {
+		if _, ok := b.rows[name]; ok {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// claim lets the batch of p, a building version's unit that has handled all the history it
+// may (st is at the active version's position or past it), claim the events after the
+// active version's position (projection.VersionInfo.Claiming): when p's version is the only
+// building one and the locks of the active version's units that can hold p's streams are
+// free, it takes them, reads the active version's positions anew and returns the function
+// that releases them (nil when it claims nothing). A busy active version is not waited for.
+func (b *Backend) claim(p *projection.Projection, st projection.Status, ver *projection.VersionInfo) func() {
+	if ver.State != projection.VersionBuilding || st.Position.Less(ver.ActivePosition) {
+		return nil
+	}
+	b.mu.Lock()
+	_, vs := b.versionOf(p.Definition().Name())
+	building := 0
+	for _, v := range vs {
+		if v.state == projection.VersionBuilding {
+			building++
+		}
+	}
+	a := vs[activeOf(vs)]
+	if building != 1 || a == nil || len(b.activeRows(a.unit, p.Partition())) == 0 {
+		b.mu.Unlock()
+		return nil
+	}
+	all := b.unitRows(a.unit)
+	active := b.activeRows(a.unit, p.Partition())
+	rows := make([]*row, len(all))
+	for k, name := range all {
+		rows[k] = b.rows[name]
+	}
+	b.mu.Unlock()
+	var taken []*row
+	release := func() {
+		for _, r := range taken {
+			<-r.lock
+		}
+	}
+	for _, r := range active {
+		select {
+		case r.lock <- struct{}{}:
+			taken = append(taken, r)
+		default:
+			release()
+			return nil
+		}
+	}
+	ver.Claiming, ver.ActivePartitions = true, nil
+	ver.ActivePosition = active[0].get().Position
+	for _, r := range active[1:] {
+		if at := r.get().Position; at.Less(ver.ActivePosition) {
+			ver.ActivePosition = at
+		}
+	}
+	if len(rows) > 1 {
+		for _, r := range rows {
+			ver.ActivePartitions = append(ver.ActivePartitions, r.get().Position)
+		}
+	}
+	return release
 }

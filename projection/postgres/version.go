@@ -123,6 +123,7 @@ func (b *Backend) queueVersionInfo(batch *pgx.Batch, ver *versionRead) {
 		}
 		return rows.Err()
 	})
+	b.queueClaims(batch, ver.unit, ver.info)
 }
 
 // lockVersion takes the lock of unit (a version's unit name; a partitioned projection's
