@@ -209,6 +209,13 @@ func (b *batch) read(ctx context.Context, u Unit) ([]eventstore.Event, error) {
 		return nil, fmt.Errorf("projection %s: read events after %s: %w", b.p.name, u.Status.Position, err)
 	}
 	b.exhausted = len(events) < b.limit
+	if b.building && u.Claim != nil && len(events) > 0 && b.version.ActivePosition.Less(events[len(events)-1].Position) {
+		// The read reaches past the active version's position: the batch claims those events
+		// if it can take the active version's locks now.
+		if b.version, err = u.Claim(ctx); err != nil {
+			return nil, fmt.Errorf("projection %s: claim the events after the active version's position: %w", b.p.name, err)
+		}
+	}
 	if b.building && !b.version.Claiming {
 		// History only: the events after the active version's position are handled in a
 		// batch that claims them or in the cut-over, under its lock, so that none is live in

@@ -398,14 +398,13 @@ func (b *Backend) unitRows(unit string) []string {
 	return out
 }
 
-// claim lets the batch of p, a building version's unit that has handled all the history it
-// may (st is at the active version's position or past it), claim the events after the
-// active version's position (projection.VersionInfo.Claiming): when p's version is the only
+// claim lets the batch of p, a building version's unit whose read reaches past the active
+// version's position, claim the events after it (projection.VersionInfo.Claiming): when p's version is the only
 // building one and the locks of the active version's units that can hold p's streams are
 // free, it takes them, reads the active version's positions anew and returns the function
 // that releases them (nil when it claims nothing). A busy active version is not waited for.
-func (b *Backend) claim(p *projection.Projection, st projection.Status, ver *projection.VersionInfo) func() {
-	if ver.State != projection.VersionBuilding || st.Position.Less(ver.ActivePosition) {
+func (b *Backend) claim(p *projection.Projection, ver *projection.VersionInfo) func() {
+	if ver.State != projection.VersionBuilding || ver.Claiming {
 		return nil
 	}
 	b.mu.Lock()

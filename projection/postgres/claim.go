@@ -60,15 +60,14 @@ func (b *Backend) queueClaims(batch *pgx.Batch, unit string, info *projection.Ve
 	})
 }
 
-// claim lets the batch of p, a building version's unit that has handled all the history it
-// may (its position st is the active version's, ver.ActivePosition, or past it), claim the
-// events after the active version's position: when p's version is the only building one and
+// claim lets the batch of p, a building version's unit whose read reaches past the active
+// version's position, claim the events after it (projection.Unit.Claim): when p's version is the only building one and
 // this transaction takes, without waiting, the locks of the active version's units that can
 // hold p's streams, it sets ver.Claiming and reads the active version's positions anew under
 // them. A busy active version (a batch of it holds its lock) is not waited for: the batch
 // then handles history only, as before.
-func (b *Backend) claim(ctx context.Context, tx pgx.Tx, p *projection.Projection, st projection.Status, ver *projection.VersionInfo) error {
-	if ver.State != projection.VersionBuilding || st.Position.Less(ver.ActivePosition) {
+func (b *Backend) claim(ctx context.Context, tx pgx.Tx, p *projection.Projection, ver *projection.VersionInfo) error {
+	if ver.State != projection.VersionBuilding {
 		return nil
 	}
 	part := p.Partition()
