@@ -64,7 +64,7 @@ func testVersionPastStoppedActive(t *testing.T, env Env) {
 		}
 	}
 	require.True(t, res.Activated, "version 2 did not cut over in 6 catch-ups: %v", errors.Join(errs...))
-	t.Logf("cut-over past a stopped version 1: %d events appended after it stopped (%d while version 2 built), cut-over handled %d events holding the locks %s (BatchTimeout %s)",
+	t.Logf("cut-over past a stopped version 1: %d events appended after it stopped (%d while version 2 built); the catch-up that cut over handled %d events, the cut-over held the locks %s (BatchTimeout %s)",
 		backlog+more, more, res.Events, res.CutOverHeld, timeout)
 	require.Less(t, res.CutOverHeld, timeout)
 
