@@ -112,10 +112,11 @@ type Attempt struct {
 // CutOver is the runner's work in Backend.Activate, on each unit of the building version (one
 // per partition, in index order).
 type CutOver struct {
-	// Behind reports whether the unit has more history left (events up to its
-	// VersionInfo.ActivePosition) than one batch: the cut-over then waits, so that it stays
-	// short (a partition not built yet would be built under the locks). The backend asks
-	// every unit before it runs any.
+	// Behind reports whether the unit has more events left to the head than one batch
+	// (history, or events after VersionInfo.ActivePosition it has not claimed yet): the
+	// cut-over then waits, so that it stays short (a partition not built yet would be built
+	// under the locks); the unit's own batches get it there, claiming what the active version
+	// has not handled. The backend asks every unit before it runs any.
 	Behind func(ctx context.Context, unit *Projection, u Unit) (bool, error)
 	// Run brings the unit to the head and returns the outcome to store.
 	Run func(ctx context.Context, unit *Projection, u Unit) (Outcome, error)

@@ -203,9 +203,10 @@ type Activation struct {
 	Reason string
 	// Previous is the version that was active before (0 when none was).
 	Previous int
-	// Behind is true when it is not active because a unit of the version had more history
-	// left than one batch (Config.BatchSize) when the cut-over looked: it catches up first, so
-	// the cut-over stays short.
+	// Behind is true when it is not active because a unit of the version had more events
+	// left to the head than one batch (Config.BatchSize) when the cut-over looked: it catches
+	// up first (claiming what the active version has not handled), so the cut-over stays
+	// short.
 	Behind bool
 	// Events counts the events the cut-over handled under the locks.
 	Events int

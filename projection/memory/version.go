@@ -246,7 +246,7 @@ func (b *Backend) behind(ctx context.Context, co projection.CutOver, cus []cutov
 			return "", err
 		}
 		if behind {
-			return fmt.Sprintf("%s (version %d) has more than a batch of history left", cu.p.Name(), cu.p.Version()), nil
+			return fmt.Sprintf("%s (version %d) has more than a batch of events left to the head", cu.p.Name(), cu.p.Version()), nil
 		}
 	}
 	return "", nil

@@ -447,7 +447,7 @@ func (c *cutover) level(ctx context.Context, co projection.CutOver) (bool, error
 			}
 			continue
 		}
-		c.act.Reason = fmt.Sprintf("%s (version %d) has more than a batch of history left", u.p.Name(), c.p.Version())
+		c.act.Reason = fmt.Sprintf("%s (version %d) has more than a batch of events left to the head", u.p.Name(), c.p.Version())
 		c.act.Behind = true
 		return false, nil
 	}

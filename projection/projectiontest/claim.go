@@ -3,6 +3,7 @@ package projectiontest
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,22 +25,23 @@ func spend(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// testVersionPastStoppedActive: version 1's worker stops while appends go on, more than
+// testVersionPastStoppedActive: version 1's worker (with from partitions; 1: unpartitioned)
+// stops while appends go on, more than
 // Config.BatchTimeout's worth of version 2's work (a known cost per event), and go on while
-// version 2 builds. Version 2 builds past version 1's frozen position in ordinary batches,
+// version 2 (with to partitions) builds. Version 2 builds past version 1's frozen position in ordinary batches,
 // claiming those events (handled live), and cuts over once the gap left is small, in a short
 // transaction: every event is in version 2's read model once and has its side effect once.
 // (A cut-over that handled everything appended since version 1 stopped, in one transaction
 // bounded by BatchTimeout, timed out on every retry, each with more to do.)
-func testVersionPastStoppedActive(t *testing.T, env Env) {
+func testVersionPastStoppedActive(t *testing.T, env Env, from, to int) {
 	ctx := context.Background()
 	s := newSink()
 	s.cost = time.Millisecond
 	const timeout = 250 * time.Millisecond
-	cfg := func(version int) projection.Config {
-		return projection.Config{Version: version, BatchSize: 20, BatchTimeout: timeout, MaxBatchDuration: timeout / 2}
+	cfg := func(version, partitions int) projection.Config {
+		return projection.Config{Version: version, Partitions: partitions, BatchSize: 20, BatchTimeout: timeout, MaxBatchDuration: timeout / 2}
 	}
-	v1, v2 := s.projectionWith(t, "vstopped", cfg(1)), s.projectionWith(t, "vstopped", cfg(2))
+	v1, v2 := s.projectionWith(t, "vstopped", cfg(1, from)), s.projectionWith(t, "vstopped", cfg(2, to))
 	const history = 50
 	buildBeside(t, env, v1, v2, func() { appendSpread(t, env.Store, 0, history) })
 	// Version 1's worker stops here: twice BatchTimeout's worth of version 2's work is appended,
@@ -48,7 +50,7 @@ func testVersionPastStoppedActive(t *testing.T, env Env) {
 	AppendN(t, env.Store, history, backlog)
 	total, more := history+backlog, 0
 	r, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t), OnBatch: func(b projection.BatchReport) {
-		if b.Projection == v2.Name() && b.Err == nil && more < 300 {
+		if strings.HasPrefix(b.Projection, v2.Name()) && b.Err == nil && more < 300 {
 			appendSpread(t, env.Store, total+more, 10)
 			more += 10
 		}
