@@ -25,8 +25,10 @@ const (
 	// catches up as any projection does.
 	VersionActive VersionState = "active"
 	// VersionBuilding: a newer version built beside the active one, from the start of the store,
-	// as a unit of its own. It handles only history (events the active version has already
-	// handled) until the cut-over, which brings it to the head and makes it active at once.
+	// as a unit of its own. It handles history (events the active version has already
+	// handled) as a replay, and the events after the active version's position live, in
+	// batches that claim them (VersionInfo.Claiming), until the cut-over, which brings it to
+	// the head and makes it active at once.
 	VersionBuilding VersionState = "building"
 	// VersionRetired: a version a newer one replaced (or one older than the active version
 	// when it was first registered). Its batches do nothing; its DeleteFunc drops its read
