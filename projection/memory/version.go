@@ -407,26 +407,10 @@ func (b *Backend) claim(p *projection.Projection, ver *projection.VersionInfo) f
 	if ver.State != projection.VersionBuilding || ver.Claiming {
 		return nil
 	}
-	b.mu.Lock()
-	_, vs := b.versionOf(p.Definition().Name())
-	building := 0
-	for _, v := range vs {
-		if v.state == projection.VersionBuilding {
-			building++
-		}
-	}
-	a := vs[activeOf(vs)]
-	if building != 1 || a == nil || len(b.activeRows(a.unit, p.Partition())) == 0 {
-		b.mu.Unlock()
+	rows, active := b.claimable(p)
+	if len(active) == 0 {
 		return nil
 	}
-	all := b.unitRows(a.unit)
-	active := b.activeRows(a.unit, p.Partition())
-	rows := make([]*row, len(all))
-	for k, name := range all {
-		rows[k] = b.rows[name]
-	}
-	b.mu.Unlock()
 	var taken []*row
 	release := func() {
 		for _, r := range taken {
@@ -455,4 +439,27 @@ func (b *Backend) claim(p *projection.Projection, ver *projection.VersionInfo) f
 		}
 	}
 	return release
+}
+
+// claimable returns the rows of the active version's units (all, in index order) and of those
+// that can hold p's streams, when p's version is its projection's only building one; nothing
+// otherwise.
+func (b *Backend) claimable(p *projection.Projection) (all, active []*row) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, vs := b.versionOf(p.Definition().Name())
+	building := 0
+	for _, v := range vs {
+		if v.state == projection.VersionBuilding {
+			building++
+		}
+	}
+	a := vs[activeOf(vs)]
+	if building != 1 || a == nil {
+		return nil, nil
+	}
+	for _, name := range b.unitRows(a.unit) {
+		all = append(all, b.rows[name])
+	}
+	return all, b.activeRows(a.unit, p.Partition())
 }
