@@ -112,10 +112,11 @@ type Attempt struct {
 // CutOver is the runner's work in Backend.Activate, on each unit of the building version (one
 // per partition, in index order).
 type CutOver struct {
-	// Behind reports whether the unit has more history left (events up to its
-	// VersionInfo.ActivePosition) than one batch: the cut-over then waits, so that it stays
-	// short (a partition not built yet would be built under the locks). The backend asks
-	// every unit before it runs any.
+	// Behind reports whether the unit has more events left to the head than one batch
+	// (history, or events after VersionInfo.ActivePosition it has not claimed yet): the
+	// cut-over then waits, so that it stays short (a partition not built yet would be built
+	// under the locks); the unit's own batches get it there, claiming what the active version
+	// has not handled. The backend asks every unit before it runs any.
 	Behind func(ctx context.Context, unit *Projection, u Unit) (bool, error)
 	// Run brings the unit to the head and returns the outcome to store.
 	Run func(ctx context.Context, unit *Projection, u Unit) (Outcome, error)
@@ -154,6 +155,11 @@ type Unit struct {
 	ReadStream func(ctx context.Context, streamID string, afterVersion int64, limit int) ([]eventstore.Event, error)
 	// Version is the unit's version record, read under the unit's lock.
 	Version VersionInfo
+	// Claim, for a building version's unit, tries to take the locks of the active version's
+	// units that can hold the unit's streams, without waiting, for the rest of the unit, and
+	// returns the version record read anew under them, with Claiming set when it took them
+	// (see VersionInfo.Claiming). Nil when the unit cannot claim.
+	Claim func(ctx context.Context) (VersionInfo, error)
 	// Parked are the projection's parked streams by stream id, read under the unit's lock, so a
 	// batch and a redrive (or a park, skip or purge) never interleave.
 	Parked map[string]ParkedStream

@@ -287,9 +287,17 @@ func (b *batch) read(ctx context.Context, u Unit) ([]eventstore.Event, error) {
 		return nil, fmt.Errorf("projection %s: read events after %s: %w", b.p.name, u.Status.Position, err)
 	}
 	b.exhausted = len(events) < b.limit
-	if b.building {
-		// History only: the events after the active version's position are handled in the
-		// cut-over, under its lock, so that none is live in both versions.
+	if b.building && u.Claim != nil && len(events) > 0 && b.version.ActivePosition.Less(events[len(events)-1].Position) {
+		// The read reaches past the active version's position: the batch claims those events
+		// if it can take the active version's locks now.
+		if b.version, err = u.Claim(ctx); err != nil {
+			return nil, fmt.Errorf("projection %s: claim the events after the active version's position: %w", b.p.name, err)
+		}
+	}
+	if b.building && !b.version.Claiming {
+		// History only: the events after the active version's position are handled in a
+		// batch that claims them or in the cut-over, under its lock, so that none is live in
+		// both versions.
 		n := len(events)
 		events = slices.DeleteFunc(events, func(e eventstore.Event) bool { return b.version.ActivePosition.Less(e.Position) })
 		b.exhausted = b.exhausted || len(events) < n
@@ -389,11 +397,18 @@ func (b *batch) handle(ctx context.Context, tx pgx.Tx, events []eventstore.Event
 	return events, handled, nil
 }
 
-// replays reports whether the batch handles e as history (Replaying): every event of a
-// building version's batch; in a cut-over, an event the active version has already handled
-// (it moved on since the building version was last level with it).
+// replays reports whether the batch handles e as history (Replaying): in a building
+// version's batch, every event the active version has handled (all of them, unless the batch
+// claims); in a cut-over, the same (it moved on since the building version was last level
+// with it); in the active version's batch, an event a building version claimed.
 func (b *batch) replays(e eventstore.Event) bool {
-	return b.building || (b.cutOver && b.version.State == VersionBuilding && b.version.activeHandled(e))
+	switch {
+	case b.building:
+		return !b.version.Claiming || b.version.activeHandled(e)
+	case b.version.State == VersionBuilding:
+		return b.cutOver && b.version.activeHandled(e)
+	}
+	return b.version.claimed(e)
 }
 
 // failAt records the *HandlerError err as the batch's failure, with the index of its event.

@@ -73,8 +73,10 @@ func (r *Runner) activateIn(ctx context.Context, p, caller *Projection, res *Res
 }
 
 // cutOver is the cut-over's work on each unit of the building version: whether it is behind
-// (more than a batch of history left; never caller, the unit just found level), then batches of the events after its position until a
-// read comes back short, their outcomes summed into one. Events the active version handled
+// (more than a batch of events left to the head: history, or events after the active
+// version's position it has not claimed yet; never caller, the unit just found level), then
+// batches of the events after its position until a read comes back short, their outcomes
+// summed into one. Events the active version handled
 // meanwhile are history (Replaying); the rest are live. It sets *failed to the batch that
 // failed, if one does.
 func (r *Runner) cutOver(failed **batch, caller *Projection) CutOver {
@@ -88,7 +90,7 @@ func (r *Runner) cutOver(failed **batch, caller *Projection) CutOver {
 			if err != nil {
 				return false, fmt.Errorf("projection %s: read events after %s: %w", p.name, u.Status.Position, err)
 			}
-			return len(events) == limit && !u.Version.ActivePosition.Less(events[limit-1].Position), nil
+			return len(events) == limit, nil
 		},
 		Run: func(ctx context.Context, p *Projection, u Unit) (Outcome, error) {
 			total := Outcome{Position: u.Status.Position, State: u.Status.State}

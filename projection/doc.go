@@ -39,8 +39,11 @@
 // Config.Version versions a read model. A definition with a higher version than the active one
 // runs as a unit of its own (UnitName: "ticket_list.v2"), built from the start beside the
 // active version while that one keeps serving; its handlers see history as a replay
-// (Replaying, Event.Replay). Once level with the active version, one transaction holding both
-// versions' locks brings it to the head, points the stable names of Config.Tables (views) at its
+// (Replaying, Event.Replay). Its batches that read past the active version's position take
+// that version's lock when it is free and handle those events live, claiming them (an active
+// version that resumes handles them as history): a stopped active version does not hold the
+// build back. Once it is within a batch of the head, one short transaction holding both
+// versions' locks handles the rest, points the stable names of Config.Tables (views) at its
 // tables (Projection.Table) and makes it active; the old version's batches then do nothing, and
 // its DeleteFunc drops its read model after Config.RetireGrace (or Runner.DropRetired). A
 // version 1 that wrote a plain table under a stable name is adopted by the first newer version

@@ -25,8 +25,10 @@ const (
 	// catches up as any projection does.
 	VersionActive VersionState = "active"
 	// VersionBuilding: a newer version built beside the active one, from the start of the store,
-	// as a unit of its own. It handles only history (events the active version has already
-	// handled) until the cut-over, which brings it to the head and makes it active at once.
+	// as a unit of its own. It handles history (events the active version has already
+	// handled) as a replay, and the events after the active version's position live, in
+	// batches that claim them (VersionInfo.Claiming), until the cut-over, which brings it to
+	// the head and makes it active at once.
 	VersionBuilding VersionState = "building"
 	// VersionRetired: a version a newer one replaced (or one older than the active version
 	// when it was first registered). Its batches do nothing; its DeleteFunc drops its read
@@ -111,8 +113,10 @@ type replayKey struct{}
 // Replaying reports whether the handler called with ctx handles history: a building version
 // handling an event that the active version has already handled (and whose side effects have
 // already happened). A handler with side effects outside the read model (an e-mail, a webhook)
-// skips them when it is true. It is false for every event of an active version, and for the
-// events a building version handles in the cut-over (after the active version's position).
+// skips them when it is true. It is false for the events a building version handles after
+// the active version's position (it claims them in its batches, or handles them in the
+// cut-over), and for every event of an active version but those a building version has
+// claimed (a stopped active version that resumes handles them as history).
 func Replaying(ctx context.Context) bool {
 	replay, _ := ctx.Value(replayKey{}).(bool)
 	return replay
@@ -138,6 +142,20 @@ type VersionInfo struct {
 	// positions in index order: a cut-over tells history (an event the active version has
 	// handled, Replaying) from live events per event, by its stream's active partition.
 	ActivePartitions []eventstore.Position
+	// Claiming is, for a building version's unit, true when its batch holds the locks of the
+	// active version's units that can hold its streams (taken without waiting: a busy active
+	// version is not waited for): the batch then handles the events after the active
+	// version's position too, live, and claims them by committing its position past them (see
+	// Claims). ActivePosition and ActivePartitions are read under those locks. Only the one
+	// building version of a projection claims; with two building, neither does.
+	Claiming bool
+	// Claims are, for an active version, the committed positions of the units of each
+	// building version (one list per building version, its units in index order), read under
+	// the unit's lock: an event after the unit's position and at or before the position of the
+	// building unit that holds its stream was claimed — handled live — by that version, and
+	// the active version handles it as history (Replaying), so its read model stays complete
+	// and the event's side effects are not repeated.
+	Claims [][]eventstore.Position
 	// RetiredAt is when a retired version was retired; DroppedAt when its read model was
 	// dropped (zero while it is kept).
 	RetiredAt, DroppedAt time.Time
@@ -162,6 +180,17 @@ func (v VersionInfo) activeHandled(e eventstore.Event) bool {
 	return !at.Less(e.Position)
 }
 
+// claimed reports whether a building version has claimed e (handled it live): whether e,
+// read by the active version after its position, is history for it.
+func (v VersionInfo) claimed(e eventstore.Event) bool {
+	for _, units := range v.Claims {
+		if len(units) > 0 && !units[eventstore.PartitionOf(e.StreamID, len(units))].Less(e.Position) {
+			return true
+		}
+	}
+	return false
+}
+
 // RetiredVersion names a retired version and when it was retired.
 type RetiredVersion struct {
 	Version   int
@@ -176,9 +205,10 @@ type Activation struct {
 	Reason string
 	// Previous is the version that was active before (0 when none was).
 	Previous int
-	// Behind is true when it is not active because a unit of the version had more history
-	// left than one batch (Config.BatchSize) when the cut-over looked: it catches up first, so
-	// the cut-over stays short.
+	// Behind is true when it is not active because a unit of the version had more events
+	// left to the head than one batch (Config.BatchSize) when the cut-over looked: it catches
+	// up first (claiming what the active version has not handled), so the cut-over stays
+	// short.
 	Behind bool
 	// Events counts the events the cut-over handled under the locks.
 	Events int

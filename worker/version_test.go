@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/channel"
+	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/projection/projectiontest"
 	"github.com/nudgeworks/nudge/worker"
@@ -139,5 +140,78 @@ func TestRetiredSubscriptionIsUndeclared(t *testing.T) {
 		require.True(t, isDeclared(v2.Name()))
 		appendOne()
 		require.Eventually(t, func() bool { return count() == n }, eventually, 10*time.Millisecond, "version 2 serves every event")
+	})
+}
+
+// costlyModel is versionedModel with cfg (its Version and Tables set here) and a handler that
+// takes cost per event.
+func costlyModel(t testing.TB, version int, cfg projection.Config, cost time.Duration) *projection.Projection {
+	t.Helper()
+	var p *projection.Projection
+	cfg.Version, cfg.Tables = version, []string{"blue_model"}
+	cfg.InitFunc = func(ctx context.Context, hp projection.HookParams) error {
+		_, err := hp.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+p.Table("blue_model")+` (n int PRIMARY KEY, times int NOT NULL)`)
+		return err
+	}
+	p, err := projection.New("blue", cfg, projection.On("A", func(ctx context.Context, tx pgx.Tx, e projection.Event[projectiontest.Payload]) error {
+		if cost > 0 {
+			timer := time.NewTimer(cost)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				timer.Stop()
+				return ctx.Err()
+			}
+		}
+		table := p.Table("blue_model")
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1, 1) ON CONFLICT (n) DO UPDATE SET times = `+table+`.times + 1`, e.Data.N)
+		return err
+	}))
+	require.NoError(t, err)
+	return p
+}
+
+// TestRollingDeployPastAStoppedVersionOne: a rolling deploy stops version 1's only worker
+// first; meanwhile events are appended, more than version 2 can handle within BatchTimeout (a
+// known cost per event). Version 2's worker starts, builds past version 1's frozen position in
+// ordinary batches (claiming those events) and cuts over by itself, while appends go on;
+// readers of the view then see every event once.
+func TestRollingDeployPastAStoppedVersionOne(t *testing.T) {
+	t.Parallel()
+	eachChannel(t, func(t *testing.T, s *setup, ch channel.Channel) {
+		ctx := context.Background()
+		cfg := projection.Config{BatchSize: 50, BatchTimeout: 300 * time.Millisecond, MaxBatchDuration: 150 * time.Millisecond}
+		v1, v2 := costlyModel(t, 1, cfg, 0), costlyModel(t, 2, cfg, time.Millisecond)
+		count := func(table string) (rows int) {
+			require.NoError(t, s.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&rows))
+			return rows
+		}
+		appendN := func(from, n int) {
+			events := make([]eventstore.EventData, n)
+			for i := range events {
+				events[i] = storeEvent(from + i)
+			}
+			s.append(t, fmt.Sprintf("s-%d", from%3), events...)
+		}
+		_, stop := s.startStoppable(t, ch, worker.Config{}, v1)
+		appendN(0, 50)
+		require.Eventually(t, func() bool { return count("blue_model") == 50 }, eventually, 10*time.Millisecond)
+		stop() // version 1's only worker stops first
+		for k := range 12 {
+			appendN(50+50*k, 50) // 600 events: 600 ms of version 2's handlers, twice BatchTimeout
+		}
+		s.start(t, ch, worker.Config{}, v2)
+		for k := range 5 {
+			appendN(650+10*k, 10) // appends go on
+		}
+		require.Eventually(t, func() bool {
+			var active int
+			require.NoError(t, s.db.Pool.QueryRow(ctx, `SELECT version FROM nudge_projection_versions WHERE projection = 'blue' AND state = 'active'`).Scan(&active))
+			return active == 2 && count("blue_model") == 700
+		}, eventually, 10*time.Millisecond)
+		var wrong int
+		require.NoError(t, s.db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE times <> 1) FROM blue_model`).Scan(&wrong))
+		require.Zero(t, wrong, "every event in version 2's model once")
+		require.Equal(t, 700, count("blue_model_v2"), "the view is version 2's table")
 	})
 }

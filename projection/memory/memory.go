@@ -245,11 +245,24 @@ func (*Backend) Seal(seal.Token) {}
 // RunBatch implements projection.Backend.
 func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, _ *projection.ReadAhead, fn projection.BatchFunc) error {
 	return b.locked(ctx, p.Name(), func(r *row) error {
+		var releases []func() // the active version's locks a claim took
 		ver, err := b.versionInfo(ctx, p)
 		if err != nil {
 			return err
 		}
-		out, err := fn(ctx, b.unit(r, ver))
+		u := b.unit(r, ver)
+		u.Claim = func(context.Context) (projection.VersionInfo, error) {
+			if release := b.claim(p, &ver); release != nil {
+				releases = append(releases, release)
+			}
+			return ver, nil
+		}
+		defer func() {
+			for _, release := range releases {
+				release()
+			}
+		}()
+		out, err := fn(ctx, u)
 		if err != nil {
 			return err
 		}

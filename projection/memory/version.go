@@ -3,6 +3,8 @@ package memory
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/nudgeworks/nudge/eventstore"
@@ -81,6 +83,7 @@ func (b *Backend) versionInfo(ctx context.Context, p *projection.Projection) (pr
 	var active []*row
 	if v.state == projection.VersionActive {
 		info.Undropped = undropped(vs)
+		info.Claims = b.claims(vs)
 	}
 	if a := vs[activeOf(vs)]; a != nil && v.state == projection.VersionBuilding {
 		active = b.activeRows(a.unit, p.Partition())
@@ -243,7 +246,7 @@ func (b *Backend) behind(ctx context.Context, co projection.CutOver, cus []cutov
 			return "", err
 		}
 		if behind {
-			return fmt.Sprintf("%s (version %d) has more than a batch of history left", cu.p.Name(), cu.p.Version()), nil
+			return fmt.Sprintf("%s (version %d) has more than a batch of events left to the head", cu.p.Name(), cu.p.Version()), nil
 		}
 	}
 	return "", nil
@@ -358,4 +361,105 @@ func (b *Backend) DropRetiredTables(ctx context.Context, p *projection.Projectio
 		}
 		return nil
 	})
+}
+
+// claims returns the committed positions of the units of every building version among vs, by
+// version, in index order (projection.VersionInfo.Claims). The caller holds b.mu.
+func (b *Backend) claims(vs map[int]*version) [][]eventstore.Position {
+	var out [][]eventstore.Position
+	for _, n := range slices.Sorted(maps.Keys(vs)) {
+		if vs[n].state != projection.VersionBuilding {
+			continue
+		}
+		var positions []eventstore.Position
+		for _, name := range b.unitRows(vs[n].unit) {
+			positions = append(positions, b.rows[name].get().Position)
+		}
+		if len(positions) > 0 {
+			out = append(out, positions)
+		}
+	}
+	return out
+}
+
+// unitRows returns the names of the units of unit, a version's unit name, that have a status
+// row: itself, or its partitions in index order. The caller holds b.mu.
+func (b *Backend) unitRows(unit string) []string {
+	names := b.unitsOf(unit)
+	if len(names) > 1 {
+		names = names[1:] // a partitioned projection's definition keeps no position
+	}
+	var out []string
+	for _, name := range names {
+		if _, ok := b.rows[name]; ok {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// claim lets the batch of p, a building version's unit whose read reaches past the active
+// version's position, claim the events after it (projection.VersionInfo.Claiming): when p's version is the only
+// building one and the locks of the active version's units that can hold p's streams are
+// free, it takes them, reads the active version's positions anew and returns the function
+// that releases them (nil when it claims nothing). A busy active version is not waited for.
+func (b *Backend) claim(p *projection.Projection, ver *projection.VersionInfo) func() {
+	if ver.State != projection.VersionBuilding || ver.Claiming {
+		return nil
+	}
+	rows, active := b.claimable(p)
+	if len(active) == 0 {
+		return nil
+	}
+	var taken []*row
+	release := func() {
+		for _, r := range taken {
+			<-r.lock
+		}
+	}
+	for _, r := range active {
+		select {
+		case r.lock <- struct{}{}:
+			taken = append(taken, r)
+		default:
+			release()
+			return nil
+		}
+	}
+	ver.Claiming, ver.ActivePartitions = true, nil
+	ver.ActivePosition = active[0].get().Position
+	for _, r := range active[1:] {
+		if at := r.get().Position; at.Less(ver.ActivePosition) {
+			ver.ActivePosition = at
+		}
+	}
+	if len(rows) > 1 {
+		for _, r := range rows {
+			ver.ActivePartitions = append(ver.ActivePartitions, r.get().Position)
+		}
+	}
+	return release
+}
+
+// claimable returns the rows of the active version's units (all, in index order) and of those
+// that can hold p's streams, when p's version is its projection's only building one; nothing
+// otherwise.
+func (b *Backend) claimable(p *projection.Projection) (all, active []*row) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, vs := b.versionOf(p.Definition().Name())
+	building := 0
+	for _, v := range vs {
+		if v.state == projection.VersionBuilding {
+			building++
+		}
+	}
+	a := vs[activeOf(vs)]
+	if building != 1 || a == nil {
+		return nil, nil
+	}
+	for _, name := range b.unitRows(a.unit) {
+		all = append(all, b.rows[name])
+	}
+	return all, b.activeRows(a.unit, p.Partition())
 }

@@ -282,6 +282,10 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, want *
 	queue := func(batch *pgx.Batch) { b.queueLock(batch, p.Name(), &st, parked, versionOf(p, &ver), ahead) }
 	err := b.inLockedTx(ctx, batchExempt(p), queue, func(tx pgx.Tx) (*pgx.Batch, error) {
 		u := b.unit(tx, st, parked, ver)
+		u.Claim = func(ctx context.Context) (projection.VersionInfo, error) {
+			err := b.claim(ctx, tx, p, &ver)
+			return ver, err
+		}
 		if ahead != nil {
 			read := u.Read
 			u.Read = func(ctx context.Context, after eventstore.Position, opts eventstore.ReadOptions) ([]eventstore.Event, error) {

@@ -34,6 +34,8 @@ type statements struct {
 	selectPartitionPositions, selectPartitionNames                                                  string
 	retireActive, activateVersion, markDropped, deleteVersion, deadLettersExist, pendingDeadLetters string
 	recordAdopted, selectVersionTables                                                              string
+	// Claims: see claim.go.
+	selectClaims, claimActive, selectActivePositions string
 }
 
 // lagWindow bounds the events a status reads to count a projection's lag: up to that many,
@@ -76,6 +78,7 @@ func newStatements(schema, horizon string) statements {
 	s.addAttemptSQL(r)
 	s.addParkSQL(r)
 	s.addVersionSQL(r)
+	s.addClaimSQL(r)
 	s.addPartitionSQL(r)
 	return s
 }

@@ -123,6 +123,7 @@ func (b *Backend) queueVersionInfo(batch *pgx.Batch, ver *versionRead) {
 		}
 		return rows.Err()
 	})
+	b.queueClaims(batch, ver.unit, ver.info)
 }
 
 // lockVersion takes the lock of unit (a version's unit name; a partitioned projection's
@@ -446,7 +447,7 @@ func (c *cutover) level(ctx context.Context, co projection.CutOver) (bool, error
 			}
 			continue
 		}
-		c.act.Reason = fmt.Sprintf("%s (version %d) has more than a batch of history left", u.p.Name(), c.p.Version())
+		c.act.Reason = fmt.Sprintf("%s (version %d) has more than a batch of events left to the head", u.p.Name(), c.p.Version())
 		c.act.Behind = true
 		return false, nil
 	}

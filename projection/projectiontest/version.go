@@ -31,6 +31,11 @@ var versionTests = []struct {
 	{"VersionPartitioned4To8", func(t *testing.T, env Env) { testVersionPartitioned(t, env, 4, 8) }},
 	{"VersionPartitioned4To1", func(t *testing.T, env Env) { testVersionPartitioned(t, env, 4, 1) }},
 	{"VersionPartitioned3To4", func(t *testing.T, env Env) { testVersionPartitioned(t, env, 3, 4) }},
+	{"VersionCutsOverPastAStoppedActive", func(t *testing.T, env Env) { testVersionPastStoppedActive(t, env, 1, 1) }},
+	{"VersionCutsOverPastAStoppedActivePartitioned3To4", func(t *testing.T, env Env) { testVersionPastStoppedActive(t, env, 3, 4) }},
+	{"VersionClaimedEventsAreHistoryForTheActive", func(t *testing.T, env Env) { testVersionClaimResume(t, env, 1, 1) }},
+	{"VersionClaimedEventsAreHistoryForTheActivePartitioned3To4", func(t *testing.T, env Env) { testVersionClaimResume(t, env, 3, 4) }},
+	{"VersionClaimedEventsAreHistoryForTheActivePartitioned1To4", func(t *testing.T, env Env) { testVersionClaimResume(t, env, 1, 4) }},
 }
 
 // sink counts, per version, the events each handled live (a side effect) and as history.
@@ -39,10 +44,15 @@ type sink struct {
 	live    map[int]map[int]int // version → payload N → times
 	history map[int]int         // version → events handled as history
 	refuse  map[int]bool        // payload N the handlers of version 2 fail on
+	handled map[int]map[int]int // version → payload N → times handled, live or as history
+	// cost is what each event costs version 2's handler (waited out, or until the context
+	// ends): a known per-event cost against Config.BatchTimeout.
+	cost time.Duration
 }
 
 func newSink() *sink {
-	return &sink{live: map[int]map[int]int{1: {}, 2: {}}, history: map[int]int{}, refuse: map[int]bool{}}
+	return &sink{live: map[int]map[int]int{1: {}, 2: {}}, history: map[int]int{}, refuse: map[int]bool{},
+		handled: map[int]map[int]int{1: {}, 2: {}}}
 }
 
 func (s *sink) projection(t *testing.T, version int) *projection.Projection {
@@ -56,6 +66,11 @@ func (s *sink) projectionWith(t *testing.T, name string, cfg projection.Config) 
 	version := cfg.Version
 	p, err := projection.New(name, cfg,
 		projection.OnIdempotent("A", func(ctx context.Context, e projection.Event[Payload]) error {
+			if version == 2 && s.cost > 0 {
+				if err := spend(ctx, s.cost); err != nil {
+					return err
+				}
+			}
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if version == 2 && s.refuse[e.Data.N] {
@@ -64,6 +79,7 @@ func (s *sink) projectionWith(t *testing.T, name string, cfg projection.Config) 
 			if e.Replay != projection.Replaying(ctx) {
 				return errors.New("Event.Replay and Replaying disagree")
 			}
+			s.handled[version][e.Data.N]++
 			if e.Replay {
 				s.history[version]++
 			} else {
