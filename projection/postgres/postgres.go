@@ -433,16 +433,23 @@ func (b *Backend) outcome(p *projection.Projection, st projection.Status, out pr
 		batch.Queue(b.sql.recordSkip, p.Name(), [16]byte(k.Event.ID), k.Event.Type, k.Event.StreamID,
 			k.Event.Position.TransactionID, k.Event.Position.GlobalPosition, k.By, k.Reason, k.Forced, k.At)
 	}
+	clock := out.CommitClock
 	if out.Processed != 0 || out.Position != st.Position || out.State != st.State || out.ClearFailure {
-		advance := b.sql.advance
+		advance, advanceClock := b.sql.advance, b.sql.advanceClock
 		if out.ClearFailure {
-			advance = b.sql.advanceClearing
+			advance, advanceClock = b.sql.advanceClearing, b.sql.advanceClearingClock
 		}
-		batch.Queue(advance, p.Name(), out.Position.TransactionID, out.Position.GlobalPosition, out.Processed, string(out.State))
+		args := []any{p.Name(), out.Position.TransactionID, out.Position.GlobalPosition, out.Processed, string(out.State)}
+		if clock == nil {
+			batch.Queue(advance, args...)
+			return batch
+		}
+		// The advance is the last statement before COMMIT, in its round trip: it returns the
+		// batch's commit in the database's clock, the clock of the events' recorded_at.
+		batch.Queue(advanceClock, args...).QueryRow(func(row pgx.Row) error { return row.Scan(clock) })
+		return batch
 	}
-	if clock := out.CommitClock; clock != nil {
-		// Last before COMMIT, in its round trip: the batch's commit in the database's clock,
-		// the clock of the events' recorded_at.
+	if clock != nil {
 		batch.Queue("SELECT clock_timestamp()").QueryRow(func(row pgx.Row) error { return row.Scan(clock) })
 	}
 	return batch

@@ -16,6 +16,9 @@ type statements struct {
 	startAttempt, endAttempt                                                              string
 	// advance moves a projection's position on; advanceClearing also clears its failure.
 	advance, advanceClearing string
+	// advanceClock and advanceClearingClock are the same returning the database's clock, read
+	// last in the batch's transaction (projection.Outcome.CommitClock).
+	advanceClock, advanceClearingClock string
 	// Parked streams: see park.go.
 	selectParked, insertParked, addHeld, deleteParked, recordParkAction, parkFailed, clearParked string
 	// selectParkedOf is selectParked for one projection, the statement of every batch.
@@ -160,6 +163,8 @@ func (s *statements) addWriteSQL(r *strings.Replacer) {
 	s.advanceClearing = r.Replace(strings.ReplaceAll(advance, "{clear}", `
 			last_error = NULL, failing_transaction_id = NULL, failing_global_position = NULL, failing_event_id = NULL,
 			failing_event_type = NULL, failing_stream_id = NULL, attempts = 0, first_failed_at = NULL, last_failed_at = NULL,`))
+	s.advanceClock = s.advance + " RETURNING clock_timestamp()"
+	s.advanceClearingClock = s.advanceClearing + " RETURNING clock_timestamp()"
 	s.recordSkip = r.Replace(`INSERT INTO {skips} (projection, event_id, event_type, stream_id, transaction_id, global_position,
 			skipped_by, reason, forced, skipped_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`)
 	// Recorded only while the position is still before the failing event: another worker
