@@ -68,6 +68,7 @@ func fleetCases(quick bool, counts []int) []fleetCase {
 type fleetFigures struct {
 	latency            Latency
 	appended           int
+	appendsPerS        float64 // over the append window
 	seconds            float64 // from the first measured append until every event was visible
 	pgCPU              time.Duration
 	transactions       int64
@@ -83,6 +84,15 @@ func (f fleetFigures) perEventProjection(projections int) float64 {
 	return float64(f.pgCPU.Microseconds()) / float64(f.appended*projections)
 }
 
+// marginal is what each projection beyond the first adds to the server's CPU per event (µs),
+// from the CPU per event with one projection and with n.
+func marginal(one, withN float64, n int) float64 {
+	if n <= 1 {
+		return 0
+	}
+	return (withN - one) / float64(n-1)
+}
+
 // runFleet runs the fleet scenario: many projections (OnQueued, a small read model each) at
 // a fixed append rate, and what each count costs the server per event and projection; then
 // what 300 idle projections cost.
@@ -90,9 +100,10 @@ func runFleet(ctx context.Context, h *harness, sec *Section) error {
 	sz := h.sizes
 	sec.Params["projections"], sec.Params["appends_per_s"], sec.Params["window_s"] = sz.fleetProjections, sz.fleetRate, sz.fleetDuration.Seconds()
 	sec.Params["pool_connections"], sec.Params["idle_window_s"], sec.Params["writers"] = fleetPool, sz.fleetIdleWindow.Seconds(), sz.liveWriters
-	table := &Table{Header: []string{"case", "appends/s", "p50 ms", "p99 ms", "PG CPU µs per event×projection", "× at 10", "tx per append", "triggers/s", "batches/s", "connections", "broker queues"}}
+	table := &Table{Header: []string{"case", "appends/s", "p50 ms", "p99 ms", "PG CPU µs per event×projection", "× at 10", "µs per event per added projection", "tx per append", "triggers/s", "batches/s", "connections", "broker queues"}}
 	sec.table = table
-	byCase := map[fleetCase]float64{}
+	byCase := map[fleetCase]float64{}   // PostgreSQL CPU per event × projection
+	perEvent := map[fleetCase]float64{} // PostgreSQL CPU per event, all projections
 	var failed []error
 	for _, c := range fleetCases(h.opts.quick, sz.fleetProjections) {
 		fig, err := h.fleetRun(ctx, c)
@@ -107,7 +118,14 @@ func runFleet(ctx context.Context, h *harness, sec *Section) error {
 		per := fig.perEventProjection(c.projections)
 		byCase[c] = per
 		m := Metric{Case: c.label(), Name: "pg_cpu_us_per_event_projection", Unit: "µs", Value: per, Extra: fig.latency.Extra()}
-		m.Extra["appends_per_s"] = Rate(fig.appended, time.Duration(fig.seconds*float64(time.Second)))
+		m.Extra["appends_per_s"] = fig.appendsPerS
+		m.Extra["pg_cpu_us_per_event"] = per * float64(c.projections)
+		added := "—"
+		if one, ok := perEvent[fleetCase{channel: c.channel, projections: 1, workers: c.workers}]; ok && c.projections > 1 {
+			m.Extra["pg_cpu_us_per_event_added_projection"] = marginal(one, per*float64(c.projections), c.projections)
+			added = FormatValue(m.Extra["pg_cpu_us_per_event_added_projection"], "")
+		}
+		perEvent[c] = per * float64(c.projections)
 		m.Extra["pg_cpu_s"], m.Extra["tx_per_append"] = fig.pgCPU.Seconds(), Ratio(float64(fig.transactions), float64(fig.appended))
 		m.Extra["triggers_per_s"], m.Extra["batches_per_s"] = Ratio(float64(fig.catchUps), fig.seconds), Ratio(float64(fig.batches), fig.seconds)
 		m.Extra["connections"], m.Extra["broker_queues"] = float64(fig.connections), float64(fig.queue)
@@ -126,7 +144,7 @@ func runFleet(ctx context.Context, h *harness, sec *Section) error {
 			queues = strconv.Itoa(fig.queue)
 		}
 		table.Add(c.label(), FormatValue(m.Extra["appends_per_s"], ""), FormatValue(Ms(fig.latency.P50), "ms"), FormatValue(Ms(fig.latency.P99), "ms"),
-			FormatValue(per, ""), ratio, fmt.Sprintf("%.1f", m.Extra["tx_per_append"]), FormatValue(m.Extra["triggers_per_s"], ""),
+			FormatValue(per, ""), ratio, added, fmt.Sprintf("%.1f", m.Extra["tx_per_append"]), FormatValue(m.Extra["triggers_per_s"], ""),
 			FormatValue(m.Extra["batches_per_s"], ""), strconv.Itoa(fig.connections), queues)
 		h.log.InfoContext(ctx, "fleet run done", slog.String("case", c.label()), slog.Float64("pg_cpu_us_per_event_projection", per),
 			slog.Duration("p99", fig.latency.P99))
@@ -136,22 +154,33 @@ func runFleet(ctx context.Context, h *harness, sec *Section) error {
 	if h.opts.quick {
 		idleChannels = idleChannels[:1]
 	}
-	idle := sz.fleetProjections[len(sz.fleetProjections)-1]
 	for _, ch := range idleChannels {
-		rate, err := h.idleRun(ctx, ch, idle, fleetPool, sz.fleetIdleWindow)
-		if err != nil {
-			if ctx.Err() != nil {
-				return err
+		var baseCase string
+		var base float64
+		for _, idle := range []int{fleetBase, sz.fleetProjections[len(sz.fleetProjections)-1]} {
+			rate, err := h.idleRun(ctx, ch, idle, fleetPool, sz.fleetIdleWindow)
+			if err != nil {
+				if ctx.Err() != nil {
+					return err
+				}
+				failed = append(failed, fmt.Errorf("%d idle on %s: %w", idle, channelLabels[ch], err))
+				continue
 			}
-			failed = append(failed, fmt.Errorf("idle on %s: %w", channelLabels[ch], err))
-			continue
+			c := fmt.Sprintf("%s, %d idle projections", channelLabels[ch], idle)
+			m := Metric{Case: c, Name: "tx_per_s_per_projection", Unit: "tx/s", Value: rate / float64(idle), Extra: map[string]float64{"tx_per_s": rate}}
+			ratio := ""
+			if baseCase == "" {
+				baseCase, base = c, m.Value
+			} else {
+				m = m.WithBaseline(baseCase, base)
+				ratio = FormatValue(m.Ratio, "×")
+			}
+			sec.AddMetric(m)
+			if idle == 300 {
+				sec.AddCheck(targetFleetIdle, c, rate)
+			}
+			table.Add(c, "0", "", "", "", "", "", fmt.Sprintf("%.1f tx/s (%.2f per projection) %s", rate, m.Value, ratio), "", "", "", "")
 		}
-		c := fmt.Sprintf("%s, %d idle projections", channelLabels[ch], idle)
-		sec.AddMetric(Metric{Case: c, Name: "tx_per_s", Unit: "tx/s", Value: rate, Extra: map[string]float64{"tx_per_s_per_projection": rate / float64(idle)}})
-		if idle == 300 {
-			sec.AddCheck(targetFleetIdle, c, rate)
-		}
-		table.Add(c, "0", "", "", "", "", fmt.Sprintf("%.1f tx/s", rate), "", "", "", "")
 	}
 	sec.Note("each projection: OnQueued, one upsert per event into a table of its own (a stream's latest version), committed per batch; %d appends/s from %d writers over %d streams; RabbitMQ fed by a relay, the PostgreSQL queue by the appends' transactions (relay.Appender)",
 		sz.fleetRate, sz.liveWriters, sz.liveStreams)
@@ -182,7 +211,7 @@ func (h *harness) fleetRun(ctx context.Context, c fleetCase) (fleetFigures, erro
 	if err != nil {
 		return fig, err
 	}
-	fig.latency, fig.appended, fig.seconds = res.latency, res.appended, res.measured.Seconds()
+	fig.latency, fig.appended, fig.appendsPerS, fig.seconds = res.latency, res.appended, res.appendsPerS, res.measured.Seconds()
 	fig.batches, fig.catchUps = res.batches, res.catchUps
 	if c.channel == chAMQP {
 		fig.queue = c.projections

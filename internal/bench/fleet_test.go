@@ -55,3 +55,10 @@ func TestSpreadDealsProjectionsRoundRobin(t *testing.T) {
 	require.Equal(t, [][]string{{"a", "e"}, {"b"}, {"c"}, {"d"}}, spread([]string{"a", "b", "c", "d", "e"}, 4))
 	require.Equal(t, [][]string{{"a"}, {"b"}}, spread([]string{"a", "b"}, 4), "no worker without a projection")
 }
+
+func TestFleetMarginalCostPerAddedProjection(t *testing.T) {
+	t.Parallel()
+	// 1,500 µs per event with 1 projection, 11,400 with 100: 100 µs per added projection.
+	require.InDelta(t, 100.0, marginal(1500, 11400, 100), 1e-9)
+	require.Zero(t, marginal(1500, 1500, 1))
+}
