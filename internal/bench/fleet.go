@@ -18,6 +18,11 @@ import (
 // max_connections is shared.
 const fleetPool = 16
 
+// fleetIdleSettle is how long idle projections run before their window: their start-up
+// catch-ups done, and those transactions counted, which an idle backend reports to
+// pg_stat_database up to 10 s late (PostgreSQL 15's PGSTAT_IDLE_INTERVAL).
+const fleetIdleSettle = 15 * time.Second
+
 // fleetBase is the projection count the growth of the others is measured against.
 const fleetBase = 10
 
@@ -158,7 +163,7 @@ func runFleet(ctx context.Context, h *harness, sec *Section) error {
 		var baseCase string
 		var base float64
 		for _, idle := range []int{fleetBase, sz.fleetProjections[len(sz.fleetProjections)-1]} {
-			rate, err := h.idleRun(ctx, ch, idle, fleetPool, sz.fleetIdleWindow)
+			rate, err := h.idleRun(ctx, ch, idle, fleetPool, fleetIdleSettle, sz.fleetIdleWindow)
 			if err != nil {
 				if ctx.Err() != nil {
 					return err
@@ -185,8 +190,8 @@ func runFleet(ctx context.Context, h *harness, sec *Section) error {
 	sec.Note("each projection: OnQueued, one upsert per event into a table of its own (a stream's latest version), committed per batch; %d appends/s from %d writers over %d streams; RabbitMQ fed by a relay, the PostgreSQL queue by the appends' transactions (relay.Appender)",
 		sz.fleetRate, sz.liveWriters, sz.liveStreams)
 	sec.Note("PG CPU: user+system time of the run database's server backends (/proc/<pid>/stat of the pids pg_stat_activity lists at the window's start and end); tx: pg_stat_database xact_commit+xact_rollback of the run's database (its statistics may lag about a second)")
-	sec.Note("4 workers: in this process, each its own worker over a quarter of the projections (round robin), sharing the pools (%d connections each) and the first worker's relay; broker queues: those declared for the run (one per projection)", fleetPool)
-	sec.Note("idle: no appends, woken by LISTEN/NOTIFY unless -no-listen, the worker's 30 s safety net on")
+	sec.Note("4 workers: in this process, each its own worker over a quarter of the projections (round robin), sharing the pools (%d connections each; the writers have one of their own) and the first worker's relay; broker queues: those declared for the run (one per projection)", fleetPool)
+	sec.Note("idle: after %s of start-up, no appends, woken by LISTEN/NOTIFY unless -no-listen, the worker's 30 s safety net on", fleetIdleSettle)
 	return errors.Join(failed...)
 }
 

@@ -35,7 +35,7 @@ func runIdle(ctx context.Context, h *harness, sec *Section) error {
 	var polled float64
 	for _, listen := range []bool{false, true} {
 		h.opts.noListen = !listen
-		rate, err := h.idleRun(ctx, chPostgres, idleProjections, idleProjections+6, window)
+		rate, err := h.idleRun(ctx, chPostgres, idleProjections, idleProjections+6, 3*time.Second, window)
 		if err != nil {
 			return err
 		}
@@ -61,9 +61,9 @@ func runIdle(ctx context.Context, h *harness, sec *Section) error {
 }
 
 // idleRun starts a worker of n idle projections on kind and a relay on a fresh database, with
-// pools of up to poolSize connections, lets them settle, and returns the database's
+// pools of up to poolSize connections, lets them settle for settle, and returns the database's
 // transactions per second over window.
-func (h *harness) idleRun(ctx context.Context, kind string, n int, poolSize int32, window time.Duration) (float64, error) {
+func (h *harness) idleRun(ctx context.Context, kind string, n int, poolSize int32, settle, window time.Duration) (float64, error) {
 	f, err := h.newFixture(ctx, poolSize)
 	if err != nil {
 		return 0, err
@@ -99,7 +99,7 @@ func (h *harness) idleRun(ctx context.Context, kind string, n int, poolSize int3
 	defer func() { _ = stop() }()
 	// The start-up catch-ups and the pollers' first back-offs pass, and their statistics reach
 	// the server's counters.
-	if err := backoff.Sleep(ctx, 3*time.Second); err != nil {
+	if err := backoff.Sleep(ctx, settle); err != nil {
 		return 0, err
 	}
 	before, err := f.transactions(ctx)

@@ -19,6 +19,7 @@ import (
 	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
 	dlmemory "github.com/nudgeworks/nudge/deadletter/memory"
 	"github.com/nudgeworks/nudge/eventstore"
+	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/relay"
@@ -530,6 +531,11 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 	if cfg.relayQueue {
 		w.appender, w.store = nil, f.store // startWorker starts a relay
 	}
+	if cfg.poolSize > 0 {
+		if err := separateAppends(ctx, f, w, cfg.writers); err != nil {
+			return res, err
+		}
+	}
 	workers, err := h.startLiveWorkers(ctx, f, w, runner, cfg, names)
 	if err != nil {
 		return res, err
@@ -590,6 +596,32 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 		}
 	}
 	return res, nil
+}
+
+// separateAppends gives the run's writers a pool of their own, as an application's API
+// process has: the workers' bounded pool then does not slow the appends down.
+func separateAppends(ctx context.Context, f *fixture, w *wiring, writers int) error {
+	pool, err := f.db.newPool(ctx, int32(writers))
+	if err != nil {
+		return err
+	}
+	store, err := espg.New(pool, espg.Config{})
+	if err != nil {
+		return err
+	}
+	if w.appender == nil {
+		w.store = store
+		return nil
+	}
+	pub, ok := w.ch.(relay.TxPublisher)
+	if !ok {
+		return fmt.Errorf("the %s channel publishes in no transaction", w.kind)
+	}
+	if w.appender, err = relay.NewAppender(store, pub); err != nil {
+		return err
+	}
+	w.store = w.appender
+	return nil
 }
 
 // liveWarmupDefault is -live-warmup's default: long enough for every connection of the pools
