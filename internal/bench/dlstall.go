@@ -78,6 +78,9 @@ func (cfg liveConfig) affected(name string) bool {
 
 // startLiveWorkers starts the workers of a live run on w's channel.
 func (h *harness) startLiveWorkers(ctx context.Context, f *fixture, w *wiring, runner *projection.Runner, cfg liveConfig, names []string) (liveWorkers, error) {
+	if cfg.workers > 1 {
+		return h.startSpreadWorkers(ctx, f, w, runner, cfg.workers, names)
+	}
 	if !cfg.stalledDeadLetters {
 		_, stop, err := h.startWorker(ctx, f, w, runner, worker.Config{SafetyNetInterval: -1})
 		return liveWorkers{stop: stop}, err
@@ -117,6 +120,38 @@ func (h *harness) startLiveWorkers(ctx context.Context, f *fixture, w *wiring, r
 		}
 	}
 	return lw, nil
+}
+
+// startSpreadWorkers runs n workers of runner, the projections spread over them round robin;
+// the first worker's relay (if any) publishes for all.
+func (h *harness) startSpreadWorkers(ctx context.Context, f *fixture, w *wiring, runner *projection.Runner, n int, names []string) (liveWorkers, error) {
+	var stops []func() error
+	lw := liveWorkers{stop: func() error {
+		var err error
+		for _, s := range slices.Backward(stops) {
+			err = errors.Join(err, s())
+		}
+		return err
+	}}
+	for i, subset := range spread(names, n) {
+		w.ownRelay = i > 0
+		_, stop, err := h.startWorker(ctx, f, w, runner, worker.Config{SafetyNetInterval: -1, Projections: subset})
+		w.ownRelay = false
+		if err != nil {
+			return lw, errors.Join(err, lw.stop())
+		}
+		stops = append(stops, stop)
+	}
+	return lw, nil
+}
+
+// spread deals names round robin into n non-empty groups (fewer when there are fewer names).
+func spread(names []string, n int) [][]string {
+	groups := make([][]string, min(n, len(names)))
+	for i, name := range names {
+		groups[i%len(groups)] = append(groups[i%len(groups)], name)
+	}
+	return groups
 }
 
 // proxiedDeadLetters returns a PostgreSQL dead-letter store on f's database that connects

@@ -309,6 +309,9 @@ type fixture struct {
 	db      *database
 	store   *espg.Store
 	backend *pgproj.Backend
+	// channelPool, if set, bounds the PostgreSQL queue's pool (default: a connection per
+	// projection, and 4).
+	channelPool int32
 
 	// listener wakes the fixture's relays on appends (postgres.NotifyEvents); started by the
 	// first wakerFor, stopped by close.

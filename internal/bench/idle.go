@@ -35,7 +35,7 @@ func runIdle(ctx context.Context, h *harness, sec *Section) error {
 	var polled float64
 	for _, listen := range []bool{false, true} {
 		h.opts.noListen = !listen
-		rate, err := h.idleRun(ctx, window)
+		rate, err := h.idleRun(ctx, chPostgres, idleProjections, idleProjections+6, 3*time.Second, window)
 		if err != nil {
 			return err
 		}
@@ -60,17 +60,19 @@ func runIdle(ctx context.Context, h *harness, sec *Section) error {
 	return nil
 }
 
-// idleRun starts the idle worker and relay on a fresh database, lets them settle, and returns
-// the database's transactions per second over window.
-func (h *harness) idleRun(ctx context.Context, window time.Duration) (float64, error) {
-	f, err := h.newFixture(ctx, idleProjections+6)
+// idleRun starts a worker of n idle projections on kind and a relay on a fresh database, with
+// pools of up to poolSize connections, lets them settle for settle, and returns the database's
+// transactions per second over window.
+func (h *harness) idleRun(ctx context.Context, kind string, n int, poolSize int32, settle, window time.Duration) (float64, error) {
+	f, err := h.newFixture(ctx, poolSize)
 	if err != nil {
 		return 0, err
 	}
 	defer f.close()
+	f.channelPool = poolSize
 	var names []string
 	var ps []*projection.Projection
-	for i := range idleProjections {
+	for i := range n {
 		p, err := liveProjection(fmt.Sprintf("idle_%02d", i), "", liveHooks{})
 		if err != nil {
 			return 0, err
@@ -84,7 +86,7 @@ func (h *harness) idleRun(ctx context.Context, window time.Duration) (float64, e
 	if err := runner.Init(ctx); err != nil {
 		return 0, err
 	}
-	w, err := h.openChannel(ctx, f, chPostgres, names)
+	w, err := h.openChannel(ctx, f, kind, names)
 	if err != nil {
 		return 0, err
 	}
@@ -97,7 +99,7 @@ func (h *harness) idleRun(ctx context.Context, window time.Duration) (float64, e
 	defer func() { _ = stop() }()
 	// The start-up catch-ups and the pollers' first back-offs pass, and their statistics reach
 	// the server's counters.
-	if err := backoff.Sleep(ctx, 3*time.Second); err != nil {
+	if err := backoff.Sleep(ctx, settle); err != nil {
 		return 0, err
 	}
 	before, err := f.transactions(ctx)

@@ -19,6 +19,7 @@ import (
 	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
 	dlmemory "github.com/nudgeworks/nudge/deadletter/memory"
 	"github.com/nudgeworks/nudge/eventstore"
+	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/projection"
 	"github.com/nudgeworks/nudge/relay"
@@ -70,7 +71,11 @@ func (h *harness) openChannel(ctx context.Context, f *fixture, kind string, proj
 			}
 		}
 	case chPostgres:
-		pool, err := f.db.newPool(ctx, int32(len(projections)+4))
+		size := int32(len(projections) + 4)
+		if f.channelPool > 0 {
+			size = f.channelPool
+		}
+		pool, err := f.db.newPool(ctx, size)
 		if err != nil {
 			return nil, err
 		}
@@ -381,6 +386,15 @@ type liveConfig struct {
 	// whose store answers (startLiveWorkers); their samples are the result's parked and clean
 	// halves.
 	stalledDeadLetters, stallEven bool
+	// workers > 1 spreads the projections over that many workers in this process (round
+	// robin, one relay for all), sharing the run's pools.
+	workers int
+	// poolSize, if set, bounds the store's pool (default: a connection per writer and
+	// projection, and 6) and the PostgreSQL queue's.
+	poolSize int32
+	// window, if set, is called when the measured appends start, with the run's fixture; the
+	// function it returns is called once every measured event is visible.
+	window func(f *fixture) (end func() error, err error)
 }
 
 // slowBatch is how long the slow projection's batches take.
@@ -398,6 +412,11 @@ type liveResult struct {
 	// staleness is package metrics' staleness histogram of the measured projections over the
 	// measured window, read as histogram_quantile reads it.
 	staleness stalenessSummary
+	// batches and catchUps are the runner's committed batches and catch-ups (one per trigger
+	// handled) from the start of the measured appends until every event was visible, which
+	// took measured.
+	batches, catchUps int64
+	measured          time.Duration
 }
 
 // livePayload is the live events' payload.
@@ -451,11 +470,16 @@ func liveProjection(name string, onFailure projection.OnFailure, hooks liveHooks
 // projection (the slow one excepted).
 func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, error) {
 	var res liveResult
-	f, err := h.newFixture(ctx, int32(cfg.writers+cfg.projections+6))
+	poolSize := int32(cfg.writers + cfg.projections + 6)
+	if cfg.poolSize > 0 {
+		poolSize = cfg.poolSize
+	}
+	f, err := h.newFixture(ctx, poolSize)
 	if err != nil {
 		return res, err
 	}
 	defer f.close()
+	f.channelPool = cfg.poolSize
 
 	var names []string
 	for i := range cfg.projections {
@@ -496,11 +520,10 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 	if err != nil {
 		return res, err
 	}
-	onBatch := func(b projection.BatchReport) {
-		rec.onBatch(b)
-		probe.observe(b)
-	}
-	runner, err := projection.NewRunner(f.backend, projection.RunnerConfig{Logger: h.libLog, OnBatch: onBatch}, ps...)
+	var batches, catchUps atomic.Int64
+	runner, err := projection.NewRunner(f.backend, projection.RunnerConfig{Logger: h.libLog,
+		OnBatch:   func(b projection.BatchReport) { batches.Add(1); rec.onBatch(b); probe.observe(b) },
+		OnCatchUp: func(string, projection.Result, error) { catchUps.Add(1) }}, ps...)
 	if err != nil {
 		return res, err
 	}
@@ -514,6 +537,11 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 	defer w.close()
 	if cfg.relayQueue {
 		w.appender, w.store = nil, f.store // startWorker starts a relay
+	}
+	if cfg.poolSize > 0 {
+		if err := separateAppends(ctx, f, w, cfg.writers); err != nil {
+			return res, err
+		}
 	}
 	workers, err := h.startLiveWorkers(ctx, f, w, runner, cfg, names)
 	if err != nil {
@@ -536,6 +564,13 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 	if workers.stalled != nil {
 		workers.stalled.Stall()
 	}
+	endWindow := func() error { return nil }
+	if cfg.window != nil {
+		if endWindow, err = cfg.window(f); err != nil {
+			return res, err
+		}
+	}
+	batches0, catchUps0, started := batches.Load(), catchUps.Load(), time.Now()
 	appended, err := appendPaced(ctx, w, cfg, rec.appended)
 	if err != nil {
 		return res, err
@@ -545,6 +580,10 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 	if err := waitUntil(ctx, time.Minute, 5*time.Millisecond, "every projection made every event visible",
 		func() (bool, error) { return rec.complete(), nil }); err != nil {
 		return res, fmt.Errorf("%w (%s)", err, rec.progress())
+	}
+	res.measured, res.batches, res.catchUps = time.Since(started), batches.Load()-batches0, catchUps.Load()-catchUps0
+	if err := endWindow(); err != nil {
+		return res, err
 	}
 	if workers.stalled != nil {
 		workers.stalled.Resume()
@@ -570,6 +609,32 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 		}
 	}
 	return res, nil
+}
+
+// separateAppends gives the run's writers a pool of their own, as an application's API
+// process has: the workers' bounded pool then does not slow the appends down.
+func separateAppends(ctx context.Context, f *fixture, w *wiring, writers int) error {
+	pool, err := f.db.newPool(ctx, int32(writers))
+	if err != nil {
+		return err
+	}
+	store, err := espg.New(pool, espg.Config{})
+	if err != nil {
+		return err
+	}
+	if w.appender == nil {
+		w.store = store
+		return nil
+	}
+	pub, ok := w.ch.(relay.TxPublisher)
+	if !ok {
+		return fmt.Errorf("the %s channel publishes in no transaction", w.kind)
+	}
+	if w.appender, err = relay.NewAppender(store, pub); err != nil {
+		return err
+	}
+	w.store = w.appender
+	return nil
 }
 
 // liveWarmupDefault is -live-warmup's default: long enough for every connection of the pools

@@ -3,7 +3,7 @@
 // (PASS/MISS with the gap). It also writes the results as JSON, with the machine they were
 // measured on, to -out.
 //
-//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|dlstall|bluegreen|status|horizon|partitions|cqrs|scaleout|console]
+//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|dlstall|bluegreen|status|horizon|partitions|cqrs|scaleout|console|fleet]
 //	                        [-out bench-results] [-cpuprofile] [-pprof-dir DIR]
 //	                        [-write-docs docs/performance.md] [-from-json FILE]
 //
@@ -60,6 +60,12 @@
 //     without the wait, unpartitioned and in 16 partitions on one worker.
 //   - console: the operator console's overview (console.New's handler, server time through
 //     httptest) of 300 projections, each the whole store (the status scenario's) behind.
+//   - fleet: 1, 10, 100 and 300 projections (OnQueued, a small read model each) at 150
+//     appends/s, on RabbitMQ and the PostgreSQL queue, on one worker and on four (-quick:
+//     RabbitMQ, one worker, 100 appends/s): live p50/p99, the server backends' CPU per event ×
+//     projection beside the 10 projections' (the growth), transactions per append, triggers
+//     and batches per second, connections and broker queues; then what 300 idle projections
+//     cost the server in transactions per second.
 //
 // Each scenario step runs on a database of its own (created and dropped, named like
 // internal/pgtest's) and a RabbitMQ prefix of its own (named like internal/amqptest's). The
@@ -160,6 +166,7 @@ var scenarios = []scenario{
 	{"cqrs", "beside Watermill's CQRS event processor", runCQRS, []Target{targetCQRSFaults}},
 	{"scaleout", "a partitioned projection's catch-up on 1 to 8 workers", runScaleOut, []Target{targetScaleOut, targetPartitionCost}},
 	{"console", "the operator console's overview of 300 projections", runConsole, []Target{targetConsole}},
+	{"fleet", "what 1 to 300 projections cost per event and projection, and idle", runFleet, []Target{targetFleetGrowth, targetFleetIdle}},
 }
 
 func scenarioNames() []string {
@@ -482,6 +489,11 @@ type sizes struct {
 	scaleOutFlatEvents int
 	scaleOutWorkers    []int // the worker counts of the partitioned cases
 	scaleOutRounds     int   // rounds of the partitioning cost's catch-ups, each way
+
+	fleetProjections []int // the projection counts of the fleet's live runs; the last one idles
+	fleetRate        int   // appends per second
+	fleetDuration    time.Duration
+	fleetIdleWindow  time.Duration
 }
 
 // sizesFor returns the default sizes (about 10 minutes on 2 cores, 4 of them the blue/green
@@ -501,6 +513,7 @@ func sizesFor(quick bool) sizes {
 		partitionEvents: 200_000, partitionRounds: 3,
 		blueGreenEvents: 1_000_000,
 		scaleOutEvents:  30_000, scaleOutFlatEvents: 3_000, scaleOutWorkers: []int{1, 4, 8}, scaleOutRounds: 3,
+		fleetProjections: []int{1, fleetBase, 100, 300}, fleetRate: 150, fleetDuration: 10 * time.Second, fleetIdleWindow: 30 * time.Second,
 	}
 	if quick {
 		s.rebuildEvents, s.naiveEvents, s.batchSizes = 50_000, 2_000, []int{500, 1000}
@@ -514,6 +527,7 @@ func sizesFor(quick bool) sizes {
 		s.partitionEvents, s.partitionRounds = 20_000, 1
 		s.blueGreenEvents = s.rebuildEvents // one loaded history for both
 		s.scaleOutEvents, s.scaleOutFlatEvents, s.scaleOutWorkers = 6_000, 1_200, []int{1, 4}
+		s.fleetRate, s.fleetDuration, s.fleetIdleWindow = 100, 3*time.Second, 10*time.Second
 	}
 	return s
 }

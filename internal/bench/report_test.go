@@ -247,7 +247,7 @@ func TestParseFlags(t *testing.T) {
 	require.True(t, o.cpuProfile, "-pprof-dir implies -cpuprofile")
 
 	_, err = parseFlags([]string{"-scenario", "speed"}, io.Discard)
-	require.ErrorContains(t, err, `-scenario "speed": use all or rebuild, latency, append, idle, fanout, recovery, park, dlstall, bluegreen, status, horizon, partitions, cqrs, scaleout, console`)
+	require.ErrorContains(t, err, `-scenario "speed": use all or rebuild, latency, append, idle, fanout, recovery, park, dlstall, bluegreen, status, horizon, partitions, cqrs, scaleout, console, fleet`)
 	_, err = parseFlags([]string{"-from-json", "r.json"}, io.Discard)
 	require.ErrorContains(t, err, "-from-json needs -write-docs")
 	o, err = parseFlags([]string{"-write-docs", "docs/performance.md", "-from-json", "r.json"}, io.Discard)
