@@ -38,11 +38,17 @@ const (
 	// ActionRebuild asks the projection's worker to rebuild it (form fields projection, at:
 	// the database's time of the form), as 'nudge rebuild' does.
 	ActionRebuild Action = "rebuild"
+	// ActionPause pauses the projection (form field projection) in every process, as
+	// 'nudge pause' does: its batches stop until a resume.
+	ActionPause Action = "pause"
+	// ActionResume resumes a paused projection (form field projection) and nudges it to catch
+	// up, as 'nudge resume' does.
+	ActionResume Action = "resume"
 )
 
 // Actions returns every action.
 func Actions() []Action {
-	return []Action{ActionReplay, ActionResolve, ActionRedrive, ActionSkip, ActionRebuild}
+	return []Action{ActionReplay, ActionResolve, ActionRedrive, ActionSkip, ActionRebuild, ActionPause, ActionResume}
 }
 
 // errRefused is an action refused for what the form holds (400).
@@ -95,6 +101,8 @@ func (c *console) do(ctx context.Context, action Action, r *http.Request, by str
 		outcome, err = c.skip(ctx, n, r.PostFormValue("event"), r.PostFormValue("confirm"), r.PostFormValue("reason"), by)
 	case ActionRebuild:
 		outcome, err = c.rebuild(ctx, n, r.PostFormValue("at"), by)
+	case ActionPause, ActionResume:
+		outcome, err = c.setPaused(ctx, n, action == ActionPause, by)
 	default:
 		return "", "", fmt.Errorf("%w: unknown action %q", errRefused, action)
 	}
@@ -197,4 +205,27 @@ func (c *console) rebuild(ctx context.Context, n, atText, by string) (string, er
 		return "", fmt.Errorf("send the rebuild request to %s's worker: %w", n, err)
 	}
 	return fmt.Sprintf("asked the worker of %s to rebuild it (by %s)", n, by), nil
+}
+
+// setPaused pauses (or resumes) the projection in every process; a resume also publishes a
+// catch-up trigger, so the projection reads on at once rather than at its next trigger or
+// safety-net tick. Both are idempotent: pausing a paused projection changes nothing.
+func (c *console) setPaused(ctx context.Context, n string, pause bool, by string) (string, error) {
+	to, from, verb := projection.StatePaused, []projection.State(nil), "paused"
+	if !pause {
+		to, from, verb = projection.StateRunning, []projection.State{projection.StatePaused}, "resumed"
+	}
+	changed, err := c.backend.SetStateOf(ctx, n, to, from...)
+	if err != nil {
+		return "", err
+	}
+	if !changed {
+		return fmt.Sprintf("%s was already %s: nothing changed", n, map[bool]string{true: "paused", false: "not paused"}[pause]), nil
+	}
+	if !pause {
+		if err := c.cfg.Channel.Publish(ctx, trigger.Trigger{Projection: n, Reason: trigger.ReasonAppend, At: time.Now().UTC()}); err != nil {
+			return "", fmt.Errorf("resumed %s, but its catch-up trigger failed (it catches up at its next trigger): %w", n, err)
+		}
+	}
+	return fmt.Sprintf("%s %s (by %s)", verb, n, by), nil
 }

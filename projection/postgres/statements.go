@@ -13,6 +13,8 @@ import (
 
 type statements struct {
 	lock, register, selectStatus, recordFailure, reset, setState, delete, lag, recordSkip string
+	// unitsOf names the status rows of a projection by name: its own, or its partitions'.
+	unitsOf string
 	startAttempt, endAttempt                                                              string
 	// advance moves a projection's position on; advanceClearing also clears its failure.
 	advance, advanceClearing string
@@ -186,6 +188,7 @@ func (s *statements) addWriteSQL(r *strings.Replacer) {
 			careful_transaction_id = NULL, careful_global_position = NULL
 		WHERE name = $1`)
 	s.setState = r.Replace(`UPDATE {projections} SET state = $2, updated_at = now() WHERE name = $1`)
+	s.unitsOf = r.Replace(`SELECT name FROM {projections} WHERE name = $1 OR partition_of = $1 ORDER BY partition_index NULLS FIRST`)
 	s.delete = r.Replace(`DELETE FROM {projections} WHERE name = $1`)
 }
 
