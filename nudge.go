@@ -200,24 +200,7 @@ func newClient(cfg Config, p parts) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	var ch channel.Channel = noChannel{}
-	if cfg.Channel != nil {
-		ch = cfg.Channel
-	}
-	wcfg := worker.Config{Runner: c.runner, Channel: ch, Logger: cfg.Logger, DeadLetters: c.dead,
-		SafetyNetInterval: cfg.SafetyNetInterval, StallAfter: cfg.StallAfter, Retry: cfg.Retry,
-		DisableReplayOnStart: cfg.DisableReplayOnStart, CloseTimeout: cfg.CloseTimeout, RouterFunc: routerFunc(cfg),
-		DeadLetterTimeout: cfg.DeadLetterTimeout, TracerProvider: cfg.TracerProvider}
-	if cfg.Metrics != nil {
-		wcfg.TriggerFunc = cfg.Metrics.ObserveTrigger
-	}
-	if c.pg != nil {
-		wcfg.Horizon = c.pg // names the transaction that holds readers back
-	}
-	if p.db != nil {
-		// Partitioned projections spread over every process that runs them.
-		wcfg.Leases = &worker.Leases{DB: p.db, Schema: cfg.Schema, Owner: cfg.WorkerID}
-	}
+	wcfg := workerConfig(cfg, c, p)
 	switch cfg.Triggers {
 	case TriggersInTransaction:
 		c.appender, err = relay.NewAppender(c.pg, cfg.Channel.(relay.TxPublisher)) // checked by Validate
@@ -254,6 +237,30 @@ func newClient(cfg Config, p parts) (*Client, error) {
 		}
 	}
 	return c, nil
+}
+
+// workerConfig is the worker's configuration of client c, built on p, before the trigger
+// mode's part (newClient).
+func workerConfig(cfg Config, c *Client, p parts) worker.Config {
+	var ch channel.Channel = noChannel{}
+	if cfg.Channel != nil {
+		ch = cfg.Channel
+	}
+	wcfg := worker.Config{Runner: c.runner, Channel: ch, Logger: cfg.Logger, DeadLetters: c.dead,
+		SafetyNetInterval: cfg.SafetyNetInterval, StallAfter: cfg.StallAfter, Retry: cfg.Retry,
+		DisableReplayOnStart: cfg.DisableReplayOnStart, CloseTimeout: cfg.CloseTimeout, RouterFunc: routerFunc(cfg),
+		DeadLetterTimeout: cfg.DeadLetterTimeout, TracerProvider: cfg.TracerProvider}
+	if cfg.Metrics != nil {
+		wcfg.TriggerFunc = cfg.Metrics.ObserveTrigger
+	}
+	if c.pg != nil {
+		wcfg.Horizon = c.pg // names the transaction that holds readers back
+	}
+	if p.db != nil {
+		// Partitioned projections spread over every process that runs them.
+		wcfg.Leases = &worker.Leases{DB: p.db, Schema: cfg.Schema, Owner: cfg.WorkerID}
+	}
+	return wcfg
 }
 
 // watchWorker has Config.Metrics watch the worker's trigger counters, once, when the handlers
