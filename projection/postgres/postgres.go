@@ -33,6 +33,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -553,42 +554,115 @@ func (b *Backend) StatusOf(ctx context.Context, name string) (projection.Status,
 
 // Statuses returns the status of every projection that has a status row, sorted by name, as
 // StatusOf computes it. It returns an empty slice when none is registered.
+//
+// What the projections share is read once per call, in one statement and one snapshot: the
+// horizon, the head and the newest transaction of each event type. Projections at the same
+// position with the same types share one lag window; each window is bounded as StatusOf's
+// is. The transaction that holds the horizon is looked up at most once. Partitions keep a
+// statement each (see partitionLag).
 func (b *Backend) Statuses(ctx context.Context) ([]projection.Status, error) {
 	all, err := b.statusRows(ctx)
 	if err != nil {
 		return nil, err
 	}
-	// The lag statements go in one round trip; those of partitions each in a transaction of
-	// its own (see partitionLag).
 	out := make([]projection.Status, len(all))
-	var batch pgx.Batch
+	lags, err := b.lags(ctx, all)
+	if err != nil {
+		return nil, err
+	}
+	var holder *eventstore.HorizonHolder
+	for i, r := range all {
+		if r.info.part.Partitioned() {
+			if out[i], err = b.withLag(ctx, r.st, r.info); err != nil { // a partition's lag: see partitionLag
+				return nil, fmt.Errorf("projection %s: status: %w", r.st.Name, err)
+			}
+			continue
+		}
+		out[i] = lags[i].apply(r.st)
+		if !out[i].HeldByHorizon {
+			continue
+		}
+		if holder == nil {
+			if out[i], err = b.holder(ctx, out[i]); err != nil {
+				return nil, fmt.Errorf("projection %s: status: %w", r.st.Name, err)
+			}
+			holder = out[i].Holder
+			continue
+		}
+		out[i].Holder = holder
+	}
+	return out, nil
+}
+
+// lagKey is what a projection's lag depends on besides the store: its position and types.
+type lagKey struct {
+	pos   eventstore.Position
+	every bool   // every type
+	types string // the types joined by NUL
+}
+
+// lags computes the lag of every row of all that is not a partition's, by index into all,
+// with the lags statement: one window per distinct position and types.
+func (b *Backend) lags(ctx context.Context, all []statusRowInfo) ([]lagRow, error) {
+	keys := make(map[lagKey]int)
+	of := make([]int, len(all))
+	var (
+		txs   []eventstore.Position
+		types []any
+	)
 	for i, r := range all {
 		if r.info.part.Partitioned() {
 			continue
 		}
-		batch.Queue(b.sql.lag, r.st.Position.TransactionID, r.st.Position.GlobalPosition, r.info.types).QueryRow(func(row pgx.Row) error {
-			var l lagRow
-			if err := l.scan(row); err != nil {
-				return fmt.Errorf("projection %s: status: %w", r.st.Name, err)
+		k := lagKey{pos: r.st.Position, every: r.info.types == nil, types: strings.Join(r.info.types, "\x00")}
+		n, ok := keys[k]
+		if !ok {
+			n = len(txs)
+			keys[k] = n
+			txs = append(txs, r.st.Position)
+			var t any // JSON null: every type
+			if r.info.types != nil {
+				t = r.info.types
 			}
-			out[i] = l.apply(r.st)
-			return nil
-		})
-	}
-	if batch.Len() > 0 {
-		if err := b.db.SendBatch(ctx, &batch).Close(); err != nil {
-			return nil, b.translate(err)
+			types = append(types, t)
 		}
+		of[i] = n
+	}
+	out := make([]lagRow, len(all))
+	if len(txs) == 0 {
+		return out, nil
+	}
+	xids := make([]uint64, len(txs))
+	gps := make([]int64, len(txs))
+	for i, p := range txs {
+		xids[i], gps[i] = p.TransactionID, p.GlobalPosition
+	}
+	typesJSON, err := json.Marshal(types)
+	if err != nil {
+		return nil, fmt.Errorf("projection/postgres: status: %w", err)
+	}
+	rows, err := b.db.Query(ctx, b.sql.lags, xids, gps, typesJSON)
+	if err != nil {
+		return nil, fmt.Errorf("projection/postgres: status: %w", b.translate(err))
+	}
+	defer rows.Close()
+	byKey := make([]lagRow, 0, len(txs))
+	for rows.Next() {
+		var l lagRow
+		if err := l.scan(rows); err != nil {
+			return nil, fmt.Errorf("projection/postgres: status: %w", b.translate(err))
+		}
+		byKey = append(byKey, l)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("projection/postgres: status: %w", b.translate(err))
+	}
+	if len(byKey) != len(txs) {
+		return nil, fmt.Errorf("projection/postgres: status: %d lag rows for %d positions", len(byKey), len(txs))
 	}
 	for i, r := range all {
-		var err error
-		if r.info.part.Partitioned() {
-			out[i], err = b.withLag(ctx, r.st, r.info) // a partition's lag: see partitionLag
-		} else {
-			out[i], err = b.holder(ctx, out[i])
-		}
-		if err != nil {
-			return nil, fmt.Errorf("projection %s: status: %w", r.st.Name, err)
+		if !r.info.part.Partitioned() {
+			out[i] = byKey[of[i]]
 		}
 	}
 	return out, nil
