@@ -15,7 +15,7 @@ type statements struct {
 	lock, register, selectStatus, recordFailure, reset, setState, delete, lag, recordSkip string
 	// lags is lag for many positions and type sets in one statement (Backend.Statuses).
 	lags                     string
-	startAttempt, endAttempt                                                              string
+	startAttempt, endAttempt string
 	// advance moves a projection's position on; advanceClearing also clears its failure.
 	advance, advanceClearing string
 	// Parked streams: see park.go.
