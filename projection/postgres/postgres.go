@@ -604,37 +604,14 @@ type lagKey struct {
 // lags computes the lag of every row of all that is not a partition's, by index into all,
 // with the lags statement: one window per distinct position and types.
 func (b *Backend) lags(ctx context.Context, all []statusRowInfo) ([]lagRow, error) {
-	keys := make(map[lagKey]int)
-	of := make([]int, len(all))
-	var (
-		txs   []eventstore.Position
-		types []any
-	)
-	for i, r := range all {
-		if r.info.part.Partitioned() {
-			continue
-		}
-		k := lagKey{pos: r.st.Position, every: r.info.types == nil, types: strings.Join(r.info.types, "\x00")}
-		n, ok := keys[k]
-		if !ok {
-			n = len(txs)
-			keys[k] = n
-			txs = append(txs, r.st.Position)
-			var t any // JSON null: every type
-			if r.info.types != nil {
-				t = r.info.types
-			}
-			types = append(types, t)
-		}
-		of[i] = n
-	}
+	positions, types, of := lagKeys(all)
 	out := make([]lagRow, len(all))
-	if len(txs) == 0 {
+	if len(positions) == 0 {
 		return out, nil
 	}
-	xids := make([]uint64, len(txs))
-	gps := make([]int64, len(txs))
-	for i, p := range txs {
+	xids := make([]uint64, len(positions))
+	gps := make([]int64, len(positions))
+	for i, p := range positions {
 		xids[i], gps[i] = p.TransactionID, p.GlobalPosition
 	}
 	typesJSON, err := json.Marshal(types)
@@ -645,7 +622,7 @@ func (b *Backend) lags(ctx context.Context, all []statusRowInfo) ([]lagRow, erro
 	// jit_above_cost, and compiling it would take longer than running it (about a second
 	// for 300 windows). SET LOCAL keeps that to this statement, PgBouncer's transaction mode
 	// included.
-	byKey := make([]lagRow, 0, len(txs))
+	byKey := make([]lagRow, 0, len(positions))
 	err = b.inTxWith(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		var batch pgx.Batch
 		batch.Queue(`SET LOCAL jit = off`)
@@ -664,8 +641,8 @@ func (b *Backend) lags(ctx context.Context, all []statusRowInfo) ([]lagRow, erro
 	if err != nil {
 		return nil, fmt.Errorf("projection/postgres: status: %w", err)
 	}
-	if len(byKey) != len(txs) {
-		return nil, fmt.Errorf("projection/postgres: status: %d lag rows for %d positions", len(byKey), len(txs))
+	if len(byKey) != len(positions) {
+		return nil, fmt.Errorf("projection/postgres: status: %d lag rows for %d positions", len(byKey), len(positions))
 	}
 	for i, r := range all {
 		if !r.info.part.Partitioned() {
@@ -726,6 +703,32 @@ func (b *Backend) withLag(ctx context.Context, st projection.Status, info rowInf
 		return st, b.translate(err)
 	}
 	return b.holder(ctx, l.apply(st))
+}
+
+// lagKeys gives the distinct positions and types (nil: every type) of the rows of all that are
+// not a partition's, and for each row of all the index of its key.
+func lagKeys(all []statusRowInfo) (positions []eventstore.Position, types []any, of []int) {
+	keys := make(map[lagKey]int)
+	of = make([]int, len(all))
+	for i, r := range all {
+		if r.info.part.Partitioned() {
+			continue
+		}
+		k := lagKey{pos: r.st.Position, every: r.info.types == nil, types: strings.Join(r.info.types, "\x00")}
+		n, ok := keys[k]
+		if !ok {
+			n = len(positions)
+			keys[k] = n
+			positions = append(positions, r.st.Position)
+			var t any // JSON null: every type
+			if r.info.types != nil {
+				t = r.info.types
+			}
+			types = append(types, t)
+		}
+		of[i] = n
+	}
+	return positions, types, of
 }
 
 // lagRow is a row of the lag statement.

@@ -74,6 +74,7 @@ func newStatements(schema, horizon string) statements {
 	var s statements
 	s.addMigrationSQL(r)
 	s.addStatusSQL(r)
+	s.addStatusesSQL(r)
 	s.addWriteSQL(r)
 	s.addAttemptSQL(r)
 	s.addParkSQL(r)
@@ -138,6 +139,10 @@ func (s *statements) addStatusSQL(r *strings.Replacer) {
 		SELECT coalesce((SELECT transaction_id FROM head), '0'::xid8), coalesce((SELECT global_position FROM head), 0),
 			lag.events, coalesce(lag.first, 0), coalesce(lag.last, 0), extract(epoch FROM clock_timestamp() - lag.oldest)::float8, held.held
 		FROM lag, held`)
+}
+
+// addStatusesSQL adds the statement of Statuses: the lag of many projections at once.
+func (s *statements) addStatusesSQL(r *strings.Replacer) {
 	// lags is lag for every (position, types) key of Statuses at once, one row per key in
 	// order ($1, $2 and $3 in step; $3 a JSON array holding each key's types, null for every
 	// type). The horizon, the head and the newest transaction id of each type are read once
