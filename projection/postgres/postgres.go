@@ -33,6 +33,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -569,42 +570,99 @@ func (b *Backend) StatusOf(ctx context.Context, name string) (projection.Status,
 
 // Statuses returns the status of every projection that has a status row, sorted by name, as
 // StatusOf computes it. It returns an empty slice when none is registered.
+//
+// What the projections share is read once per call, in one statement and one snapshot: the
+// horizon, the head and the newest transaction of each event type. Projections at the same
+// position with the same types share one lag window; each window is bounded as StatusOf's
+// is. The transaction that holds the horizon is looked up at most once. Partitions keep a
+// statement each (see partitionLag).
 func (b *Backend) Statuses(ctx context.Context) ([]projection.Status, error) {
 	all, err := b.statusRows(ctx)
 	if err != nil {
 		return nil, err
 	}
-	// The lag statements go in one round trip; those of partitions each in a transaction of
-	// its own (see partitionLag).
 	out := make([]projection.Status, len(all))
-	var batch pgx.Batch
+	lags, err := b.lags(ctx, all)
+	if err != nil {
+		return nil, err
+	}
+	var holder *eventstore.HorizonHolder
 	for i, r := range all {
 		if r.info.part.Partitioned() {
+			if out[i], err = b.withLag(ctx, r.st, r.info); err != nil { // a partition's lag: see partitionLag
+				return nil, fmt.Errorf("projection %s: status: %w", r.st.Name, err)
+			}
 			continue
 		}
-		batch.Queue(b.sql.lag, r.st.Position.TransactionID, r.st.Position.GlobalPosition, r.info.types).QueryRow(func(row pgx.Row) error {
-			var l lagRow
-			if err := l.scan(row); err != nil {
-				return fmt.Errorf("projection %s: status: %w", r.st.Name, err)
-			}
-			out[i] = l.apply(r.st)
-			return nil
-		})
-	}
-	if batch.Len() > 0 {
-		if err := b.db.SendBatch(ctx, &batch).Close(); err != nil {
-			return nil, b.translate(err)
+		out[i] = lags[i].apply(r.st)
+		if !out[i].HeldByHorizon {
+			continue
 		}
+		if holder == nil {
+			if out[i], err = b.holder(ctx, out[i]); err != nil {
+				return nil, fmt.Errorf("projection %s: status: %w", r.st.Name, err)
+			}
+			holder = out[i].Holder
+			continue
+		}
+		out[i].Holder = holder
+	}
+	return out, nil
+}
+
+// lagKey is what a projection's lag depends on besides the store: its position and types.
+type lagKey struct {
+	pos   eventstore.Position
+	every bool   // every type
+	types string // the types joined by NUL
+}
+
+// lags computes the lag of every row of all that is not a partition's, by index into all,
+// with the lags statement: one window per distinct position and types.
+func (b *Backend) lags(ctx context.Context, all []statusRowInfo) ([]lagRow, error) {
+	positions, types, of := lagKeys(all)
+	out := make([]lagRow, len(all))
+	if len(positions) == 0 {
+		return out, nil
+	}
+	xids := make([]uint64, len(positions))
+	gps := make([]int64, len(positions))
+	for i, p := range positions {
+		xids[i], gps[i] = p.TransactionID, p.GlobalPosition
+	}
+	typesJSON, err := json.Marshal(types)
+	if err != nil {
+		return nil, fmt.Errorf("projection/postgres: status: %w", err)
+	}
+	// The statement's cost estimate grows with the number of windows; past a few it crosses
+	// jit_above_cost, and compiling it would take longer than running it (about a second
+	// for 300 windows). SET LOCAL keeps that to this statement, PgBouncer's transaction mode
+	// included.
+	byKey := make([]lagRow, 0, len(positions))
+	err = b.inTxWith(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var batch pgx.Batch
+		batch.Queue(`SET LOCAL jit = off`)
+		batch.Queue(b.sql.lags, xids, gps, typesJSON).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var l lagRow
+				if err := l.scan(rows); err != nil {
+					return err
+				}
+				byKey = append(byKey, l)
+			}
+			return rows.Err()
+		})
+		return tx.SendBatch(ctx, &batch).Close()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("projection/postgres: status: %w", err)
+	}
+	if len(byKey) != len(positions) {
+		return nil, fmt.Errorf("projection/postgres: status: %d lag rows for %d positions", len(byKey), len(positions))
 	}
 	for i, r := range all {
-		var err error
-		if r.info.part.Partitioned() {
-			out[i], err = b.withLag(ctx, r.st, r.info) // a partition's lag: see partitionLag
-		} else {
-			out[i], err = b.holder(ctx, out[i])
-		}
-		if err != nil {
-			return nil, fmt.Errorf("projection %s: status: %w", r.st.Name, err)
+		if !r.info.part.Partitioned() {
+			out[i] = byKey[of[i]]
 		}
 	}
 	return out, nil
@@ -661,6 +719,32 @@ func (b *Backend) withLag(ctx context.Context, st projection.Status, info rowInf
 		return st, b.translate(err)
 	}
 	return b.holder(ctx, l.apply(st))
+}
+
+// lagKeys gives the distinct positions and types (nil: every type) of the rows of all that are
+// not a partition's, and for each row of all the index of its key.
+func lagKeys(all []statusRowInfo) (positions []eventstore.Position, types []any, of []int) {
+	keys := make(map[lagKey]int)
+	of = make([]int, len(all))
+	for i, r := range all {
+		if r.info.part.Partitioned() {
+			continue
+		}
+		k := lagKey{pos: r.st.Position, every: r.info.types == nil, types: strings.Join(r.info.types, "\x00")}
+		n, ok := keys[k]
+		if !ok {
+			n = len(positions)
+			keys[k] = n
+			positions = append(positions, r.st.Position)
+			var t any // JSON null: every type
+			if r.info.types != nil {
+				t = r.info.types
+			}
+			types = append(types, t)
+		}
+		of[i] = n
+	}
+	return positions, types, of
 }
 
 // lagRow is a row of the lag statement.

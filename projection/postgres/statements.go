@@ -15,7 +15,9 @@ type statements struct {
 	lock, register, selectStatus, recordFailure, reset, setState, delete, lag, recordSkip string
 	// unitsOf names the status rows of a projection by name: its own, or its partitions'.
 	unitsOf string
-	startAttempt, endAttempt                                                              string
+	// lags is lag for many positions and type sets in one statement (Backend.Statuses).
+	lags                     string
+	startAttempt, endAttempt string
 	// advance moves a projection's position on; advanceClearing also clears its failure.
 	advance, advanceClearing string
 	// advanceClock and advanceClearingClock are the same returning the database's clock, read
@@ -79,6 +81,7 @@ func newStatements(schema, horizon string) statements {
 	var s statements
 	s.addMigrationSQL(r)
 	s.addStatusSQL(r)
+	s.addStatusesSQL(r)
 	s.addWriteSQL(r)
 	s.addAttemptSQL(r)
 	s.addParkSQL(r)
@@ -144,6 +147,53 @@ func (s *statements) addStatusSQL(r *strings.Replacer) {
 		SELECT coalesce((SELECT transaction_id FROM head), '0'::xid8), coalesce((SELECT global_position FROM head), 0),
 			lag.events, coalesce(lag.first, 0), coalesce(lag.last, 0), extract(epoch FROM clock_timestamp() - lag.oldest)::float8, held.held
 		FROM lag, held`)
+}
+
+// addStatusesSQL adds the statement of Statuses: the lag of many projections at once.
+func (s *statements) addStatusesSQL(r *strings.Replacer) {
+	// lags is lag for every (position, types) key of Statuses at once, one row per key in
+	// order ($1, $2 and $3 in step; $3 a JSON array holding each key's types, null for every
+	// type). The horizon, the head and the newest transaction id of each type are read once
+	// for all keys, in one snapshot; each key's window is lag's, bounded the same way.
+	s.lags = r.Replace(`WITH h AS MATERIALIZED (SELECT {horizon} AS xmin),
+		head AS MATERIALIZED (
+			SELECT e.transaction_id, e.global_position FROM {events} e
+			WHERE e.transaction_id < (SELECT xmin FROM h) ORDER BY e.transaction_id DESC, e.global_position DESC LIMIT 1
+		),
+		k AS MATERIALIZED (
+			SELECT k.ord, k.tx, k.pos, CASE WHEN jsonb_typeof(k.types) = 'array'
+				THEN ARRAY(SELECT jsonb_array_elements_text(k.types)) END AS types
+			FROM unnest($1::xid8[], $2::bigint[], ARRAY(SELECT jsonb_array_elements($3::jsonb))) WITH ORDINALITY k(tx, pos, types, ord)
+		),
+		newest AS MATERIALIZED (
+			SELECT t.type, (SELECT max(e.transaction_id) FROM {events} e WHERE e.event_type = t.type) AS xid
+			FROM (SELECT DISTINCT unnest(k.types) AS type FROM k) t
+		),
+		newest_any AS MATERIALIZED (
+			SELECT max(e.transaction_id) AS xid FROM {events} e WHERE EXISTS (SELECT FROM k WHERE k.types IS NULL)
+		)
+		SELECT coalesce((SELECT transaction_id FROM head), '0'::xid8), coalesce((SELECT global_position FROM head), 0),
+			lag.events, coalesce(lag.first, 0), coalesce(lag.last, 0), extract(epoch FROM clock_timestamp() - lag.oldest)::float8,
+			coalesce(CASE WHEN k.types IS NULL
+				THEN (SELECT xid FROM newest_any)
+				ELSE (SELECT max(n.xid) FROM newest n WHERE n.type = ANY(k.types))
+				END >= (SELECT xmin FROM h), false)
+		FROM k, LATERAL (
+			SELECT count(*) AS events, min(win.global_position) AS first, max(win.global_position) AS last, min(win.recorded_at) AS oldest FROM (
+				(SELECT e.transaction_id, e.global_position, e.recorded_at FROM {events} e
+				WHERE k.types IS NULL AND (e.transaction_id, e.global_position) > (k.tx, k.pos)
+					AND e.transaction_id < (SELECT xmin FROM h)
+				ORDER BY e.transaction_id, e.global_position LIMIT {window})
+				UNION ALL
+				(SELECT w.transaction_id, w.global_position, w.recorded_at FROM unnest(k.types) t(type), LATERAL (
+					SELECT e.transaction_id, e.global_position, e.recorded_at FROM {events} e
+					WHERE (e.event_type, e.transaction_id, e.global_position) > (t.type, k.tx, k.pos)
+						AND (e.event_type, e.transaction_id) < (t.type, (SELECT xmin FROM h))
+					ORDER BY e.event_type, e.transaction_id, e.global_position LIMIT {window}) w
+				ORDER BY w.transaction_id, w.global_position LIMIT {window})
+			) win
+		) lag
+		ORDER BY k.ord`)
 }
 
 // addWriteSQL adds the statements that change a projection's status row: a batch's outcome, a

@@ -3,13 +3,21 @@ package postgres_test
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/eventstore/storetest"
+	"github.com/nudgeworks/nudge/internal/pgcluster"
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/projection/postgres"
+	"github.com/nudgeworks/nudge/projection/projectiontest"
 )
 
 func ignore(context.Context, projection.Event[json.RawMessage]) error { return nil }
@@ -104,4 +112,106 @@ func TestStatusesEmpty(t *testing.T) {
 	all, err := e.backend.Statuses(context.Background())
 	require.NoError(t, err)
 	require.Empty(t, all)
+}
+
+// TestStatusesAsStatusOf: Statuses reads the horizon, the head and the held check once for all
+// projections and every lag in one statement; each status it gives is the one StatusOf gives:
+// projections at different positions, of every type or of some, sharing a position and types
+// or not, with exact and estimated lags, caught up, and held behind an open transaction (on a
+// private cluster, where no other transaction holds the horizon) with the holder named.
+func TestStatusesAsStatusOf(t *testing.T) {
+	c := pgcluster.ForTest(t)
+	ctx := testwait.Context(t, 2*time.Minute)
+	pool, err := pgxpool.New(ctx, c.URL("postgres", ""))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	store, err := espg.New(pool, espg.Config{})
+	require.NoError(t, err)
+	require.NoError(t, store.Migrate(ctx))
+	backend, err := postgres.New(store)
+	require.NoError(t, err)
+	require.NoError(t, backend.Migrate(ctx))
+
+	positions := projectiontest.AppendN(t, store, 0, 2600, "A", "B", "C", "A")
+	storetest.Settle(t, store, positions[len(positions)-1])
+	every := []projection.Handler{projection.OnAnyIdempotent(func(context.Context, eventstore.Event) error { return nil })}
+	typed := func(types ...string) []projection.Handler {
+		var hs []projection.Handler
+		for _, typ := range types {
+			hs = append(hs, projection.OnIdempotent(typ, ignore))
+		}
+		return hs
+	}
+	at := map[string]struct {
+		handlers []projection.Handler
+		after    int // index into positions; -1: from the start
+	}{
+		"a_start":     {typed("A"), -1}, // more than 1,000 behind: estimated
+		"a_start2":    {typed("A"), -1}, // the same position and types as a_start
+		"a_mid":       {typed("A"), 1999},
+		"ab_start":    {typed("A", "B"), -1},
+		"ab_mid":      {typed("B", "A"), 2100},
+		"c_near":      {typed("C"), 2590},
+		"d_none":      {typed("D"), -1}, // no event of its type
+		"every_start": {every, -1},
+		"every_mid":   {every, 1800}, // 799 behind: exact
+		"every_end":   {every, len(positions) - 1},
+	}
+	for name, p := range at {
+		def, err := projection.New(name, projection.Config{}, p.handlers...)
+		require.NoError(t, err)
+		require.NoError(t, backend.Register(ctx, def, nil))
+		if p.after >= 0 {
+			pos := positions[p.after]
+			_, err := pool.Exec(ctx, `UPDATE nudge_projections SET transaction_id = $2::text::xid8, global_position = $3 WHERE name = $1`,
+				name, strconv.FormatUint(pos.TransactionID, 10), pos.GlobalPosition)
+			require.NoError(t, err)
+		}
+	}
+
+	same := func(held bool) {
+		t.Helper()
+		all, err := backend.Statuses(ctx)
+		require.NoError(t, err)
+		require.Len(t, all, len(at))
+		for _, got := range all {
+			want, err := backend.StatusOf(ctx, got.Name)
+			require.NoError(t, err)
+			require.Equal(t, want.Position, got.Position, got.Name)
+			require.Equal(t, want.Head, got.Head, got.Name)
+			require.Equal(t, want.LagEvents, got.LagEvents, got.Name)
+			require.Equal(t, want.LagEstimated, got.LagEstimated, got.Name)
+			require.Equal(t, want.LagTime == 0, got.LagTime == 0, got.Name)
+			require.InDelta(t, want.LagTime.Seconds(), got.LagTime.Seconds(), time.Minute.Seconds(), got.Name)
+			require.Equal(t, want.HeldByHorizon, got.HeldByHorizon, got.Name)
+			require.Equal(t, want.Holder != nil, got.Holder != nil, got.Name)
+			if got.Holder != nil {
+				require.Equal(t, want.Holder.TransactionID, got.Holder.TransactionID, got.Name)
+			}
+			require.Equal(t, held && got.Name != "d_none", got.HeldByHorizon, got.Name)
+		}
+		byName := map[string]projection.Status{}
+		for _, st := range all {
+			byName[st.Name] = st
+		}
+		require.True(t, byName["a_start"].LagEstimated)
+		require.Equal(t, byName["a_start"].LagEvents, byName["a_start2"].LagEvents)
+		require.False(t, byName["every_mid"].LagEstimated)
+		require.Equal(t, int64(799), byName["every_mid"].LagEvents)
+		require.Zero(t, byName["every_end"].LagEvents)
+		require.Zero(t, byName["d_none"].LagEvents)
+		require.Zero(t, byName["d_none"].LagTime)
+		require.Positive(t, byName["c_near"].LagEvents)
+	}
+	same(false)
+
+	// An open transaction holds back an event of each type: every projection but d_none is held.
+	open, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = open.Rollback(ctx) }()
+	_, err = open.Exec(ctx, `SELECT pg_current_xact_id()`)
+	require.NoError(t, err)
+	_, err = store.Append(ctx, "late", eventstore.Any, storetest.Event("A", 1), storetest.Event("B", 2), storetest.Event("C", 3))
+	require.NoError(t, err)
+	same(true)
 }
