@@ -72,9 +72,18 @@ func (r *Runner) activateIn(ctx context.Context, p, caller *Projection, res *Res
 	return false, nil
 }
 
+// cutOverBatches bounds the events a cut-over handles on one unit, in batches of the unit's
+// Config.BatchSize: a unit with this many left to the head is behind (its own batches claim
+// them, past a stopped active version), and so is one with a full batch of history left. A
+// unit level with an active version that runs but lags under load (its lock is seldom free
+// to claim past it) cuts over with what the active version has not handled yet, within this
+// bound: with one batch to the head as the bound, make chaos-loaded's repartition never cut
+// over (the active version lagged 600 events behind the head for minutes).
+const cutOverBatches = 4
+
 // cutOver is the cut-over's work on each unit of the building version: whether it is behind
-// (more than a batch of events left to the head: history, or events after the active
-// version's position it has not claimed yet; never caller, the unit just found level), then
+// (a full batch of history left, or cutOverBatches batches of events left to the head; never
+// caller, the unit just found level), then
 // batches of the events after its position until a read comes back short, their outcomes
 // summed into one. Events the active version handled
 // meanwhile are history (Replaying); the rest are live. It sets *failed to the batch that
@@ -86,11 +95,15 @@ func (r *Runner) cutOver(failed **batch, caller *Projection) CutOver {
 				return false, nil
 			}
 			limit := p.cfg.BatchSize
-			events, err := u.Read(ctx, u.Status.Position, eventstore.ReadOptions{Limit: limit, Types: p.types, OmitPayload: true, Partition: p.partition})
+			events, err := u.Read(ctx, u.Status.Position, eventstore.ReadOptions{Limit: cutOverBatches * limit, Types: p.types, OmitPayload: true, Partition: p.partition})
 			if err != nil {
 				return false, fmt.Errorf("projection %s: read events after %s: %w", p.name, u.Status.Position, err)
 			}
-			return len(events) == limit, nil
+			if len(events) == cutOverBatches*limit {
+				return true, nil // too much left to the head for one short transaction: claims get it there
+			}
+			// A full batch of history left: the unit's own batches build it first.
+			return len(events) >= limit && !u.Version.ActivePosition.Less(events[limit-1].Position), nil
 		},
 		Run: func(ctx context.Context, p *Projection, u Unit) (Outcome, error) {
 			total := Outcome{Position: u.Status.Position, State: u.Status.State}

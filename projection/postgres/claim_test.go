@@ -34,7 +34,7 @@ func TestBlueGreenCutOverPastAStoppedActive(t *testing.T) {
 		history = 200
 		backlog = 1800 // 900 ms of version 2's handlers at least: three BatchTimeouts
 	)
-	cfg := projection.Config{BatchSize: 100, BatchTimeout: timeout, MaxBatchDuration: timeout / 2}
+	cfg := projection.Config{BatchSize: 25, BatchTimeout: timeout, MaxBatchDuration: timeout / 2}
 	v1 := lastV1(t, cfg)
 	old := runner(t, e.backend, v1)
 	appendSettled(ctx, t, e, 1, history, false)
