@@ -161,10 +161,23 @@ func testCatchUp(t *testing.T, env Env) {
 		projection.OnIdempotent("A", rec.Handle), projection.OnIdempotent("B", rec.Handle))
 	r := newRunner(t, env, p)
 
-	res, err := r.CatchUp(ctx, "everything")
-	require.NoError(t, err)
-	require.Equal(t, 1234, res.Events)
-	require.Equal(t, 13, res.Batches)
+	// One catch-up reads to the head in batches of 100, unless a transaction elsewhere in the
+	// cluster holds the horizon back for a moment (a batch then reads short and the catch-up
+	// ends): the next one goes on from there.
+	var res projection.Result
+	events, batches := 0, 0
+	deadline := time.Now().Add(testwait.For(30 * time.Second))
+	for res.Position != positions[len(positions)-1] && time.Now().Before(deadline) {
+		if batches > 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		var err error
+		res, err = r.CatchUp(ctx, "everything")
+		require.NoError(t, err)
+		events, batches = events+res.Events, batches+res.Batches
+	}
+	require.Equal(t, 1234, events)
+	require.GreaterOrEqual(t, batches, 13, "batches of at most 100")
 	require.Equal(t, positions[len(positions)-1], res.Position)
 	require.Equal(t, res.Position, r.CommittedPosition("everything"))
 	require.Equal(t, 1234, rec.Calls())
