@@ -60,7 +60,8 @@ type partitionStatements struct {
 // partitionSQL are the statements of one partition count.
 type partitionSQL struct {
 	// read and readTypes are indexed by ReadOptions.OmitPayload (0: with payloads); they take
-	// the position ($1, $2), the limit ($3), the partition index ($4) and the types ($5).
+	// the position ($1, $2), the limit ($3), the partition index ($4), the types ($5, readTypes
+	// only) and the store's floor (the last). head takes the partition index and the floor.
 	read      [2]string
 	readTypes [2]string
 	head      string
@@ -79,11 +80,12 @@ func (p *partitionStatements) forCount(count int) *partitionSQL {
 	h := strings.ReplaceAll(horizon, "{readable}", p.readable)
 	full := strings.NewReplacer("{events}", p.events, "{columns}", eventColumns, "{horizon}", h, "{part}", part)
 	bare := strings.NewReplacer("{events}", p.events, "{columns}", bareColumns, "{horizon}", h, "{part}", part)
+	floor := func(sql, param string) string { return strings.ReplaceAll(sql, "{floor}", param) }
 	st := &partitionSQL{
-		read:      [2]string{full.Replace(partitionReadSQL), bare.Replace(partitionReadSQL)},
-		readTypes: [2]string{full.Replace(partitionReadTypesSQL), bare.Replace(partitionReadTypesSQL)},
-		head: full.Replace(`SELECT transaction_id, global_position FROM {events} WHERE {part} = ANY(ARRAY[$1::int]) AND {horizon}
-			ORDER BY {part} DESC, transaction_id DESC, global_position DESC LIMIT 1`),
+		read:      [2]string{floor(full.Replace(partitionReadSQL), "$5"), floor(bare.Replace(partitionReadSQL), "$5")},
+		readTypes: [2]string{floor(full.Replace(partitionReadTypesSQL), "$6"), floor(bare.Replace(partitionReadTypesSQL), "$6")},
+		head: floor(full.Replace(`SELECT transaction_id, global_position FROM {events} WHERE {part} = ANY(ARRAY[$1::int]) AND {horizon}
+			ORDER BY {part} DESC, transaction_id DESC, global_position DESC LIMIT 1`), "$2"),
 	}
 	if p.byCount == nil {
 		p.byCount = make(map[int]*partitionSQL)
@@ -123,6 +125,7 @@ func (s *Store) readPartition(ctx context.Context, q querier, after eventstore.P
 	if len(opts.Types) > 0 {
 		sql, args = st.readTypes[omit(opts)], append(args, opts.Types)
 	}
+	args = append(args, s.floor.get())
 	var events []eventstore.Event
 	run := func(tx pgx.Tx) error {
 		var batch pgx.Batch
@@ -130,6 +133,7 @@ func (s *Store) readPartition(ctx context.Context, q querier, after eventstore.P
 		batch.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 			var err error
 			events, err = collectEvents(rows, limit)
+			s.floor.saw(events)
 			return err
 		})
 		batch.Queue(sortRestore)
@@ -159,7 +163,7 @@ func (s *Store) HeadPartition(ctx context.Context, p eventstore.Partition) (even
 	err := pgx.BeginTxFunc(ctx, s.db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		var batch pgx.Batch
 		batch.Queue(sortOff)
-		batch.Queue(s.partitions.forCount(p.Count).head, p.Index).Query(func(rows pgx.Rows) error {
+		batch.Queue(s.partitions.forCount(p.Count).head, p.Index, s.floor.get()).Query(func(rows pgx.Rows) error {
 			defer rows.Close()
 			for rows.Next() {
 				if err := rows.Scan(&pos.TransactionID, &pos.GlobalPosition); err != nil {
@@ -171,6 +175,9 @@ func (s *Store) HeadPartition(ctx context.Context, p eventstore.Partition) (even
 		batch.Queue(sortRestore)
 		return tx.SendBatch(ctx, &batch).Close()
 	})
+	if err == nil {
+		s.floor.raise(pos.TransactionID)
+	}
 	return pos, s.translate(err)
 }
 

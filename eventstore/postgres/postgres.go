@@ -134,6 +134,8 @@ type Store struct {
 	notifier *notifier
 	// partitions are the partitioned read statements, made per partition count.
 	partitions *partitionStatements
+	// floor is the highest transaction id of an event this store's horizon let it read.
+	floor floor
 }
 
 var _ eventstore.Store = (*Store)(nil)
@@ -590,14 +592,15 @@ func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, 
 	}
 	var rows pgx.Rows
 	if len(opts.Types) == 0 {
-		rows, err = q.Query(ctx, s.sql.read[omit(opts)], after.TransactionID, after.GlobalPosition, limit)
+		rows, err = q.Query(ctx, s.sql.read[omit(opts)], after.TransactionID, after.GlobalPosition, limit, s.floor.get())
 	} else {
-		rows, err = q.Query(ctx, s.sql.readTypes[omit(opts)], after.TransactionID, after.GlobalPosition, limit, opts.Types)
+		rows, err = q.Query(ctx, s.sql.readTypes[omit(opts)], after.TransactionID, after.GlobalPosition, limit, opts.Types, s.floor.get())
 	}
 	if err != nil {
 		return nil, s.translate(err)
 	}
 	events, err := collectEvents(rows, limit)
+	s.floor.saw(events)
 	return events, s.translate(err)
 }
 
@@ -614,15 +617,16 @@ func (s *Store) QueueReadTx(batch *pgx.Batch, after eventstore.Position, opts ev
 	}
 	var q *pgx.QueuedQuery
 	if len(opts.Types) == 0 {
-		q = batch.Queue(s.sql.read[omit(opts)], after.TransactionID, after.GlobalPosition, limit)
+		q = batch.Queue(s.sql.read[omit(opts)], after.TransactionID, after.GlobalPosition, limit, s.floor.get())
 	} else {
-		q = batch.Queue(s.sql.readTypes[omit(opts)], after.TransactionID, after.GlobalPosition, limit, opts.Types)
+		q = batch.Queue(s.sql.readTypes[omit(opts)], after.TransactionID, after.GlobalPosition, limit, opts.Types, s.floor.get())
 	}
 	q.Query(func(rows pgx.Rows) error {
 		events, err := collectEvents(rows, limit)
 		if err != nil {
 			return s.translate(err)
 		}
+		s.floor.saw(events)
 		done(events)
 		return nil
 	})
@@ -671,9 +675,12 @@ func (s *Store) readStream(ctx context.Context, q querier, streamID string, afte
 // Head implements eventstore.Store.
 func (s *Store) Head(ctx context.Context) (eventstore.Position, error) {
 	var p eventstore.Position
-	err := s.db.QueryRow(ctx, s.sql.head).Scan(&p.TransactionID, &p.GlobalPosition)
+	err := s.db.QueryRow(ctx, s.sql.head, s.floor.get()).Scan(&p.TransactionID, &p.GlobalPosition)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return eventstore.Position{}, nil
+	}
+	if err == nil {
+		s.floor.raise(p.TransactionID)
 	}
 	return p, s.translate(err)
 }

@@ -35,8 +35,9 @@ const bareColumns = `global_position, transaction_id, event_id, stream_id, strea
 
 // horizon is the read-order condition that never skips: only events of transactions older
 // than every transaction still running that may append events can be read, so nothing can
-// commit behind the reader later.
-const horizon = `transaction_id < {readable}`
+// commit behind the reader later. {floor} is the statement's parameter of the store's floor
+// (Store.floor): a horizon this store saw before, below which nothing can commit any more.
+const horizon = `transaction_id < greatest({readable}, {floor}::xid8)`
 
 // exemptGuard is the first statement of the exemption's declaration (Store.ExemptTxOptions,
 // Store.BeginExemptBatch), after BEGIN: it sets transaction_deferrable to its current value, a
@@ -69,6 +70,8 @@ func newStatements(schema string) statements {
 	r := strings.NewReplacer("{readable}", readableSQL, "{heldLimit}", strconv.Itoa(eventstore.HeldEventsLimit), "{events}", table("nudge_events"), "{streams}", table("nudge_streams"), "{columns}", eventColumns, "{horizon}", h,
 		"{key}", key, "{exemptHeld}", strings.ReplaceAll(exemptHeld, "{key}", key))
 	bare := strings.NewReplacer("{events}", table("nudge_events"), "{columns}", bareColumns, "{horizon}", h)
+	// The floor is the read statements' last parameter.
+	floor := func(sql, param string) string { return strings.ReplaceAll(sql, "{floor}", param) }
 	return statements{
 		key:     key,
 		horizon: readableSQL,
@@ -100,8 +103,8 @@ func newStatements(schema string) statements {
 					last_transaction_id = EXCLUDED.last_transaction_id, updated_at = EXCLUDED.updated_at
 			)
 			SELECT global_position, transaction_id, recorded_at FROM ins ORDER BY stream_version`),
-		read:      [2]string{r.Replace(readSQL), bare.Replace(readSQL)},
-		readTypes: [2]string{r.Replace(readTypesSQL), bare.Replace(readTypesSQL)},
+		read:      [2]string{floor(r.Replace(readSQL), "$4"), floor(bare.Replace(readSQL), "$4")},
+		readTypes: [2]string{floor(r.Replace(readTypesSQL), "$5"), floor(bare.Replace(readTypesSQL), "$5")},
 		readStream: r.Replace(`SELECT {columns} FROM {events}
 			WHERE stream_id = $1 AND stream_version > $2 ORDER BY stream_version LIMIT $3`),
 		// The transaction at the horizon, if committed events wait behind it, with what
@@ -123,8 +126,8 @@ func newStatements(schema string) statements {
 					ORDER BY a.leader_pid IS NULL OR a.leader_pid = a.pid DESC LIMIT 1) a ON true
 				LEFT JOIN pg_prepared_xacts p ON p.transaction = h.xmin::xid
 			WHERE held.n > 0`),
-		head: r.Replace(`SELECT transaction_id, global_position FROM {events} WHERE {horizon}
-			ORDER BY transaction_id DESC, global_position DESC LIMIT 1`),
+		head: floor(r.Replace(`SELECT transaction_id, global_position FROM {events} WHERE {horizon}
+			ORDER BY transaction_id DESC, global_position DESC LIMIT 1`), "$1"),
 	}
 }
 
