@@ -208,7 +208,7 @@ func TestTypeFilterRunsInTheStore(t *testing.T) {
 		}
 		reads++
 		rows += q.rows
-		require.Len(t, q.args, 4, "every read carries the type filter")
+		require.Len(t, q.args, 5, "every read carries the type filter (and the store's floor)")
 		require.Equal(t, []string{"T3", "T7"}, q.args[3])
 		require.Equal(t, 50, q.args[2], "the batch size is the read limit")
 	}

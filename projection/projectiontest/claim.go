@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/internal/testlog"
+	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/projection"
 )
 
@@ -49,7 +50,11 @@ func testVersionPastStoppedActive(t *testing.T, env Env, from, to int) {
 	backlog := 2 * int(timeout/s.cost)
 	AppendN(t, env.Store, history, backlog)
 	total, more := history+backlog, 0
+	rolledBack := 0 // batches that failed: their handler calls were rolled back
 	r, err := projection.NewRunner(env.Backend, projection.RunnerConfig{Logger: testlog.New(t), OnBatch: func(b projection.BatchReport) {
+		if b.Err != nil {
+			rolledBack++
+		}
 		if strings.HasPrefix(b.Projection, v2.Name()) && b.Err == nil && more < 300 {
 			appendSpread(t, env.Store, total+more, 10)
 			more += 10
@@ -60,12 +65,15 @@ func testVersionPastStoppedActive(t *testing.T, env Env, from, to int) {
 
 	var res projection.Result
 	var errs []error
-	for round := 0; round < 6 && !res.Activated; round++ {
+	// A handful of catch-ups on a quiet machine; on a busy one batches can pass their
+	// BatchTimeout and roll back, and the catch-ups go on until the deadline.
+	deadline := time.Now().Add(testwait.For(2 * time.Minute))
+	for round := 0; (round < 6 || time.Now().Before(deadline)) && !res.Activated; round++ {
 		if res, err = r.CatchUp(ctx, v2.Name()); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	require.True(t, res.Activated, "version 2 did not cut over in 6 catch-ups: %v", errors.Join(errs...))
+	require.True(t, res.Activated, "version 2 did not cut over: %v", errors.Join(errs...))
 	t.Logf("cut-over past a stopped version 1: %d events appended after it stopped (%d while version 2 built); the catch-up that cut over handled %d events, the cut-over held the locks %s (BatchTimeout %s)",
 		backlog+more, more, res.Events, res.CutOverHeld, timeout)
 	require.Less(t, res.CutOverHeld, timeout)
@@ -80,6 +88,18 @@ func testVersionPastStoppedActive(t *testing.T, env Env, from, to int) {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if rolledBack > 0 || len(errs) > 0 {
+		// On a busy machine a batch (or a cut-over) can pass its BatchTimeout and roll back
+		// after its handlers ran; its events are handled again by the next. The sink counts
+		// calls, not commits, so only at least once can be checked then; the runs without a
+		// rollback check exactly once.
+		t.Logf("%d batches and %d catch-ups failed (%v): checking that every event was handled, not how often", rolledBack, len(errs), errors.Join(errs...))
+		for n := range total {
+			require.GreaterOrEqual(t, s.handled[2][n], 1, "event %d is in version 2's read model", n)
+			require.GreaterOrEqual(t, s.live[1][n]+s.live[2][n], 1, "event %d has its side effect", n)
+		}
+		return
+	}
 	require.Equal(t, history, s.history[2], "version 2 replayed what version 1 had handled")
 	for n := range total {
 		require.Equal(t, 1, s.handled[2][n], "event %d is in version 2's read model once", n)
