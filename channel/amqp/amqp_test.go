@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -666,6 +667,27 @@ func TestTopology(t *testing.T) {
 	require.Equal(t, env.Prefix+"nudge.triggers_alpha", ch.QueueName("alpha"))
 	require.True(t, env.QueueExists(t, env.Prefix+"nudge.triggers_alpha"))
 	require.False(t, env.QueueExists(t, env.Prefix+"nudge.dead_letters"), "no dead-letter queue: dead letters go to the worker's store")
+}
+
+// TestConnectionsAndChannels: a channel opens one connection to RabbitMQ, with
+// Config.PublishChannels channels for publishes and one per subscription, whatever number of
+// projections it declares (docs/operations/pgbouncer-and-sizing.md sizes a broker with that).
+func TestConnectionsAndChannels(t *testing.T) {
+	t.Parallel()
+	env := amqptest.New(t)
+	cfg := config(t, env)
+	cfg.PublishChannels = 3
+	ch := newChannel(t, cfg)
+	require.NoError(t, ch.Declare(context.Background(), "alpha", "beta", "gamma", "delta"))
+	subscribe(t, ch, "alpha")
+	subscribe(t, ch, "beta")
+	require.NoError(t, ch.Publish(context.Background(), channeltest.Trigger(1)))
+	want := []amqptest.Connection{{Name: env.ConnectionName, Channels: 3 + 2}}
+	var got []amqptest.Connection
+	require.Eventually(t, func() bool {
+		got = env.Connections(t)
+		return slices.Equal(got, want)
+	}, eventually, time.Second, "connections %+v", got)
 }
 
 // TestUndeclare: a projection's queue that no one consumes is deleted with its triggers, one

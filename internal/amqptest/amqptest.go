@@ -143,6 +143,41 @@ func (e *Env) CloseConnections(t testing.TB) int {
 	return len(pids)
 }
 
+// Connection is one of the test's connections as the broker lists it.
+type Connection struct {
+	// Name is the connection's name (its "connection_name" client property).
+	Name string
+	// Channels is the number of channels open on it.
+	Channels int
+}
+
+// Connections lists the broker's connections whose name starts with the Env's Prefix. It skips
+// the test when rabbitmqctl is not available (fails it when CI=true).
+func (e *Env) Connections(t testing.TB) []Connection {
+	t.Helper()
+	out, err := rabbitmqctl("list_connections", "-q", "--no-table-headers", "channels", "client_properties")
+	if err != nil {
+		needRabbitmqctl(t, err)
+	}
+	var conns []Connection
+	for _, line := range strings.Split(out, "\n") {
+		channels, props, ok := strings.Cut(line, "\t")
+		if !ok {
+			continue
+		}
+		m := connectionNamePattern.FindStringSubmatch(props)
+		if m == nil || !strings.HasPrefix(m[1], e.Prefix) {
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(channels))
+		if err != nil {
+			t.Fatalf("amqptest: list_connections: channels %q: %v", channels, err)
+		}
+		conns = append(conns, Connection{Name: m[1], Channels: n})
+	}
+	return conns
+}
+
 // connectionNamePattern finds the connection name in rabbitmqctl's client_properties column:
 // [{"product","AMQP 0.9.1 Client"},…,{"connection_name","…"},…].
 var connectionNamePattern = regexp.MustCompile(`\{"connection_name","([^"]*)"\}`)

@@ -28,6 +28,7 @@ import (
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/internal/chaos/chaosmodel"
 	"github.com/nudgeworks/nudge/internal/pgcluster"
+	"github.com/nudgeworks/nudge/internal/rabbitcluster"
 	"github.com/nudgeworks/nudge/projection"
 	pgproj "github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/relay"
@@ -38,7 +39,7 @@ import (
 type suite struct {
 	cluster    *pgcluster.Cluster
 	broker     *broker
-	rabbit     *rabbitNode // the private RabbitMQ node, nil unless broker-restart runs
+	rabbit     *rabbitcluster.Node // the private RabbitMQ node, nil unless broker-restart runs
 	workerBin  string
 	relayBin   string
 	cliBin     string
@@ -191,7 +192,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 		broker:   s.broker,
 	}
 	if set.privateBroker {
-		e.broker = &broker{url: s.rabbit.url()}
+		e.broker = &broker{url: s.rabbit.URL()}
 	}
 	defer func() {
 		if err != nil {

@@ -45,6 +45,7 @@ import (
 	"time"
 
 	"github.com/nudgeworks/nudge/internal/pgcluster"
+	"github.com/nudgeworks/nudge/internal/rabbitcluster"
 )
 
 // budgetDefault is the default bound on a whole run, before -timeout-scale.
@@ -143,13 +144,13 @@ func run() int {
 	defer func() {
 		s.cluster.Remove(context.Background())
 		if s.rabbit != nil {
-			s.rabbit.remove()
+			s.rabbit.Remove()
 		}
 		_ = os.RemoveAll(filepath.Dir(s.workerBin))
 	}()
 	rabbit := ""
 	if s.rabbit != nil {
-		rabbit = fmt.Sprintf(" and a private RabbitMQ node %s on 127.0.0.1:%d", s.rabbit.node, s.rabbit.port)
+		rabbit = fmt.Sprintf(" and a private RabbitMQ node %s on 127.0.0.1:%d", s.rabbit.Name(), s.rabbit.Port())
 	}
 	fmt.Printf("chaos: built the worker and the CLI, started a private PostgreSQL on 127.0.0.1:%d%s (%s)\n",
 		s.cluster.Port(), rabbit, time.Since(started).Round(100*time.Millisecond))
@@ -257,7 +258,9 @@ func (s *suite) prepare(ctx context.Context, selected []scenario) error {
 	errs := make([]error, 5)
 	wg.Go(func() { errs[4] = goBuild(ctx, s.relayBin, "./internal/chaos/chaosrelay") })
 	if slices.ContainsFunc(selected, func(sc scenario) bool { return sc.settings.privateBroker }) {
-		wg.Go(func() { s.rabbit, errs[3] = newRabbitNode(ctx, s.runID, s.log) })
+		wg.Go(func() {
+			s.rabbit, errs[3] = rabbitcluster.Start(ctx, rabbitcluster.Options{Name: "nudge-chaos-" + s.runID, Logger: s.log})
+		})
 	}
 	wg.Go(func() { errs[0] = goBuild(ctx, s.workerBin, "./internal/chaos/chaosworker") })
 	wg.Go(func() { errs[1] = goBuild(ctx, s.cliBin, "./cmd/nudge") })
@@ -274,7 +277,7 @@ func (s *suite) prepare(ctx context.Context, selected []scenario) error {
 			s.cluster.Remove(context.WithoutCancel(ctx))
 		}
 		if s.rabbit != nil {
-			s.rabbit.remove()
+			s.rabbit.Remove()
 		}
 		_ = os.RemoveAll(binDir)
 		return err

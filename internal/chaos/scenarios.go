@@ -802,16 +802,16 @@ func restartKind(graceful bool) string {
 func (e *env) restartBroker(ctx context.Context, graceful bool) (time.Duration, error) {
 	began := time.Now()
 	if graceful {
-		if err := e.s.rabbit.stopGracefully(ctx); err != nil {
+		if err := e.s.rabbit.Stop(ctx); err != nil {
 			return 0, err
 		}
 	} else {
-		e.s.rabbit.kill()
+		e.s.rabbit.Kill()
 	}
 	if err := backoff.Sleep(ctx, time.Second); err != nil {
 		return 0, err
 	}
-	if err := e.s.rabbit.start(ctx); err != nil {
+	if err := e.s.rabbit.Start(ctx); err != nil {
 		return 0, err
 	}
 	return time.Since(began), nil

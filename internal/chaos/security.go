@@ -245,9 +245,9 @@ func checkSecrets(_ context.Context, e *env, r *result) error {
 		files = append(files, e.s.cluster.LogPath())
 	}
 	if e.s.rabbit != nil {
-		logs, _ := filepath.Glob(filepath.Join(e.s.rabbit.dir, "log", "*.log"))
+		logs, _ := filepath.Glob(filepath.Join(e.s.rabbit.Dir(), "log", "*.log"))
 		files = append(files, logs...)
-		files = append(files, filepath.Join(e.s.rabbit.dir, "server.out"))
+		files = append(files, filepath.Join(e.s.rabbit.Dir(), "server.out"))
 	}
 	type pattern struct {
 		name  string
