@@ -113,7 +113,7 @@ func TestDeepScenarioRunsAtSmallDepths(t *testing.T) {
 			"catch-up near the end, the last events to the head, %s events/events_per_s",
 			"append, 1 event/tx, one writer, %s events/p99_ms",
 			"Backend.Statuses, 300 projections, after VACUUM, %s events/median_ms",
-			"live at the head: handled, %s events/events_per_s",
+			"live at the head: handled (first append to the last handled), %s events/events_per_s",
 			"index nudge_events_read_order_idx, %s events/btree_levels",
 			"nudge_events with its indexes, %s events/bytes_per_event",
 		} {
