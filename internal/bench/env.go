@@ -79,6 +79,9 @@ func newHarness(ctx context.Context, opts options, log, libLog *slog.Logger) (*h
 		log:    log,
 		libLog: libLog,
 	}
+	if len(opts.deepEvents) > 0 {
+		h.sizes.deepEvents = opts.deepEvents
+	}
 	h.dropStale(ctx)
 	return h, nil
 }
@@ -404,7 +407,12 @@ func (f *fixture) count(ctx context.Context, table string) (rows, versions int64
 
 // loadEvents fills the store with COPY through internal/eventload. eventload reports failures
 // through a testing.TB, as its benchmarks and tests need; failTB turns them into an error here.
-func loadEvents(pool *pgxpool.Pool, events, streams int, eventType string, payload func(stream string, i int) string) (last eventstore.Position, err error) {
+func loadEvents(pool *pgxpool.Pool, events, streams int, eventType string, payload func(stream string, i int) string) (eventstore.Position, error) {
+	return loadEventsOfTypes(pool, events, streams, func(int) string { return eventType }, payload)
+}
+
+// loadEventsOfTypes is loadEvents with the type of event i given by typeOf(i).
+func loadEventsOfTypes(pool *pgxpool.Pool, events, streams int, typeOf func(i int) string, payload func(stream string, i int) string) (last eventstore.Position, err error) {
 	tb := &failTB{}
 	defer func() {
 		if r := recover(); r != nil {
@@ -414,7 +422,7 @@ func loadEvents(pool *pgxpool.Pool, events, streams int, eventType string, paylo
 			err = fmt.Errorf("load events with COPY: %s", strings.Join(tb.msgs, "; "))
 		}
 	}()
-	return eventload.Load(tb, pool, events, streams, eventType, payload), nil
+	return eventload.LoadTyped(tb, pool, events, streams, typeOf, payload), nil
 }
 
 // errFailNow is the panic with which failTB.FailNow leaves eventload.Load.

@@ -66,6 +66,13 @@
 //     projection beside the 10 projections' (the growth), transactions per append, triggers
 //     and batches per second, connections and broker queues; then what 300 idle projections
 //     cost the server in transactions per second.
+//   - deep: a deep store, at each depth of -deep-events (1,000,000 and 20,000,000 events;
+//     -quick: 20,000 and 100,000) COPY-loaded into a database of its own and dropped after:
+//     the load's and VACUUM's time, Backend.Statuses over 300 projections spread over the log
+//     before and after the VACUUM, the table's and each index's size (bytes per event, btree
+//     levels, all-visible pages), a projection's catch-up rate from zero (the first 200,000
+//     events) and near the end (the last 200,000), single-event append latency p50/p99, and a
+//     live projection at the head keeping up with appends; every depth beside the first.
 //
 // Each scenario step runs on a database of its own (created and dropped, named like
 // internal/pgtest's) and a RabbitMQ prefix of its own (named like internal/amqptest's). The
@@ -138,6 +145,8 @@ type options struct {
 	// writeDocs is the performance page the run's scenarios are merged into; fromJSON, a
 	// results file to merge into it instead of running.
 	writeDocs, fromJSON string
+	// deepEvents are the deep scenario's depths (-deep-events); nil: the sizes' own.
+	deepEvents []int
 }
 
 // scenario is one benchmark scenario.
@@ -167,6 +176,7 @@ var scenarios = []scenario{
 	{"scaleout", "a partitioned projection's catch-up on 1 to 8 workers", runScaleOut, []Target{targetScaleOut, targetPartitionCost}},
 	{"console", "the operator console's overview of 300 projections", runConsole, []Target{targetConsole}},
 	{"fleet", "what 1 to 300 projections cost per event and projection, and idle", runFleet, []Target{targetFleetGrowth, targetFleetIdle}},
+	{"deep", "a deep store: appends, catch-ups, status and sizes by depth", runDeep, nil},
 }
 
 func scenarioNames() []string {
@@ -182,7 +192,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(output)
 	var o options
-	var scenarioList, logLevel string
+	var scenarioList, logLevel, deepEvents string
 	fs.BoolVar(&o.quick, "quick", false, "small sizes: the whole run in about 2 minutes on 2 cores (default: about 10 minutes, the machine's load moving it)")
 	fs.StringVar(&scenarioList, "scenario", "all", "scenarios to run, comma-separated: all or "+strings.Join(scenarioNames(), ", "))
 	fs.StringVar(&o.out, "out", "bench-results", "directory for the JSON results")
@@ -197,12 +207,14 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.BoolVar(&o.trace, "trace", false, "trace with OpenTelemetry: every span sampled and exported to memory (measures tracing's cost)")
 	fs.StringVar(&logLevel, "log-level", "info", "level of the library's own logs, written to <out>/bench-<time>.log (debug, info, warn, error)")
 	fs.StringVar(&o.writeDocs, "write-docs", "", "merge the scenarios run into this Markdown `page` (make bench: docs/performance.md), one section each, and keep the JSON results in bench/ beside it")
+	fs.StringVar(&deepEvents, "deep-events", "", "the deep scenario's depths, comma-separated event counts (default: 1000000,20000000; -quick: 20000,100000)")
 	fs.StringVar(&o.fromJSON, "from-json", "", "run nothing: merge this results `file` into the -write-docs page")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: go run ./internal/bench [flags]\n\nMeasures nudge against real PostgreSQL and RabbitMQ; every figure beside its baseline.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	err := fs.Parse(args)
+	if err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {
@@ -223,6 +235,9 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		default:
 			return o, fmt.Errorf("-scenario %q: use all or %s", s, strings.Join(scenarioNames(), ", "))
 		}
+	}
+	if o.deepEvents, err = parseDepths(deepEvents); err != nil {
+		return o, err
 	}
 	if o.fromJSON != "" && o.writeDocs == "" {
 		return o, errors.New("-from-json needs -write-docs: the page to merge the results into")
@@ -417,7 +432,7 @@ func startCPUProfile(dir, name string, at time.Time) (stop func(), path string, 
 }
 
 // postgresOnly are the scenarios that do not use RabbitMQ.
-var postgresOnly = []string{"rebuild", "status", "horizon", "partitions", "scaleout", "console"}
+var postgresOnly = []string{"rebuild", "status", "horizon", "partitions", "scaleout", "console", "deep"}
 
 // needsAMQP reports whether any of the scenarios uses RabbitMQ.
 func needsAMQP(names []string) bool {
@@ -494,6 +509,12 @@ type sizes struct {
 	fleetRate        int   // appends per second
 	fleetDuration    time.Duration
 	fleetIdleWindow  time.Duration
+
+	deepEvents      []int         // the deep scenario's depths, in order; the first is every figure's baseline
+	deepCatchUp     int           // events of the catch-ups from zero and near the end (at most a quarter of a depth)
+	deepAppends     int           // single-event appends timed at each depth
+	deepWarmAppends int           // single-event appends before them, untimed
+	deepLive        time.Duration // the window of the live projection at the head
 }
 
 // sizesFor returns the default sizes (about 10 minutes on 2 cores, 4 of them the blue/green
@@ -514,6 +535,7 @@ func sizesFor(quick bool) sizes {
 		blueGreenEvents: 1_000_000,
 		scaleOutEvents:  30_000, scaleOutFlatEvents: 3_000, scaleOutWorkers: []int{1, 4, 8}, scaleOutRounds: 3,
 		fleetProjections: []int{1, fleetBase, 100, 300}, fleetRate: 150, fleetDuration: 10 * time.Second, fleetIdleWindow: 30 * time.Second,
+		deepEvents: []int{1_000_000, 20_000_000}, deepCatchUp: 200_000, deepAppends: 2000, deepWarmAppends: 200, deepLive: 10 * time.Second,
 	}
 	if quick {
 		s.rebuildEvents, s.naiveEvents, s.batchSizes = 50_000, 2_000, []int{500, 1000}
@@ -528,6 +550,7 @@ func sizesFor(quick bool) sizes {
 		s.blueGreenEvents = s.rebuildEvents // one loaded history for both
 		s.scaleOutEvents, s.scaleOutFlatEvents, s.scaleOutWorkers = 6_000, 1_200, []int{1, 4}
 		s.fleetRate, s.fleetDuration, s.fleetIdleWindow = 100, 3*time.Second, 10*time.Second
+		s.deepEvents, s.deepCatchUp, s.deepAppends, s.deepWarmAppends, s.deepLive = []int{20_000, 100_000}, 20_000, 300, 30, 2*time.Second
 	}
 	return s
 }

@@ -27,6 +27,13 @@ func StreamID(n int) string { return fmt.Sprintf("ticket-%05d", n) }
 // and returns the last event's position.
 func Load(tb testing.TB, pool *pgxpool.Pool, events, streams int, eventType string, payloadFunc func(stream string, i int) string) eventstore.Position {
 	tb.Helper()
+	return LoadTyped(tb, pool, events, streams, func(int) string { return eventType }, payloadFunc)
+}
+
+// LoadTyped is Load with the type of event i given by typeFunc(i), for a store of several
+// event types.
+func LoadTyped(tb testing.TB, pool *pgxpool.Pool, events, streams int, typeFunc func(i int) string, payloadFunc func(stream string, i int) string) eventstore.Position {
+	tb.Helper()
 	ctx := context.Background()
 	columns := []string{"event_id", "stream_id", "stream_version", "event_type", "payload"}
 	for start := 0; start < events; start += CopyBatch {
@@ -34,7 +41,7 @@ func Load(tb testing.TB, pool *pgxpool.Pool, events, streams int, eventType stri
 		for i := start; i < min(start+CopyBatch, events); i++ {
 			stream := StreamID(i % streams)
 			// The id as [16]byte, which pgx encodes natively (uuid.UUID would go through text).
-			rows = append(rows, []any{[16]byte(uuid.Must(uuid.NewV7())), stream, int64(i/streams + 1), eventType, payloadFunc(stream, i)})
+			rows = append(rows, []any{[16]byte(uuid.Must(uuid.NewV7())), stream, int64(i/streams + 1), typeFunc(i), payloadFunc(stream, i)})
 		}
 		n, err := pool.CopyFrom(ctx, pgx.Identifier{"nudge_events"}, columns, pgx.CopyFromRows(rows))
 		require.NoError(tb, err)
