@@ -39,8 +39,9 @@ const (
 	// buildPauseRatioMin: a multiple below it is none (full speed).
 	buildPauseRatioMin = 1.0 / 16
 	// buildGainWindow is how often a paced build checks that it gains on the active version:
-	// one that did not over a window halves its bound on the ratio for the next one (and runs
-	// unpaced once the bound is under one), one that did doubles it back.
+	// one that did not over a window (closed less of its distance than the active version
+	// moved) halves its bound on the ratio for the next one (and runs unpaced, in whole
+	// batches, once the bound is under one), one that did doubles it back.
 	buildGainWindow = 5 * time.Second
 	// buildBatchBudgetShare: while the active version takes live events, a paced build's
 	// batches are sized to take about the lag target over this each (2.5 ms at the default
@@ -79,10 +80,15 @@ const (
 // A paced build must still end: at its smallest share it may run no faster than the live
 // events arrive, and never catch up. So every buildGainWindow the pacer compares the build's
 // distance to the active version's position (in the store's global positions) with the
-// window before: a build that did not gain halves the bound on its multiple (limit) for the
-// next window, down to none (unpaced, its batches still sized), and one that gained doubles
-// it back, up to buildPauseRatioMax. The build settles at about the smallest share that
-// still gains.
+// window before. The build gained when it closed at least as much of that distance as the
+// active version moved meanwhile (it ran at least twice as fast as the live events arrived):
+// a build that gained less would take longer to come level than the gap took to be appended,
+// and every extra minute of it is double work beside the live projection, so barely gaining
+// is not gaining. A build that did not gain halves the bound on its multiple (limit) for the
+// next window, down to none (unpaced, and its batches grow back to Config.BatchSize), and
+// one that gained doubles it back, up to buildPauseRatioMax. The build settles at about the
+// smallest share that still gains that much — on a machine too busy for any share to, it
+// runs unpaced until it is level.
 type pacer struct {
 	target time.Duration
 	ratio  float64
@@ -96,12 +102,12 @@ type pacer struct {
 	seen   bool
 	// waited sums the waits, for the log.
 	waited time.Duration
-	// window is when the current gain window started and gap the build's distance to the
-	// active version then; limit bounds ratio through the window (buildPauseRatioMax once the
-	// first window starts).
-	window time.Time
-	gap    int64
-	limit  float64
+	// window is when the current gain window started, gap the build's distance to the
+	// active version then and from the active version's position then; limit bounds ratio
+	// through the window (buildPauseRatioMax once the first window starts).
+	window    time.Time
+	gap, from int64
+	limit     float64
 }
 
 // next returns how long to wait after a batch of history that handled events in took, saw ver
@@ -111,7 +117,7 @@ func (pc *pacer) next(ver VersionInfo, events int, took time.Duration, at events
 		pc.ratio, pc.size = 0, 0 // nothing to protect: an active version that does not run has no live lag to keep low
 		return 0
 	}
-	pc.gaining(ver.ActivePosition.GlobalPosition-at.GlobalPosition, now)
+	pc.gaining(ver.ActivePosition.GlobalPosition, at.GlobalPosition, now)
 	if !pc.seen || pc.active.Less(ver.ActivePosition) {
 		pc.moved = now
 	}
@@ -141,11 +147,12 @@ func (pc *pacer) batchLimit() int {
 // resize sizes the next batch after one that handled events in took, now: while the active
 // version takes live events, to take about the lag target over buildBatchBudgetShare at the
 // last batch's rate (at most double the last size); doubled towards Config.BatchSize once
-// its position has not moved for buildIdleAfter.
+// its position has not moved for buildIdleAfter, or while the build runs unpaced because it
+// did not gain (limit under one).
 func (pc *pacer) resize(events int, took time.Duration, now time.Time) {
 	last := pc.batchLimit()
 	switch {
-	case now.Sub(pc.moved) >= buildIdleAfter:
+	case now.Sub(pc.moved) >= buildIdleAfter || pc.limit < 1:
 		pc.size = 2 * last
 	case events > 0 && took > 0:
 		budget := pc.target / buildBatchBudgetShare
@@ -158,20 +165,22 @@ func (pc *pacer) resize(events int, took time.Duration, now time.Time) {
 	}
 }
 
-// gaining moves limit at the end of each gain window: halved when the build (gap behind the
-// active version now) came no closer over the window, doubled (up to buildPauseRatioMax) when
-// it did.
-func (pc *pacer) gaining(gap int64, now time.Time) {
+// gaining moves limit at the end of each gain window, the active version's position being
+// active and the build's at now: halved when the build closed less of its distance to the
+// active version over the window than the active version moved (or none of it), doubled (up
+// to buildPauseRatioMax) when it closed at least that much.
+func (pc *pacer) gaining(active, at int64, now time.Time) {
+	gap := active - at
 	switch {
 	case pc.window.IsZero():
-		pc.window, pc.gap, pc.limit = now, gap, buildPauseRatioMax
+		pc.window, pc.gap, pc.from, pc.limit = now, gap, active, buildPauseRatioMax
 	case now.Sub(pc.window) >= buildGainWindow:
-		if gap >= pc.gap {
+		if closed := pc.gap - gap; closed <= 0 || closed < active-pc.from {
 			pc.limit /= 2
 		} else {
 			pc.limit = min(max(2*pc.limit, 1), buildPauseRatioMax)
 		}
-		pc.window, pc.gap = now, gap
+		pc.window, pc.gap, pc.from = now, gap, active
 	}
 }
 

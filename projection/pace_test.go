@@ -52,9 +52,11 @@ func TestPacerBacksOffAndRecovers(t *testing.T) {
 var t0 = time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
 
 // TestPacerGivesWayWhenNotGaining: a build paced by a live lag that stays over the target
-// waits up to buildPauseRatioMax times its batches as long as it gains on the active version;
-// each gain window (buildGainWindow) in which it did not gain halves that bound, down to none
-// (unpaced), and each window with a gain doubles it back.
+// waits up to buildPauseRatioMax times its batches as long as it gains on the active version
+// (closes at least as much of its distance as the active version moves: it runs at least
+// twice as fast as the live events arrive); each gain window (buildGainWindow) in which it did
+// not gain that much halves that bound, down to none (unpaced, in whole batches), and each
+// window with a gain doubles it back.
 func TestPacerGivesWayWhenNotGaining(t *testing.T) {
 	pc := pacer{target: 10 * time.Millisecond, batchSize: 500}
 	now, active := t0, int64(1_000_000)
@@ -66,7 +68,7 @@ func TestPacerGivesWayWhenNotGaining(t *testing.T) {
 		now, active = now.Add(100*time.Millisecond), active+100
 		build += 100 + gain
 		return pc.next(VersionInfo{State: VersionBuilding, ActiveState: StateRunning, ActiveLag: 50 * time.Millisecond,
-			ActivePosition: eventstore.Position{TransactionID: uint64(active), GlobalPosition: active}}, 500, took, eventstore.Position{GlobalPosition: build}, now)
+			ActivePosition: eventstore.Position{TransactionID: uint64(active), GlobalPosition: active}}, 10, took, eventstore.Position{GlobalPosition: build}, now)
 	}
 	window := func(gain int64) time.Duration { // the longest wait of a window's 50 steps
 		var longest time.Duration
@@ -75,18 +77,27 @@ func TestPacerGivesWayWhenNotGaining(t *testing.T) {
 		}
 		return longest
 	}
-	require.Equal(t, 80*time.Millisecond, window(50), "the first window: gaining, the whole bound")
+	require.Equal(t, 80*time.Millisecond, window(150), "the first window: 2.5 times the live rate, gaining, the whole bound")
+	require.Equal(t, 80*time.Millisecond, window(150), "still gaining: the whole bound")
+	require.Equal(t, buildBatchMin, pc.batchLimit(), "paced: batches sized to the budget")
 	var longest []time.Duration
-	for range 7 { // no gain at all from here on
-		longest = append(longest, window(0))
-	}
-	require.Equal(t, []time.Duration{80, 40, 20, 10, 0, 0, 0}, ms(longest),
-		"each window that did not gain halves the bound (the first one is judged as the second starts), to unpaced")
-	longest = longest[:0]
-	for range 4 {
+	for range 7 { // 1.5 times the live rate from here on: it gains, but less than the live events arrive
 		longest = append(longest, window(50))
 	}
-	require.Equal(t, []time.Duration{10, 20, 40, 80}, ms(longest), "gaining again (from the window's first step on): doubled back, window by window")
+	require.Equal(t, []time.Duration{80, 40, 20, 10, 0, 0, 0}, ms(longest),
+		"each window that gained less than the active version moved halves the bound (the first one is judged as the second starts), to unpaced")
+	require.Equal(t, 500, pc.batchLimit(), "unpaced for not gaining: whole batches")
+	longest = longest[:0]
+	for range 3 { // no gain at all: still unpaced
+		longest = append(longest, window(0))
+	}
+	require.Equal(t, []time.Duration{0, 0, 0}, ms(longest), "not gaining at all: unpaced")
+	longest = longest[:0]
+	for range 4 {
+		longest = append(longest, window(150))
+	}
+	require.Equal(t, []time.Duration{0, 10, 20, 40}, ms(longest), "gaining again: doubled back, window by window, from the window after the first that gained")
+	require.Equal(t, buildBatchMin, pc.batchLimit(), "paced again: batches sized again")
 }
 
 // TestPacerSizesTheBatches: while the active version takes live events, a paced build's next

@@ -140,8 +140,10 @@ type Config struct {
 	// about one batch in ten, the build runs about 11 % of the time; with nothing to do live,
 	// at full speed in whole batches. A failing, paused or
 	// stopped active version does not hold the build back, and a build that did not gain on
-	// the active version over 5 s halves the bound on its waits for the next 5 s (doubling it
-	// back once it gains), so it ends however loaded the machine. Defaults to
+	// the active version over 5 s (closed less of its distance to it than the active version
+	// moved: it ran less than twice as fast as the live events arrived) halves the bound on
+	// its waits for the next 5 s, down to none (whole batches, no waits), doubling it back once
+	// it gains, so it ends however loaded the machine. Defaults to
 	// BuildLagTargetDefault (5 ms); a higher target trades live latency for a faster build,
 	// and a negative value builds at full speed.
 	BuildLagTarget time.Duration

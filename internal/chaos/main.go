@@ -268,7 +268,8 @@ func (s *suite) prepare(ctx context.Context, selected []scenario) error {
 		var c *pgcluster.Cluster
 		// Durable and with scram passwords, as production runs: crashes are recovered from
 		// the WAL, and every process authenticates.
-		c, errs[2] = pgcluster.NewWith(ctx, s.log, pgcluster.Options{Durable: true, Password: s.pgPassword})
+		c, errs[2] = pgcluster.NewWith(ctx, s.log, pgcluster.Options{Durable: true, Password: s.pgPassword,
+			ProgramTimeout: deadline(pgcluster.ProgramTimeoutDefault)})
 		s.cluster = c
 	})
 	wg.Wait()

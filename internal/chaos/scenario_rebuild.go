@@ -241,8 +241,8 @@ func (e *env) killInsideFlips(ctx context.Context, r *result, neu, old *workerSl
 		select {
 		case <-proc.flipping:
 		case <-time.After(deadline(rebuildWait)):
-			return time.Time{}, fmt.Errorf("version 2's worker did not reach its cut-over within %s (cut-over %d; %s)",
-				deadline(rebuildWait), aimed+1, e.versionLag(ctx, 2))
+			return time.Time{}, fmt.Errorf("version 2's worker did not reach its cut-over within %s (cut-over %d; %s; %s)",
+				deadline(rebuildWait), aimed+1, e.versionLag(ctx, 2), e.versionLag(ctx, 1))
 		case <-ctx.Done():
 			return time.Time{}, ctx.Err()
 		}
@@ -284,7 +284,8 @@ func (e *env) killInsideFlips(ctx context.Context, r *result, neu, old *workerSl
 }
 
 // versionLag describes the state and lag of version of the exactly-once projection, each
-// partition's too: what a cut-over that does not come waits for.
+// partition's too: what a cut-over that does not come waits for (version 2's build, or
+// version 1's own lag, which version 2 claims past only while version 1's lock is free).
 func (e *env) versionLag(ctx context.Context, version int) string {
 	st, err := e.status.Status(ctx, chaosmodel.ExactUnit(version))
 	if err != nil {

@@ -37,7 +37,8 @@ type Cluster struct {
 	port     int
 	runAs    string // OS user the server runs as; "" when not root
 	log      *slog.Logger
-	logged   string // server log path
+	logged   string        // server log path
+	timeout  time.Duration // bound on each program run (Options.ProgramTimeout)
 }
 
 // findPGBin returns the directory of PostgreSQL's server programs.
@@ -84,7 +85,14 @@ type Options struct {
 	// MaxPreparedTransactions is the server's max_prepared_transactions, for tests of two-phase
 	// commit. Defaults to 0, PostgreSQL's default: PREPARE TRANSACTION fails.
 	MaxPreparedTransactions int
+	// ProgramTimeout bounds each run of initdb and pg_ctl (and pg_ctl's own wait for the
+	// server): on a busy machine initdb alone can take over a minute. Defaults to
+	// ProgramTimeoutDefault.
+	ProgramTimeout time.Duration
 }
+
+// ProgramTimeoutDefault is Options.ProgramTimeout's default.
+const ProgramTimeoutDefault = 60 * time.Second
 
 // MaxConnectionsDefault is the max_connections of a private cluster.
 const MaxConnectionsDefault = 200
@@ -107,7 +115,7 @@ func NewWith(ctx context.Context, log *slog.Logger, opts Options) (*Cluster, err
 	}
 	c := &Cluster{bin: bin, dir: dir, log: log, logged: filepath.Join(dir, "server.log"),
 		maxConns: cmp.Or(opts.MaxConnections, MaxConnectionsDefault), durable: opts.Durable, password: opts.Password,
-		prepared: opts.MaxPreparedTransactions}
+		prepared: opts.MaxPreparedTransactions, timeout: cmp.Or(opts.ProgramTimeout, ProgramTimeoutDefault)}
 	if os.Geteuid() == 0 {
 		// PostgreSQL refuses to run as root: hand the directory to the postgres user.
 		c.runAs = "postgres"
@@ -201,7 +209,7 @@ func (c *Cluster) run(ctx context.Context, program string, args ...string) (stri
 		args = append([]string{"-u", c.runAs, "--", name}, args...)
 		name = "runuser"
 	}
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = c.dir
@@ -211,6 +219,9 @@ func (c *Cluster) run(ctx context.Context, program string, args ...string) (stri
 	}
 	return string(out), nil
 }
+
+// waitSeconds is pg_ctl's -t: the program's timeout, in whole seconds.
+func (c *Cluster) waitSeconds() string { return strconv.Itoa(max(int(c.timeout/time.Second), 1)) }
 
 // Start starts the server and waits until it accepts connections. fsync and full_page_writes
 // are off unless Options.Durable: most tests inject process stops, never a lost page cache,
@@ -222,14 +233,14 @@ func (c *Cluster) Start(ctx context.Context) error {
 	}
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 %s -c password_encryption=scram-sha-256 "+
 		"-c max_connections=%d -c max_prepared_transactions=%d -c shared_buffers=64MB", c.port, c.dir, durability, c.maxConns, c.prepared)
-	_, err := c.run(ctx, "pg_ctl", "-D", c.Data(), "-o", opts, "-l", c.logged, "-w", "-t", "60", "start")
+	_, err := c.run(ctx, "pg_ctl", "-D", c.Data(), "-o", opts, "-l", c.logged, "-w", "-t", c.waitSeconds(), "start")
 	return err
 }
 
 // Stop shuts the server down with the given mode (fast: roll back open transactions,
 // disconnect every client, checkpoint).
 func (c *Cluster) Stop(ctx context.Context, mode string) error {
-	_, err := c.run(ctx, "pg_ctl", "-D", c.Data(), "-m", mode, "-w", "-t", "60", "stop")
+	_, err := c.run(ctx, "pg_ctl", "-D", c.Data(), "-m", mode, "-w", "-t", c.waitSeconds(), "stop")
 	return err
 }
 

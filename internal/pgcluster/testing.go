@@ -1,6 +1,7 @@
 package pgcluster
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"os"
@@ -25,6 +26,7 @@ func ForTestWith(t testing.TB, opts Options) *Cluster {
 	ctx, cancel := context.WithTimeout(context.Background(), testwait.For(5*time.Minute))
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(testlog.NewWriter(t), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	opts.ProgramTimeout = cmp.Or(opts.ProgramTimeout, testwait.For(ProgramTimeoutDefault))
 	c, err := NewWith(ctx, log, opts)
 	if err != nil {
 		msg := "pgcluster: cannot start a private PostgreSQL cluster: " + err.Error()
