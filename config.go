@@ -73,8 +73,9 @@ type Config struct {
 	Retry retry.Policy
 	// Limits bound each append; zero fields take eventstore's defaults.
 	Limits eventstore.Limits
-	// SafetyNetInterval is how often every projection catches up without a trigger. Defaults
-	// to worker.SafetyNetIntervalDefault (30 s); negative turns the tick off.
+	// SafetyNetInterval is how often the worker's safety net catches up, without a trigger,
+	// every projection with events waiting (see worker.Config.SafetyNetInterval). Defaults to
+	// worker.SafetyNetIntervalDefault (30 s); negative turns the tick off.
 	SafetyNetInterval time.Duration
 	// StallAfter: see worker.Config.StallAfter. Defaults to worker.StallAfterDefault.
 	StallAfter time.Duration

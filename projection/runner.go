@@ -496,13 +496,44 @@ func (r *Runner) status(ctx context.Context, p *Projection) (Status, error) {
 
 // Statuses returns the status of every projection of the runner, sorted by name.
 func (r *Runner) Statuses(ctx context.Context) ([]Status, error) {
-	out := make([]Status, 0, len(r.names))
-	for _, name := range r.names {
-		st, err := r.status(ctx, r.projections[name])
+	return r.StatusesOf(ctx, r.names...)
+}
+
+// statusesBackend is a Backend that computes the statuses of many projections at once, with
+// what they share read once (the PostgreSQL backend).
+type statusesBackend interface {
+	StatusesOf(ctx context.Context, ps []*Projection) ([]Status, error)
+}
+
+// StatusesOf returns the statuses of the named projections, in order, as Status returns each.
+// A backend that can (the PostgreSQL one) computes those of the projections that are not
+// partitioned together, in a few statements whatever their number.
+func (r *Runner) StatusesOf(ctx context.Context, names ...string) ([]Status, error) {
+	out := make([]Status, len(names))
+	var batch []*Projection
+	var at []int
+	for i, name := range names {
+		p, err := r.Projection(name)
 		if err != nil {
+			return nil, err
+		}
+		if _, ok := r.backend.(statusesBackend); ok && !p.Partitioned() {
+			batch, at = append(batch, p), append(at, i)
+			continue
+		}
+		if out[i], err = r.status(ctx, p); err != nil {
 			return nil, fmt.Errorf("projection %s: status: %w", name, err)
 		}
-		out = append(out, st)
+	}
+	if len(batch) == 0 {
+		return out, nil
+	}
+	sts, err := r.backend.(statusesBackend).StatusesOf(ctx, batch)
+	if err != nil {
+		return nil, fmt.Errorf("projection: statuses: %w", err)
+	}
+	for k, i := range at {
+		out[i] = sts[k]
 	}
 	return out, nil
 }

@@ -22,8 +22,8 @@ type stallCheck struct {
 // last tick (its triggers are lost: the safety net's catch-up that follows makes up for them), or
 // a catch-up has run for StallAfter while its position did not move (it is stuck). A projection
 // that triggers keep busy with a large backlog has not stalled.
-func (s *stallCheck) check(ctx context.Context, w *Worker, name string, log *slog.Logger) {
-	st, err := w.cfg.Runner.Status(ctx, name)
+// st is the projection's status read for the tick, or err why it could not be read.
+func (s *stallCheck) check(ctx context.Context, w *Worker, name string, st projection.Status, err error, log *slog.Logger) {
 	if err != nil {
 		return // the catch-up that follows reports what is wrong
 	}

@@ -11,7 +11,8 @@
 // and come back.
 //
 // At start each projection catches up once without waiting for a trigger, and a safety-net tick
-// catches every projection up periodically, so a lost trigger costs latency, never data.
+// periodically catches up every projection that has events waiting, so a lost trigger costs
+// latency, never data.
 package worker
 
 import (
@@ -43,7 +44,8 @@ import (
 
 // Defaults for Config.
 const (
-	// SafetyNetIntervalDefault is how often every projection catches up without a trigger.
+	// SafetyNetIntervalDefault is how often the safety net looks for projections to catch up
+	// without a trigger.
 	SafetyNetIntervalDefault = 30 * time.Second
 	// StallAfterDefault is how long readable events may wait, with the projection's position not
 	// moving, before the safety net counts the projection as stalled.
@@ -79,8 +81,12 @@ type Config struct {
 	// dead letters at start. Batches and redrives are the Runner's (RunnerConfig.TracerProvider).
 	// Defaults to otel.GetTracerProvider() (a no-op unless the application sets one).
 	TracerProvider trace.TracerProvider
-	// SafetyNetInterval is how often every projection catches up without a trigger. Defaults to
-	// SafetyNetIntervalDefault; a negative value turns the tick off (start-up catch-up stays).
+	// SafetyNetInterval is how often the safety net ticks (jittered ±10%): it reads every
+	// projection's status at once and catches up, without a trigger, those with something to
+	// do — events to read, a failure to retry, a rebuild, a version being built or retired —
+	// and every projection at every tenth tick in any case. A lost trigger costs at most about
+	// this much latency. Defaults to SafetyNetIntervalDefault; a negative value turns the tick
+	// off (start-up catch-up stays).
 	SafetyNetInterval time.Duration
 	// StallAfter: at each safety-net tick, a projection that has readable events at least this
 	// old while its position has not moved since the last tick is stalled — its triggers were
@@ -161,6 +167,10 @@ type Config struct {
 	// default): one per owned partition. Set it to what the runner's pool can give, minus the
 	// relay's and the appends' needs.
 	MaxConcurrentPartitions int
+
+	// safetyNetTickFunc, if set, is called with each safety-net tick's number once every
+	// projection was handed it. Tests only.
+	safetyNetTickFunc func(n int)
 }
 
 // ErrRunTwice is returned by a second Run of one Worker: its Running signal fires once.
@@ -824,62 +834,6 @@ func (w *Worker) catchUp(ctx context.Context, h *projectionHandler) error {
 	}
 	w.retired.afterCatchUp(ctx, w.cfg.Runner, cmp.Or(w.partitionOf[name], name), res)
 	return nil
-}
-
-// safetyNet catches every projection up once now, then every SafetyNetInterval, until ctx
-// ends. Projections run on goroutines of their own, so a slow or failing one does not delay
-// the others.
-func (w *Worker) safetyNet(ctx context.Context) {
-	var wg sync.WaitGroup
-	for _, name := range w.names {
-		wg.Go(func() { w.safetyNetOf(ctx, name) })
-	}
-	wg.Wait()
-}
-
-// safetyNetOf is one projection's safety net: at each tick a stall check, then a catch-up on a
-// goroutine of its own, one at a time, so a stuck one does not stop the ticks that report it.
-func (w *Worker) safetyNetOf(ctx context.Context, name string) {
-	log := w.logger.With(slog.String("projection", name))
-	ps, partitioned := w.parts[name]
-	catchUp := func() error {
-		if partitioned {
-			return w.catchUpOwned(ctx, ps, log)
-		}
-		return w.catchUp(ctx, w.handlerOf(name))
-	}
-	var tick <-chan time.Time
-	if w.cfg.SafetyNetInterval > 0 {
-		ticker := time.NewTicker(w.cfg.SafetyNetInterval)
-		defer ticker.Stop()
-		tick = ticker.C
-	}
-	var (
-		stall    = stallCheck{since: time.Now()}
-		inFlight = make(chan struct{}, 1)
-		running  sync.WaitGroup
-	)
-	defer running.Wait()
-	for {
-		if !partitioned { // a partitioned projection's lag is its partitions' owners', anywhere
-			stall.check(ctx, w, name, log)
-		}
-		select {
-		case inFlight <- struct{}{}:
-			running.Go(func() {
-				defer func() { <-inFlight }()
-				if err := catchUp(); err != nil && ctx.Err() == nil && !errors.Is(err, projection.ErrHandler) {
-					log.ErrorContext(ctx, "safety-net catch-up failed", slog.Any("error", err))
-				}
-			})
-		default: // the last one still runs
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick:
-		}
-	}
 }
 
 // Running is closed once the handlers are subscribed (by Run, or, for handlers on your router,

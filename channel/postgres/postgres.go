@@ -59,12 +59,19 @@
 // table (migration channel/0003) sends one notification on postgres.NotifyTriggers per
 // transaction that queues triggers, delivered when it commits; the channel LISTENs on a
 // connection of its own (taken out of the pool, from the first subscription until Close) and
-// wakes every subscription. A subscription that found nothing waits for that wake-up, and
-// polls again after ListeningPollInterval (10 s) only as a fallback; a wake-up that comes while
-// it polls ends its next wait at once, so none is lost. A trigger therefore arrives a
-// notification's round trip after its commit instead of half a PollInterval later, and an idle
-// subscription costs one poll (BEGIN, SELECT, COMMIT) per ListeningPollInterval instead of one
-// per PollInterval.
+// wakes every subscription. A subscription that found nothing waits for that wake-up; a
+// wake-up that comes while it polls ends its next wait at once, so none is lost. A trigger
+// therefore arrives a notification's round trip after its commit instead of half a
+// PollInterval later.
+//
+// A notification can still go missing (a trigger queued with the table's triggers disabled,
+// by session_replication_role = replica, say), so while it listens the channel also polls —
+// once for all its subscriptions: every ListeningPollInterval (10 s, ±10%) one statement looks
+// for queued triggers of every projection subscribed through it and wakes the subscriptions of
+// those that have some. The subscriptions do not poll on their own meanwhile, so an idle
+// channel costs one statement per ListeningPollInterval however many projections it carries
+// (it cost one poll per subscription per ListeningPollInterval before: 30 transactions/s for
+// 300 projections).
 //
 // The wait happens in the subscriber's BackoffManager (watermill-sql's own sleep between polls
 // cannot be woken). When the listening connection is lost the channel wakes every subscription
@@ -164,8 +171,9 @@ const (
 	RetryIntervalDefault = time.Second
 	// BatchSizeDefault is how many queued triggers a subscription reads per poll.
 	BatchSizeDefault = 100
-	// ListeningPollIntervalDefault is how long an idle subscription waits between polls while
-	// the channel's listener listens: the poll is then only a fallback.
+	// ListeningPollIntervalDefault is how often the channel polls the queues of all its
+	// subscriptions, in one statement, while its listener listens: the poll is then only a
+	// fallback for a lost notification.
 	ListeningPollIntervalDefault = 10 * time.Second
 )
 
@@ -179,9 +187,11 @@ type Config struct {
 	// that is not a pool, or while the listening connection is lost); a trigger then waits on
 	// average half of it. Defaults to PollIntervalDefault.
 	PollInterval time.Duration
-	// ListeningPollInterval is how long an idle subscription waits before it polls again while
-	// the channel listens: a notification of a queued trigger wakes it before that. Defaults
-	// to ListeningPollIntervalDefault, or PollInterval if that is longer.
+	// ListeningPollInterval is how often, while the channel listens, one statement looks for
+	// triggers queued for any of its subscriptions and wakes those that have some: the
+	// fallback for a notification that never came. The subscriptions themselves then do not
+	// poll; a notification wakes them at once. Each wait is jittered by ±10%. Defaults to
+	// ListeningPollIntervalDefault, or PollInterval if that is longer.
 	ListeningPollInterval time.Duration
 	// DisableListen turns the listener off: subscriptions poll every PollInterval, as they
 	// must behind a connection pooler in transaction mode (PgBouncer), where LISTEN does not
@@ -224,6 +234,9 @@ type Config struct {
 	// waitingFunc, if set, is called each time a subscription starts to wait after a poll
 	// that found nothing, with whether the listener listens. Tests only.
 	waitingFunc func(listening bool)
+	// sweptFunc, if set, is called after each sweep (the fallback poll while listening) with
+	// the projections it found triggers queued for. Tests only.
+	sweptFunc func(woken []string)
 }
 
 // Errors callers can test for.
@@ -286,7 +299,10 @@ type Channel struct {
 
 	// listener wakes the subscriptions on queued triggers; nil when the channel only polls.
 	// It runs from the first subscription until Close.
-	listener   *postgres.Listener
+	listener *postgres.Listener
+	// sweep is the subscriptions' one fallback poll while the listener listens; it runs with
+	// the listener.
+	sweep      *sweep
 	listenOnce sync.Once
 	stopListen context.CancelFunc
 	listenDone chan struct{}
@@ -330,6 +346,7 @@ func New(db postgres.DB, cfg Config) (*Channel, error) {
 		if c.listener, err = postgres.NewListener(connect, lcfg); err != nil {
 			return nil, fmt.Errorf("%w: ListenerConfig: %w", ErrInvalidConfig, err)
 		}
+		c.sweep = newSweep()
 	}
 	return c, nil
 }
@@ -360,14 +377,17 @@ func listenConnect(db postgres.DB, cfg Config) (postgres.ConnectFunc, error) {
 	return nil, nil
 }
 
-// startListener starts the listener, once.
+// startListener starts the listener and the sweep, once.
 func (c *Channel) startListener() {
 	c.listenOnce.Do(func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		c.stopListen, c.listenDone = cancel, make(chan struct{})
 		go func() {
 			defer close(c.listenDone)
+			var wg sync.WaitGroup
+			wg.Go(func() { c.runSweep(ctx) })
 			_ = c.listener.Run(ctx) // returns nil when ctx ends; a second Run cannot happen
+			wg.Wait()
 		}()
 	})
 }
@@ -572,8 +592,8 @@ func (c *Channel) newSubscriber(attr slog.Attr) (*subscriber, error) {
 	log := c.log.With(attr)
 	wake := &wakeBackoff{errs: wmsql.NewDefaultBackoffManager(c.cfg.PollInterval, c.cfg.RetryInterval),
 		listening: func() bool { return false }, poll: c.cfg.PollInterval, longish: c.cfg.ListeningPollInterval,
-		waitingFunc: c.cfg.waitingFunc}
-	s := &subscriber{done: make(chan struct{}), unsubscribe: func() {}}
+		waitingFunc: c.cfg.waitingFunc, nudged: make(chan struct{}, 1)}
+	s := &subscriber{done: make(chan struct{}), unsubscribe: func() {}, wake: wake}
 	wake.done = s.done
 	wsub, err := wmsql.NewSubscriber(wmsql.BeginnerFromPgx(c.db), wmsql.SubscriberConfig{
 		AckDeadline:    &ackDeadline,
@@ -597,6 +617,7 @@ func (c *Channel) newSubscriber(attr slog.Attr) (*subscriber, error) {
 		c.startListener()
 		wake.woken, s.unsubscribe = c.listener.Subscribe()
 		wake.listening = c.listener.Listening
+		s.sweep = c.sweep
 	}
 	c.subs = append(c.subs, s)
 	if pool, ok := c.db.(interface{ Stat() *pgxpool.Stat }); ok {

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -135,4 +136,67 @@ func TestListenerComesBack(t *testing.T) {
 	require.NotEqual(t, first, second, "a new backend listens")
 	h.waitIdle(t, true)
 	h.publishAndReceive(t, 2)
+}
+
+// TestSweepDeliversATriggerNobodyAnnounced: a trigger queued with the queue table's triggers
+// disabled sends no notification, yet it arrives while the listener listens and the
+// subscription itself no longer polls: the channel's one fallback poll (the sweep) finds it
+// and wakes the subscription.
+func TestSweepDeliversATriggerNobodyAnnounced(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	swept := make(chan []string, 1000)
+	h := newWakeHarness(t, db, Config{PollInterval: time.Hour, ListeningPollInterval: 50 * time.Millisecond,
+		sweptFunc: func(woken []string) {
+			select {
+			case swept <- woken:
+			default:
+			}
+		}})
+	<-h.pids
+	h.waitIdle(t, true)
+
+	// A connection of the test's own sees which notifications are sent, in commit order.
+	probe, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer probe.Release()
+	_, err = probe.Exec(ctx, `LISTEN `+nudgepg.NotifyTriggers)
+	require.NoError(t, err)
+
+	// session_replication_role = replica turns the queue's notifying trigger off.
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SET LOCAL session_replication_role = replica`)
+	require.NoError(t, err)
+	require.NoError(t, h.ch.PublishTx(ctx, tx, trigger.Trigger{Position: eventstore.Position{TransactionID: 1, GlobalPosition: 7}, Reason: trigger.ReasonAppend}))
+	require.NoError(t, tx.Commit(ctx))
+
+	select {
+	case msg := <-h.msgs:
+		got, err := trigger.Decode(msg.Payload)
+		require.NoError(t, err)
+		require.Equal(t, int64(7), got.Position.GlobalPosition)
+		msg.Ack()
+	case <-time.After(testwait.For(time.Minute)):
+		t.Fatal("the trigger queued without a notification never arrived")
+	}
+	// The sweep found it.
+	found := false
+	for !found {
+		select {
+		case woken := <-swept:
+			found = slices.Contains(woken, "tickets")
+		default:
+			t.Fatal("no sweep reported the trigger of tickets, yet it arrived")
+		}
+	}
+	// And no notification announced it: the first one the probe gets is sent after it.
+	_, err = db.Pool.Exec(ctx, `SELECT pg_notify($1, 'after')`, nudgepg.NotifyTriggers)
+	require.NoError(t, err)
+	waitCtx, cancel := context.WithTimeout(ctx, testwait.For(time.Minute))
+	defer cancel()
+	n, err := probe.Conn().WaitForNotification(waitCtx)
+	require.NoError(t, err)
+	require.Equal(t, "after", n.Payload, "the trigger queued with triggers disabled sent no notification")
 }

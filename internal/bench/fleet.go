@@ -110,7 +110,11 @@ func runFleet(ctx context.Context, h *harness, sec *Section) error {
 	byCase := map[fleetCase]float64{}   // PostgreSQL CPU per event × projection
 	perEvent := map[fleetCase]float64{} // PostgreSQL CPU per event, all projections
 	var failed []error
-	for _, c := range fleetCases(h.opts.quick, sz.fleetProjections) {
+	var live []fleetCase
+	if !h.opts.fleetIdleOnly {
+		live = fleetCases(h.opts.quick, sz.fleetProjections)
+	}
+	for _, c := range live {
 		fig, err := h.fleetRun(ctx, c)
 		if err != nil {
 			if ctx.Err() != nil {

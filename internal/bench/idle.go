@@ -44,7 +44,7 @@ func runIdle(ctx context.Context, h *harness, sec *Section) error {
 			Extra: map[string]float64{"tx_per_s_database": rate}}
 		baseline, ratio := "", ""
 		if listen {
-			label = "woken (LISTEN/NOTIFY; fallback polls 10 s queue, 1 s relay)"
+			label = "woken (LISTEN/NOTIFY; fallback: one queue sweep per 10 s, relay poll 1 s)"
 			m.Case = "woken"
 			m = m.WithBaseline("polled", polled/idleProjections)
 			baseline, ratio = FormatValue(polled/idleProjections, ""), FormatValue(m.Ratio, "×")

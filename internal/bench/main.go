@@ -135,6 +135,8 @@ type options struct {
 	relayInterval time.Duration
 	// noListen turns LISTEN/NOTIFY wake-ups off: relays and the PostgreSQL queue only poll.
 	noListen bool
+	// fleetIdleOnly runs only the fleet scenario's idle cases.
+	fleetIdleOnly bool
 	// liveWarmup is how long live runs append, unmeasured, before their measured window;
 	// liveWarmupSet: -live-warmup was given.
 	liveWarmup    time.Duration
@@ -202,6 +204,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.StringVar(&o.amqpURL, "amqp", envOr("NUDGE_TEST_AMQP_URL", amqpURLDefault), "RabbitMQ broker")
 	fs.DurationVar(&o.pgPoll, "pg-poll", pgchannel.PollIntervalDefault, "poll interval of the PostgreSQL-queue channel")
 	fs.BoolVar(&o.noListen, "no-listen", false, "relays and the PostgreSQL queue poll only, without LISTEN/NOTIFY wake-ups (the idle scenario measures both)")
+	fs.BoolVar(&o.fleetIdleOnly, "fleet-idle-only", false, "the fleet scenario runs its idle cases only (what idle projections cost), not its live runs")
 	fs.DurationVar(&o.relayInterval, "relay-interval", relay.MinIntervalDefault, "the trigger relays' MinInterval: their wait after a publish")
 	fs.DurationVar(&o.liveWarmup, "live-warmup", liveWarmupDefault, "how long live runs append before their measured window, every event of it awaited and none measured (0: none; -quick: "+liveWarmupQuick.String()+" unless set)")
 	fs.BoolVar(&o.trace, "trace", false, "trace with OpenTelemetry: every span sampled and exported to memory (measures tracing's cost)")

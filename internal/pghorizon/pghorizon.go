@@ -84,9 +84,16 @@ const readable = `(SELECT least(coalesce((SELECT min(x) FROM pg_snapshot_xip(s) 
 // transaction is exempt when it holds the store's exemption lock, or when it runs in another
 // database: it holds a lock of another database (not 0, the shared catalogs) and none of this
 // one. Locks with no database (ids, virtual ids) say nothing either way.
+//
+// So only two kinds of rows can change the answer, and only they are grouped: the id locks,
+// whose ids are listed, and the locks of a database (not 0), which decide whether a virtual
+// transaction is exempt. The rest — a virtual id lock for every transaction running, the
+// locks of the shared catalogs — is dropped before the grouping: each would only add false (or
+// null) to the group's bool_or terms, or make a group of its own with no id to list.
 const exemptXids = `SELECT unnest(array_agg(transactionid) FILTER (WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock'))
 	FROM pg_locks, (SELECT oid AS here FROM pg_database WHERE datname = current_database()) d
 	WHERE granted AND virtualtransaction NOT LIKE '%/0'
+		AND (locktype = 'transactionid' AND mode = 'ExclusiveLock' OR database <> 0)
 	GROUP BY virtualtransaction, here
 	HAVING bool_or(locktype = 'advisory' AND mode = 'ShareLock' AND classid = ` + ExemptClass + `::oid AND objid = {key} AND objsubid = 2
 			AND database = here)

@@ -215,3 +215,54 @@ func TestStatusesAsStatusOf(t *testing.T) {
 	require.NoError(t, err)
 	same(true)
 }
+
+// TestStatusesOfDefinitions: StatusesOf computes, in one call, what Status computes for each
+// definition — the lag of its own types, whatever the row recorded — and Runner.StatusesOf
+// gives the same, in the order asked.
+func TestStatusesOfDefinitions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	typed, err := projection.New("typed", projection.Config{}, projection.OnIdempotent("B", ignore), projection.OnIdempotent("A", ignore))
+	require.NoError(t, err)
+	anyType, err := projection.New("every", projection.Config{}, projection.OnAnyIdempotent(func(context.Context, eventstore.Event) error { return nil }))
+	require.NoError(t, err)
+	r := runner(t, e.backend, typed, anyType)
+	res, err := e.store.Append(ctx, "s", eventstore.Any,
+		eventstore.EventData{Type: "A", Payload: json.RawMessage(`{}`)},
+		eventstore.EventData{Type: "C", Payload: json.RawMessage(`{}`)},
+		eventstore.EventData{Type: "B", Payload: json.RawMessage(`{}`)},
+	)
+	require.NoError(t, err)
+	storetest.Settle(t, e.store, res.Last())
+	_, err = r.CatchUp(ctx, "every")
+	require.NoError(t, err)
+	// The row records every type; the definition's types count.
+	_, err = e.db.Pool.Exec(ctx, `UPDATE nudge_projections SET event_types = NULL WHERE name = 'typed'`)
+	require.NoError(t, err)
+
+	got, err := e.backend.StatusesOf(ctx, []*projection.Projection{typed, anyType})
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	for i, p := range []*projection.Projection{typed, anyType} {
+		want, err := e.backend.Status(ctx, p)
+		require.NoError(t, err)
+		require.Equal(t, want.Name, got[i].Name)
+		require.Equal(t, want.LagEvents, got[i].LagEvents, p.Name())
+		require.Equal(t, want.Position, got[i].Position, p.Name())
+		require.Equal(t, want.Head, got[i].Head, p.Name())
+		require.Equal(t, want.State, got[i].State, p.Name())
+	}
+	require.Equal(t, int64(2), got[0].LagEvents, "typed: A and B, not C")
+	require.Zero(t, got[1].LagEvents, "every: caught up")
+
+	viaRunner, err := r.StatusesOf(ctx, "every", "typed")
+	require.NoError(t, err)
+	require.Equal(t, "every", viaRunner[0].Name)
+	require.Equal(t, int64(2), viaRunner[1].LagEvents)
+
+	other, err := projection.New("unregistered", projection.Config{}, projection.OnIdempotent("A", ignore))
+	require.NoError(t, err)
+	_, err = e.backend.StatusesOf(ctx, []*projection.Projection{other})
+	require.ErrorIs(t, err, projection.ErrNotRegistered)
+}
