@@ -79,16 +79,7 @@ func (w *Worker) tickSafetyNet(ctx context.Context, ticks map[string]chan netTic
 		if backoff.Sleep(ctx, wait) != nil {
 			return
 		}
-		statuses := make(map[string]projection.Status, len(plain))
-		var err error
-		if len(plain) > 0 {
-			var sts []projection.Status
-			if sts, err = w.cfg.Runner.StatusesOf(ctx, plain...); err == nil {
-				for i, name := range plain {
-					statuses[name] = sts[i]
-				}
-			}
-		}
+		statuses, err := w.statusesOf(ctx, plain)
 		for i, name := range w.names {
 			t := netTick{status: statuses[name], err: err, full: (n+i)%safetyNetFullEvery == 0}
 			if _, partitioned := w.parts[name]; partitioned {
@@ -103,6 +94,22 @@ func (w *Worker) tickSafetyNet(ctx context.Context, ticks map[string]chan netTic
 			w.cfg.safetyNetTickFunc(n)
 		}
 	}
+}
+
+// statusesOf reads the statuses of the projections called names in one call, by name.
+func (w *Worker) statusesOf(ctx context.Context, names []string) (map[string]projection.Status, error) {
+	statuses := make(map[string]projection.Status, len(names))
+	if len(names) == 0 {
+		return statuses, nil
+	}
+	sts, err := w.cfg.Runner.StatusesOf(ctx, names...)
+	if err != nil {
+		return statuses, err
+	}
+	for i, name := range names {
+		statuses[name] = sts[i]
+	}
+	return statuses, nil
 }
 
 // safetyNetOf is one projection's safety net: at start a catch-up, then at each tick a stall

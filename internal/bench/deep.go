@@ -320,11 +320,11 @@ func (r *deepResult) timeStatuses(ctx context.Context, h *harness, f *fixture) (
 			return 0, nil, err
 		}
 		if len(sts) != deepProjections || sts[0].Name != "deep_000" {
-			return 0, nil, fmt.Errorf("Statuses gave %d projections, want deep_000 to deep_%03d", len(sts), deepProjections-1)
+			return 0, nil, fmt.Errorf("the statuses gave %d projections, want deep_000 to deep_%03d", len(sts), deepProjections-1)
 		}
 		r.lagFirst = sts[0].LagEvents
 		if math.Abs(float64(r.lagFirst-want)) > float64(want)/100 {
-			return 0, nil, fmt.Errorf("Statuses: deep_000 lags %d events, want %d (within 1%%)", r.lagFirst, want)
+			return 0, nil, fmt.Errorf("the statuses: deep_000 lags %d events, want %d (within 1%%)", r.lagFirst, want)
 		}
 		if round == 0 {
 			first = took
