@@ -156,9 +156,10 @@ type Unit struct {
 	// Version is the unit's version record, read under the unit's lock.
 	Version VersionInfo
 	// Claim, for a building version's unit, tries to take the locks of the active version's
-	// units that can hold the unit's streams, without waiting, for the rest of the unit, and
-	// returns the version record read anew under them, with Claiming set when it took them
-	// (see VersionInfo.Claiming). Nil when the unit cannot claim.
+	// units that can hold the unit's streams, for the rest of the unit, waiting a bounded time
+	// (under a second) for a busy one, and returns the version record read anew under them,
+	// with Claiming set when it took them (see VersionInfo.Claiming); a claim that did not
+	// take them all holds none. Nil when the unit cannot claim.
 	Claim func(ctx context.Context) (VersionInfo, error)
 	// Parked are the projection's parked streams by stream id, read under the unit's lock, so a
 	// batch and a redrive (or a park, skip or purge) never interleave.

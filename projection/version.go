@@ -143,8 +143,8 @@ type VersionInfo struct {
 	// handled, Replaying) from live events per event, by its stream's active partition.
 	ActivePartitions []eventstore.Position
 	// Claiming is, for a building version's unit, true when its batch holds the locks of the
-	// active version's units that can hold its streams (taken without waiting: a busy active
-	// version is not waited for): the batch then handles the events after the active
+	// active version's units that can hold its streams (a busy active version is waited for
+	// a bounded time, under a second, then given up): the batch then handles the events after the active
 	// version's position too, live, and claims them by committing its position past them (see
 	// Claims). ActivePosition and ActivePartitions are read under those locks. Only the one
 	// building version of a projection claims; with two building, neither does.

@@ -251,8 +251,8 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, _ *pro
 			return err
 		}
 		u := b.unit(r, ver)
-		u.Claim = func(context.Context) (projection.VersionInfo, error) {
-			if release := b.claim(p, &ver); release != nil {
+		u.Claim = func(ctx context.Context) (projection.VersionInfo, error) {
+			if release := b.claim(ctx, p, &ver); release != nil {
 				releases = append(releases, release)
 			}
 			return ver, nil

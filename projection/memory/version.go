@@ -398,12 +398,18 @@ func (b *Backend) unitRows(unit string) []string {
 	return out
 }
 
+// claimWait bounds how long a building version's claim waits for each lock of the active
+// version (as the PostgreSQL backend's does): a busy active version runs its batches back to
+// back, and a claim that only tried its lock seldom got in between two of them.
+const claimWait = 500 * time.Millisecond
+
 // claim lets the batch of p, a building version's unit whose read reaches past the active
 // version's position, claim the events after it (projection.VersionInfo.Claiming): when p's version is the only
-// building one and the locks of the active version's units that can hold p's streams are
-// free, it takes them, reads the active version's positions anew and returns the function
-// that releases them (nil when it claims nothing). A busy active version is not waited for.
-func (b *Backend) claim(p *projection.Projection, ver *projection.VersionInfo) func() {
+// building one and it takes the locks of the active version's units that can hold p's
+// streams, waiting up to claimWait for each, it reads the active version's positions anew and
+// returns the function that releases them (nil when it claims nothing: a wait that timed out
+// releases what it took).
+func (b *Backend) claim(ctx context.Context, p *projection.Projection, ver *projection.VersionInfo) func() {
 	if ver.State != projection.VersionBuilding || ver.Claiming {
 		return nil
 	}
@@ -418,10 +424,16 @@ func (b *Backend) claim(p *projection.Projection, ver *projection.VersionInfo) f
 		}
 	}
 	for _, r := range active {
+		wait := time.NewTimer(claimWait)
 		select {
 		case r.lock <- struct{}{}:
+			wait.Stop()
 			taken = append(taken, r)
-		default:
+		case <-wait.C:
+			release()
+			return nil
+		case <-ctx.Done():
+			wait.Stop()
 			release()
 			return nil
 		}

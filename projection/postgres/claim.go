@@ -2,9 +2,13 @@ package postgres
 
 import (
 	"context"
+	"errors"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/projection"
@@ -21,17 +25,20 @@ func (s *statements) addClaimSQL(r *strings.Replacer) {
 		WHERE v.unit = $1 AND v.state = 'active'
 		ORDER BY b.version, x.partition_index`)
 	// For the only building version's unit ($1, partition $2 of $3): the active version's unit
-	// name, and whether this transaction took, without waiting, the locks of all of the active
-	// version's units that can hold streams of the building unit. No row when $1 is not the
-	// only building version.
-	s.claimActive = r.Replace(`SELECT a.unit, l.locked FROM {versions} v
-		JOIN {versions} a ON a.projection = v.projection AND a.state = 'active'
-		CROSS JOIN LATERAL (SELECT count(*) > 0 AND bool_and(pg_try_advisory_xact_lock({class}, hashtext('{schema}.' || x.name))) AS locked
-			FROM {projections} x
-			WHERE (x.name = a.unit AND x.partition_of IS NULL)
-				OR (x.partition_of = a.unit AND x.partition_index % gcd(x.partition_count, $3::int) = $2::int % gcd(x.partition_count, $3::int))) l
-		WHERE v.unit = $1 AND v.state = 'building'
-			AND NOT EXISTS (SELECT 1 FROM {versions} o WHERE o.projection = v.projection AND o.state = 'building' AND o.version <> v.version)`)
+	// name, once this transaction holds the locks of all of the active version's units that
+	// can hold streams of the building unit, taken in index order and waiting for each (the
+	// caller bounds the wait with lock_timeout). No row when $1 is not the only building
+	// version.
+	s.claimActive = r.Replace(`WITH c AS MATERIALIZED (SELECT a.unit FROM {versions} v
+			JOIN {versions} a ON a.projection = v.projection AND a.state = 'active'
+			WHERE v.unit = $1 AND v.state = 'building'
+				AND NOT EXISTS (SELECT 1 FROM {versions} o WHERE o.projection = v.projection AND o.state = 'building' AND o.version <> v.version))
+		SELECT c.unit FROM c CROSS JOIN LATERAL (SELECT count(pg_advisory_xact_lock({class}, hashtext('{schema}.' || x.name))) AS locked
+			FROM (SELECT x.name FROM {projections} x
+				WHERE (x.name = c.unit AND x.partition_of IS NULL)
+					OR (x.partition_of = c.unit AND x.partition_index % gcd(x.partition_count, $3::int) = $2::int % gcd(x.partition_count, $3::int))
+				ORDER BY x.partition_index) x) l
+		WHERE l.locked > 0`)
 	// The committed positions of the units of an active version's unit ($1), in index order.
 	s.selectActivePositions = r.Replace(`SELECT transaction_id, global_position FROM {projections}
 		WHERE (name = $1 AND partition_of IS NULL) OR partition_of = $1 ORDER BY partition_index`)
@@ -60,37 +67,68 @@ func (b *Backend) queueClaims(batch *pgx.Batch, unit string, info *projection.Ve
 	})
 }
 
+// claimWaitDefault bounds how long a building version's batch waits for each lock of the
+// active version it claims past (Backend.claimWait). A busy active version runs its batches
+// back to back: a claim that only tried its lock seldom found it free, and a building version
+// level with an active version that lags stayed level with it, too far from the head to cut
+// over, for as long as the active version lagged. Waiting for the batch in flight to commit
+// lets the claim in between two of them. The bound stays under PostgreSQL's deadlock_timeout
+// (1 s by default): a wait that could close a cycle with a cut-over ends as a lock timeout,
+// which only makes the batch handle history, before the deadlock detector aborts anything.
+const claimWaitDefault = 500 * time.Millisecond
+
+// claimSavepoint encloses a claim's wait for the active version's locks: a wait that times out
+// rolls back to it, releasing the locks the claim took, and the batch goes on with history.
+const claimSavepoint = "nudge_claim"
+
 // claim lets the batch of p, a building version's unit whose read reaches past the active
-// version's position, claim the events after it (projection.Unit.Claim): when p's version is the only building one and
-// this transaction takes, without waiting, the locks of the active version's units that can
-// hold p's streams, it sets ver.Claiming and reads the active version's positions anew under
-// them. A busy active version (a batch of it holds its lock) is not waited for: the batch
-// then handles history only, as before.
+// version's position, claim the events after it (projection.Unit.Claim): when p's version is
+// the only building one and this transaction takes the locks of the active version's units
+// that can hold p's streams, waiting up to b.claimWait for each, it sets ver.Claiming and
+// reads the active version's positions anew under them. A wait that times out (an active
+// batch longer than that) leaves the batch with history only, as before, and holding none of
+// those locks.
 func (b *Backend) claim(ctx context.Context, tx pgx.Tx, p *projection.Projection, ver *projection.VersionInfo) error {
 	if ver.State != projection.VersionBuilding {
 		return nil
 	}
 	part := p.Partition()
 	var (
-		active string
-		locked bool
+		batch   pgx.Batch
+		timeout string // the transaction's lock_timeout, put back once the locks are taken
+		active  string
 	)
-	err := tx.QueryRow(ctx, b.sql.claimActive, p.Definition().Name(), part.Index, max(part.Count, 1)).Scan(&active, &locked)
-	if err == pgx.ErrNoRows || (err == nil && !locked) { //nolint:errorlint // QueryRow returns pgx.ErrNoRows itself.
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	rows, err := tx.Query(ctx, b.sql.selectActivePositions, active)
-	if err != nil {
-		return err
-	}
-	positions, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (eventstore.Position, error) {
-		var at eventstore.Position
-		return at, row.Scan(&at.TransactionID, &at.GlobalPosition)
+	batch.Queue(`SAVEPOINT ` + claimSavepoint)
+	batch.Queue(`SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)`,
+		strconv.FormatInt(max(b.claimWait.Milliseconds(), 1), 10)).QueryRow(func(row pgx.Row) error {
+		var set string
+		return row.Scan(&timeout, &set)
 	})
-	if err != nil || len(positions) == 0 {
+	batch.Queue(b.sql.claimActive, p.Definition().Name(), part.Index, max(part.Count, 1)).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&active)
+	})
+	err := tx.SendBatch(ctx, &batch).Close()
+	if err != nil {
+		if !errors.Is(err, pgx.ErrNoRows) && !isLockTimeout(err) {
+			return err
+		}
+		// Not the only building version, or the active version stayed busy: history only.
+		_, err = tx.Exec(ctx, `ROLLBACK TO SAVEPOINT `+claimSavepoint)
+		return err
+	}
+	batch = pgx.Batch{}
+	batch.Queue(`SELECT set_config('lock_timeout', $1, true)`, timeout)
+	batch.Queue(`RELEASE SAVEPOINT ` + claimSavepoint)
+	var positions []eventstore.Position
+	batch.Queue(b.sql.selectActivePositions, active).Query(func(rows pgx.Rows) error {
+		var err error
+		positions, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (eventstore.Position, error) {
+			var at eventstore.Position
+			return at, row.Scan(&at.TransactionID, &at.GlobalPosition)
+		})
+		return err
+	})
+	if err := tx.SendBatch(ctx, &batch).Close(); err != nil || len(positions) == 0 {
 		return err
 	}
 	ver.Claiming = true
@@ -106,4 +144,10 @@ func (b *Backend) claim(ctx context.Context, tx pgx.Tx, p *projection.Projection
 		}
 	}
 	return nil
+}
+
+// isLockTimeout reports whether err is PostgreSQL's lock_timeout ending a wait for a lock.
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
 }

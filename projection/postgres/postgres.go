@@ -61,6 +61,9 @@ type Backend struct {
 	store      *espg.Store
 	sql        statements
 	partitions partitionLag
+	// claimWait bounds a building version's wait for each lock of the active version it
+	// claims past (claimWaitDefault).
+	claimWait time.Duration
 }
 
 var _ projection.Backend = (*Backend)(nil)
@@ -72,7 +75,7 @@ func New(store *espg.Store) (*Backend, error) {
 		return nil, fmt.Errorf("%w: projection/postgres.New needs an event store (an *espg.Store), got nil", projection.ErrInvalidConfig)
 	}
 	b := &Backend{db: store.DB(), store: store, sql: newStatements(store.Schema(), store.HorizonSQL()),
-		partitions: newPartitionLag(store.Schema(), store.HorizonSQL())}
+		partitions: newPartitionLag(store.Schema(), store.HorizonSQL()), claimWait: claimWaitDefault}
 	b.pool, _ = b.db.(acquirer)
 	return b, nil
 }
