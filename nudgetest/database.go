@@ -265,7 +265,7 @@ func (s *srv) build(opts Options) (string, error) {
 // holdTemplate marks the template called name as in use for as long as this process lives,
 // before it exists: a connection of its own, never closed, holds an advisory lock on the
 // name, which the server releases when the process ends. A later run's dropStale drops a
-// template whose lock it can take.
+// template whose lock no connection holds, in any database.
 func (s *srv) holdTemplate(ctx context.Context, name string) error {
 	conn, err := pgx.Connect(ctx, s.url)
 	if err != nil {
@@ -324,13 +324,17 @@ func dropStale(pool *pgxpool.Pool) {
 }
 
 // stale reports whether the database called name is left over: a template whose process has
-// ended (nothing holds its lock), or anything older than staleAfter.
+// ended (nothing holds its lock, in any database), or anything older than staleAfter.
 func stale(ctx context.Context, pool *pgxpool.Pool, name string) bool {
 	rest := strings.TrimPrefix(name, namePrefix)
 	if strings.HasPrefix(name, templatePrefix) {
-		var free bool
-		err := pool.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1, hashtext($2))`, templateLockClass, name).Scan(&free)
-		if err == nil && free {
+		// The holder's lock is in the database its process's server URL names, which may not
+		// be this pool's: advisory locks belong to a database, so it is looked for in pg_locks,
+		// which shows every database's (a two-key lock is classid, objid, objsubid 2).
+		var held bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+			AND classid = $1::int4::oid AND objid = hashtext($2)::oid AND objsubid = 2)`, templateLockClass, name).Scan(&held)
+		if err == nil && !held {
 			return true
 		}
 		rest = strings.TrimPrefix(name, templatePrefix)

@@ -10,7 +10,8 @@ import (
 )
 
 // TestDropStaleTemplates: a run drops the templates of processes that have ended (nothing
-// holds their lock), never one whose process still holds it, and leaves young test databases.
+// holds their lock), never one whose process still holds it, in whichever database its
+// connection is, and leaves young test databases.
 func TestDropStaleTemplates(t *testing.T) {
 	t.Parallel()
 	s := server(t, Options{}.url())
@@ -37,11 +38,29 @@ func TestDropStaleTemplates(t *testing.T) {
 	if err := s.holdTemplate(ctx, held); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{ended, held, young} {
+	// A process whose server URL names another database holds its template's lock there:
+	// advisory locks belong to a database, and go test runs packages' processes side by side.
+	heldElsewhere := fmt.Sprintf("%s%d_%s", templatePrefix, now, randomHex(4))
+	elsewhere := fmt.Sprintf("%s%d_%s", namePrefix, now, randomHex(4))
+	create(elsewhere)
+	u, err := setDatabase(s.url, elsewhere)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := &srv{url: u}
+	if err := other.holdTemplate(ctx, heldElsewhere); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, c := range other.holders {
+			_ = c.Close(context.Background())
+		}
+	})
+	for _, name := range []string{ended, held, heldElsewhere, young} {
 		create(name)
 	}
 	dropStale(s.admin)
-	for name, want := range map[string]bool{ended: false, held: true, young: true} {
+	for name, want := range map[string]bool{ended: false, held: true, heldElsewhere: true, young: true} {
 		if got := exists(name); got != want {
 			t.Errorf("database %s exists: %t, want %t", name, got, want)
 		}
