@@ -15,8 +15,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// packageClause finds a block that is a whole file (its own package clause).
-var packageClause = regexp.MustCompile(`(?m)^package \w+`)
+// packageClause finds a block that is a whole file (its own package clause) and its package.
+var packageClause = regexp.MustCompile(`(?m)^package (\w+)`)
+
+// testFunc finds a block that is a test file: it declares a test, benchmark, fuzz test or
+// example.
+var testFunc = regexp.MustCompile(`(?m)^func (Test|Benchmark|Fuzz|Example)\w*\(`)
 
 // dirName turns a Markdown path into a directory name: docs/guides/x.md → docs_guides_x.
 func dirName(path string) string {
@@ -26,8 +30,9 @@ func dirName(path string) string {
 // TestGoBlocks writes the Go blocks of README.md and of every docs/**/*.md as packages under
 // testdata and runs go vet on them: every import is named, every error is used, and the blocks
 // fit together as a user pasting them would put them. The blocks of one file without a
-// package clause are the files of one package (each file's its own); a block with a package
-// clause is a whole program, a package of its own.
+// package clause are the files of one package (each file's its own); the blocks of one file
+// with the same package clause are the files of another (a program and its test, as a user
+// saves them side by side). A block that declares a test is a _test.go file.
 func TestGoBlocks(t *testing.T) {
 	t.Parallel()
 	require.NoError(t, os.MkdirAll("testdata", 0o755))
@@ -40,20 +45,27 @@ func TestGoBlocks(t *testing.T) {
 	total := 0
 	for _, file := range markdownFiles(t) {
 		var pasted []block
-		for i, b := range parseMarkdown(t, file).blocks {
+		var names []string            // the package clauses of whole-file blocks, in order
+		whole := map[string][]block{} // package name → its whole-file blocks
+		for _, b := range parseMarkdown(t, file).blocks {
 			if b.lang != "go" {
 				continue
 			}
 			total++
-			if packageClause.MatchString(b.code) {
-				pkgDir := filepath.Join(dir, fmt.Sprintf("%s_program%02d", dirName(file), i))
-				writeBlocks(t, pkgDir, file, []block{b}, false)
+			if m := packageClause.FindStringSubmatch(b.code); m != nil {
+				if _, ok := whole[m[1]]; !ok {
+					names = append(names, m[1])
+				}
+				whole[m[1]] = append(whole[m[1]], b)
 				continue
 			}
 			pasted = append(pasted, b)
 		}
 		if len(pasted) > 0 {
 			writeBlocks(t, filepath.Join(dir, dirName(file)), file, pasted, true)
+		}
+		for _, name := range names {
+			writeBlocks(t, filepath.Join(dir, dirName(file)+"_package_"+name), file, whole[name], false)
 		}
 	}
 	require.NotZero(t, total, "no Go blocks found in README.md or docs/")
@@ -98,7 +110,11 @@ func writeBlocks(t *testing.T, dir, file string, blocks []block, addPackage bool
 			}
 			aliases[path], where[path] = name, b.line
 		}
-		require.NoError(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("snippet%02d.go", i)), []byte(src), 0o644))
+		name := fmt.Sprintf("snippet%02d.go", i)
+		if testFunc.MatchString(b.code) {
+			name = fmt.Sprintf("snippet%02d_test.go", i)
+		}
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(src), 0o644))
 	}
 	names := map[string]string{} // name → import path
 	for path, name := range aliases {
