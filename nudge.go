@@ -39,6 +39,7 @@ import (
 	esmemory "github.com/nudgeworks/nudge/eventstore/memory"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/internal/tracing"
+	"github.com/nudgeworks/nudge/metrics"
 	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
 	pjmemory "github.com/nudgeworks/nudge/projection/memory"
@@ -218,6 +219,7 @@ func newClient(cfg Config, p parts) (*Client, error) {
 		if rcfg.TracerProvider == nil {
 			rcfg.TracerProvider = cfg.TracerProvider
 		}
+		rcfg.BatchFunc = relayBatchFunc(cfg.Metrics, rcfg.BatchFunc)
 		if p.listener != nil {
 			rcfg.Waker = p.listener
 		}
@@ -287,6 +289,20 @@ func onBatch(cfg Config) func(projection.BatchReport) {
 	return func(b projection.BatchReport) {
 		cfg.Metrics.ObserveBatch(b)
 		cfg.OnBatch(b)
+	}
+}
+
+// relayBatchFunc is the relay's BatchFunc fn, and m's relay delay if m is set.
+func relayBatchFunc(m *metrics.Metrics, fn func(projection.BatchReport)) func(projection.BatchReport) {
+	switch {
+	case m == nil:
+		return fn
+	case fn == nil:
+		return m.ObserveRelay
+	}
+	return func(b projection.BatchReport) {
+		m.ObserveRelay(b)
+		fn(b)
 	}
 }
 
