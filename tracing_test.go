@@ -24,6 +24,7 @@ import (
 	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
 	"github.com/nudgeworks/nudge/channel/gochannel"
 	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
+	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/amqptest"
 	"github.com/nudgeworks/nudge/internal/pgtest"
@@ -282,4 +283,85 @@ func TestTracingHandlerFailure(t *testing.T) {
 	require.Equal(t, "ticket-1", attr(redrives[0], "nudge.stream"))
 	require.Equal(t, "ann", attr(redrives[0], "nudge.by"))
 	require.Equal(t, "1", attr(redrives[0], "nudge.events"))
+}
+
+// TestTracingReplay: an operator's replay (Client.Replay) has a span naming who replayed what;
+// the replayed trigger's span is its child, across the channel, and the batch that then
+// projects the fixed event is the trigger's.
+func TestTracingReplay(t *testing.T) {
+	t.Parallel()
+	var fixed atomic.Bool
+	list, err := projection.New("ticket_list", projection.Config{},
+		projection.OnIdempotent("TicketRegistered", func(context.Context, projection.Event[ticketRegistered]) error {
+			if !fixed.Load() {
+				return retry.Permanent(errors.New("no such ticket type"))
+			}
+			return nil
+		}))
+	require.NoError(t, err)
+	ch, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { require.NoError(t, tp.Shutdown(context.Background())) })
+	client, err := nudge.NewInMemory(nudge.Config{Channel: ch, Projections: []*projection.Projection{list}, Logger: testlog.New(t),
+		SafetyNetInterval: -1, TracerProvider: tp, Retry: retry.Policy{MaxAttempts: 1}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- client.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	<-client.Running()
+
+	data, err := eventstore.NewEventData("TicketRegistered", ticketRegistered{ID: "1", Type: "bug"})
+	require.NoError(t, err)
+	_, err = client.Append(ctx, "ticket-1", eventstore.NoStream, data)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		recs, err := client.DeadLetters().List(ctx, deadletter.Filter{Projection: "ticket_list", Status: []deadletter.Status{deadletter.StatusFailed}})
+		require.NoError(t, err)
+		return len(recs) == 1
+	}, eventually, 5*time.Millisecond, "the trigger is dead-lettered")
+
+	fixed.Store(true)
+	res, err := client.Replay(ctx, deadletter.ReplayFilter{Projection: "ticket_list"}, "ann")
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Replayed)
+	var replay sdktrace.ReadOnlySpan
+	for _, s := range find(spans, "nudge.deadletter.replay", "") {
+		if attr(s, "nudge.by") == "ann" {
+			replay = s
+		}
+	}
+	require.NotNil(t, replay, "the operator's replay has a span")
+	require.Equal(t, trace.SpanKindProducer, replay.SpanKind())
+	require.Equal(t, "ticket_list", attr(replay, "nudge.projection"))
+	require.Equal(t, "1", attr(replay, "nudge.count"))
+
+	var batch sdktrace.ReadOnlySpan
+	require.Eventually(t, func() bool {
+		for _, trig := range find(spans, "nudge.trigger", "ticket_list") {
+			if attr(trig, "nudge.trigger.reason") != "replay" || trig.Parent().SpanID() != replay.SpanContext().SpanID() {
+				continue
+			}
+			for _, b := range find(spans, "nudge.batch", "ticket_list") {
+				if b.Parent().SpanID() == trig.SpanContext().SpanID() && attr(b, "nudge.outcome") == "committed" {
+					batch = b
+					return true
+				}
+			}
+		}
+		return false
+	}, eventually, 5*time.Millisecond, "the replayed trigger's span, the replay's child, and its committed batch")
+	require.Equal(t, replay.SpanContext().TraceID(), batch.SpanContext().TraceID())
+}
+
+// TestReplayWithoutChannel: a client without a channel cannot publish a replay's triggers.
+func TestReplayWithoutChannel(t *testing.T) {
+	t.Parallel()
+	client, err := nudge.NewInMemory(nudge.Config{Projections: []*projection.Projection{ticketList(t)}, Logger: testlog.New(t)})
+	require.NoError(t, err)
+	_, err = client.Replay(context.Background(), deadletter.ReplayFilter{All: true}, "ann")
+	require.ErrorIs(t, err, nudge.ErrNoChannel)
 }
