@@ -33,27 +33,36 @@ import (
 	"github.com/nudgeworks/nudge/retry"
 )
 
-// TestTracing: one append inside a request's span, on each channel, gives an append span (a
-// child of the request's), the trigger's publish (the relay's span, or the append's own with
-// triggers in the transaction), a trigger span whose parent came through the broker, and a
-// batch span, the trigger span's child, linked to the append span, with the right attributes.
+// TestTracing: one append inside a request's span (Append, or AppendTx in the request's
+// transaction), on each channel, gives an append span (a child of the request's), the
+// trigger's publish (the relay's span, or the append's own with triggers in the transaction), a
+// trigger span whose parent came through the broker, and a batch span, the trigger span's
+// child, linked to the append span, with the right attributes.
 func TestTracing(t *testing.T) {
 	t.Parallel()
-	stories := []story{
-		{"gochannel", nudge.TriggersRelay, false},
-		{"amqp", nudge.TriggersRelay, false},
-		{"postgres", nudge.TriggersRelay, false},
-		{"postgres", nudge.TriggersInTransaction, false},
+	stories := []tracedStory{
+		{story: story{"gochannel", nudge.TriggersRelay, false}},
+		{story: story{"amqp", nudge.TriggersRelay, false}},
+		{story: story{"postgres", nudge.TriggersRelay, false}},
+		{story: story{"postgres", nudge.TriggersInTransaction, false}},
+		{story: story{"amqp", nudge.TriggersRelay, false}, appendTx: true},
+		{story: story{"postgres", nudge.TriggersInTransaction, false}, appendTx: true},
 	}
 	for _, s := range stories {
-		t.Run(fmt.Sprintf("%s/%s", s.channel, s.triggers), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/%s/append-tx=%t", s.channel, s.triggers, s.appendTx), func(t *testing.T) {
 			t.Parallel()
 			tracingStory(t, s)
 		})
 	}
 }
 
-func tracingStory(t *testing.T, s story) {
+// tracedStory is a story of TestTracing; appendTx: the request appends with AppendTx.
+type tracedStory struct {
+	story
+	appendTx bool
+}
+
+func tracingStory(t *testing.T, s tracedStory) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	pool := db.NewPool(t, 16)
@@ -92,8 +101,17 @@ func tracingStory(t *testing.T, s story) {
 	reqCtx, req := tp.Tracer("test").Start(ctx, "request")
 	data, err := eventstore.NewEventData("TicketRegistered", ticketRegistered{ID: "1", Type: "bug"})
 	require.NoError(t, err)
-	res, err := client.Append(reqCtx, "ticket-1", eventstore.NoStream, data)
-	require.NoError(t, err)
+	var res eventstore.AppendResult
+	if s.appendTx {
+		tx, err := pool.Begin(reqCtx)
+		require.NoError(t, err)
+		res, err = client.AppendTx(reqCtx, tx, "ticket-1", eventstore.NoStream, data)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(reqCtx))
+	} else {
+		res, err = client.Append(reqCtx, "ticket-1", eventstore.NoStream, data)
+		require.NoError(t, err)
+	}
 	req.End()
 	require.Contains(t, string(res.Events[0].Metadata), req.SpanContext().TraceID().String(), "the event keeps the request's trace context")
 
