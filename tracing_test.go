@@ -303,9 +303,10 @@ func TestTracingHandlerFailure(t *testing.T) {
 	require.Equal(t, "1", attr(redrives[0], "nudge.events"))
 }
 
-// TestTracingReplay: an operator's replay (Client.Replay) has a span naming who replayed what;
-// the replayed trigger's span is its child, across the channel, and the batch that then
-// projects the fixed event is the trigger's.
+// TestTracingReplay: the log lines about a failing trigger (the batch's failure, the dead
+// letter) carry its trace's ids; an operator's replay (Client.Replay) has a span naming who
+// replayed what; the replayed trigger's span is its child, across the channel, and the batch
+// that then projects the fixed event is the trigger's.
 func TestTracingReplay(t *testing.T) {
 	t.Parallel()
 	var fixed atomic.Bool
@@ -323,7 +324,9 @@ func TestTracingReplay(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	t.Cleanup(func() { require.NoError(t, tp.Shutdown(context.Background())) })
-	client, err := nudge.NewInMemory(nudge.Config{Channel: ch, Projections: []*projection.Projection{list}, Logger: testlog.New(t),
+	lines := &logLines{}
+	client, err := nudge.NewInMemory(nudge.Config{Channel: ch, Projections: []*projection.Projection{list},
+		Logger:            slog.New(slog.NewJSONHandler(lines, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		SafetyNetInterval: -1, TracerProvider: tp, Retry: retry.Policy{MaxAttempts: 1}})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -341,6 +344,30 @@ func TestTracingReplay(t *testing.T) {
 		require.NoError(t, err)
 		return len(recs) == 1
 	}, eventually, 5*time.Millisecond, "the trigger is dead-lettered")
+	var failedTrigger sdktrace.ReadOnlySpan
+	require.Eventually(t, func() bool {
+		for _, trig := range find(spans, "nudge.trigger", "ticket_list") {
+			if trig.Status().Code == codes.Error {
+				failedTrigger = trig
+				return true
+			}
+		}
+		return false
+	}, eventually, 5*time.Millisecond, "the failed trigger's span")
+	dead := lines.find(t, "trigger dead-lettered", "ticket_list")
+	require.Equal(t, failedTrigger.SpanContext().TraceID().String(), dead["trace_id"], "the dead letter's line joins the trigger's trace")
+	require.Equal(t, failedTrigger.SpanContext().SpanID().String(), dead["span_id"])
+	// The failure's line names its batch's span (the trigger's child; a root span when the
+	// catch-up at start met the event first).
+	failedBatches := map[string]string{}
+	for _, b := range find(spans, "nudge.batch", "ticket_list") {
+		if attr(b, "nudge.outcome") == "failed" {
+			failedBatches[b.SpanContext().SpanID().String()] = b.SpanContext().TraceID().String()
+		}
+	}
+	failure := lines.find(t, "projection failed on an event; position stays before it", "ticket_list")
+	require.Contains(t, failedBatches, failure["span_id"], "the failure's line names a failed batch's span")
+	require.Equal(t, failedBatches[failure["span_id"].(string)], failure["trace_id"])
 
 	fixed.Store(true)
 	res, err := client.Replay(ctx, deadletter.ReplayFilter{Projection: "ticket_list"}, "ann")
