@@ -28,6 +28,7 @@ import (
 	"github.com/nudgeworks/nudge/internal/testwait"
 	"github.com/nudgeworks/nudge/metrics"
 	"github.com/nudgeworks/nudge/projection"
+	"github.com/nudgeworks/nudge/relay"
 	"github.com/nudgeworks/nudge/retry"
 	"github.com/nudgeworks/nudge/worker"
 )
@@ -261,7 +262,7 @@ func TestRunNotMigrated(t *testing.T) {
 
 // TestMetrics: with Config.Metrics the client measures its batches, the events' staleness,
 // statuses, triggers and their transit, dead letters and Run's router on one registry, with
-// the projection's label.
+// the projection's label, and the relay's delay with the relay's.
 func TestMetrics(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
@@ -286,7 +287,7 @@ func TestMetrics(t *testing.T) {
 		for _, f := range families {
 			for _, metric := range f.GetMetric() {
 				for _, l := range metric.GetLabel() {
-					if l.GetName() == "projection" && l.GetValue() == "ticket_list" {
+					if (l.GetName() == "projection" && l.GetValue() == "ticket_list") || (l.GetName() == "relay" && l.GetValue() == relay.NameDefault) {
 						seen[f.GetName()] = true
 					}
 				}
@@ -294,8 +295,9 @@ func TestMetrics(t *testing.T) {
 		}
 		return seen["nudge_projection_events_projected_total"] && seen["nudge_projection_lag_events"] &&
 			seen["nudge_worker_triggers_received_total"] && seen["nudge_router_handler_execution_time_seconds"] &&
-			seen["nudge_projection_event_staleness_seconds"] && seen["nudge_projection_trigger_transit_seconds"]
-	}, eventually, 10*time.Millisecond, "batches, staleness, statuses, triggers and their transit, and the router are measured")
+			seen["nudge_projection_event_staleness_seconds"] && seen["nudge_projection_trigger_transit_seconds"] &&
+			seen["nudge_relay_delay_seconds"]
+	}, eventually, 10*time.Millisecond, "batches, staleness, statuses, triggers and their transit, the relay's delay and the router are measured")
 }
 
 // TestPrepare: a client that only appends and reports status — an API beside workers that Run

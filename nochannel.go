@@ -9,7 +9,7 @@ import (
 	"github.com/nudgeworks/nudge/trigger"
 )
 
-// ErrNoChannel is returned by Run, RunRouter, RunBackground and AddHandlers of a client
+// ErrNoChannel is returned by Run, RunRouter, RunBackground, AddHandlers and Replay of a client
 // without a channel (Config.Channel nil): such a client appends, reads and reports status, and
 // runs nothing.
 var ErrNoChannel = errors.New("nudge: the client has no Channel (Config.Channel is nil): it appends, reads and reports status only; " +

@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -39,6 +40,7 @@ import (
 	esmemory "github.com/nudgeworks/nudge/eventstore/memory"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/internal/tracing"
+	"github.com/nudgeworks/nudge/metrics"
 	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
 	pjmemory "github.com/nudgeworks/nudge/projection/memory"
@@ -218,6 +220,7 @@ func newClient(cfg Config, p parts) (*Client, error) {
 		if rcfg.TracerProvider == nil {
 			rcfg.TracerProvider = cfg.TracerProvider
 		}
+		rcfg.BatchFunc = relayBatchFunc(cfg.Metrics, rcfg.BatchFunc)
 		if p.listener != nil {
 			rcfg.Waker = p.listener
 		}
@@ -287,6 +290,20 @@ func onBatch(cfg Config) func(projection.BatchReport) {
 	return func(b projection.BatchReport) {
 		cfg.Metrics.ObserveBatch(b)
 		cfg.OnBatch(b)
+	}
+}
+
+// relayBatchFunc is the relay's BatchFunc fn, and m's relay delay if m is set.
+func relayBatchFunc(m *metrics.Metrics, fn func(projection.BatchReport)) func(projection.BatchReport) {
+	switch {
+	case m == nil:
+		return fn
+	case fn == nil:
+		return m.ObserveRelay
+	}
+	return func(b projection.BatchReport) {
+		m.ObserveRelay(b)
+		fn(b)
 	}
 }
 
@@ -425,6 +442,26 @@ func (c *Client) Redrive(ctx context.Context, name, streamID, by string) (int, e
 		return 0, err
 	}
 	return 1, nil
+}
+
+// Replay replays the dead letters f selects on the client's channel, recording by as who
+// replayed them: see deadletter.Replay. It runs in a span (nudge.deadletter.replay) whose
+// trace the replayed triggers' spans, and the batches they start, continue. A client without a
+// channel returns an error matching ErrNoChannel.
+func (c *Client) Replay(ctx context.Context, f deadletter.ReplayFilter, by string) (deadletter.ReplayResult, error) {
+	if c.cfg.Channel == nil {
+		return deadletter.ReplayResult{}, fmt.Errorf("nudge: Replay publishes its triggers: %w", ErrNoChannel)
+	}
+	ctx, span := c.tracer.Start(ctx, tracing.SpanReplay, trace.SpanKindProducer)
+	res, err := deadletter.Replay(ctx, c.dead, c.cfg.Channel, f, by, time.Time{})
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrBy.String(by), tracing.AttrCount.Int(res.Replayed), tracing.AttrProjections.StringSlice(res.Projections))
+		if f.Projection != "" {
+			span.SetAttributes(tracing.AttrProjection.String(f.Projection))
+		}
+	}
+	tracing.End(span, err)
+	return res, err
 }
 
 // Store returns the event store, for reads (Read, ReadStream, Head).

@@ -24,6 +24,7 @@ import (
 	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
 	"github.com/nudgeworks/nudge/channel/gochannel"
 	pgchannel "github.com/nudgeworks/nudge/channel/postgres"
+	"github.com/nudgeworks/nudge/deadletter"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/amqptest"
 	"github.com/nudgeworks/nudge/internal/pgtest"
@@ -32,27 +33,36 @@ import (
 	"github.com/nudgeworks/nudge/retry"
 )
 
-// TestTracing: one append inside a request's span, on each channel, gives an append span (a
-// child of the request's), the trigger's publish (the relay's span, or the append's own with
-// triggers in the transaction), a trigger span whose parent came through the broker, and a
-// batch span, the trigger span's child, linked to the append span, with the right attributes.
+// TestTracing: one append inside a request's span (Append, or AppendTx in the request's
+// transaction), on each channel, gives an append span (a child of the request's), the
+// trigger's publish (the relay's span, or the append's own with triggers in the transaction), a
+// trigger span whose parent came through the broker, and a batch span, the trigger span's
+// child, linked to the append span, with the right attributes.
 func TestTracing(t *testing.T) {
 	t.Parallel()
-	stories := []story{
-		{"gochannel", nudge.TriggersRelay, false},
-		{"amqp", nudge.TriggersRelay, false},
-		{"postgres", nudge.TriggersRelay, false},
-		{"postgres", nudge.TriggersInTransaction, false},
+	stories := []tracedStory{
+		{story: story{"gochannel", nudge.TriggersRelay, false}},
+		{story: story{"amqp", nudge.TriggersRelay, false}},
+		{story: story{"postgres", nudge.TriggersRelay, false}},
+		{story: story{"postgres", nudge.TriggersInTransaction, false}},
+		{story: story{"amqp", nudge.TriggersRelay, false}, appendTx: true},
+		{story: story{"postgres", nudge.TriggersInTransaction, false}, appendTx: true},
 	}
 	for _, s := range stories {
-		t.Run(fmt.Sprintf("%s/%s", s.channel, s.triggers), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/%s/append-tx=%t", s.channel, s.triggers, s.appendTx), func(t *testing.T) {
 			t.Parallel()
 			tracingStory(t, s)
 		})
 	}
 }
 
-func tracingStory(t *testing.T, s story) {
+// tracedStory is a story of TestTracing; appendTx: the request appends with AppendTx.
+type tracedStory struct {
+	story
+	appendTx bool
+}
+
+func tracingStory(t *testing.T, s tracedStory) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	pool := db.NewPool(t, 16)
@@ -91,8 +101,17 @@ func tracingStory(t *testing.T, s story) {
 	reqCtx, req := tp.Tracer("test").Start(ctx, "request")
 	data, err := eventstore.NewEventData("TicketRegistered", ticketRegistered{ID: "1", Type: "bug"})
 	require.NoError(t, err)
-	res, err := client.Append(reqCtx, "ticket-1", eventstore.NoStream, data)
-	require.NoError(t, err)
+	var res eventstore.AppendResult
+	if s.appendTx {
+		tx, err := pool.Begin(reqCtx)
+		require.NoError(t, err)
+		res, err = client.AppendTx(reqCtx, tx, "ticket-1", eventstore.NoStream, data)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(reqCtx))
+	} else {
+		res, err = client.Append(reqCtx, "ticket-1", eventstore.NoStream, data)
+		require.NoError(t, err)
+	}
 	req.End()
 	require.Contains(t, string(res.Events[0].Metadata), req.SpanContext().TraceID().String(), "the event keeps the request's trace context")
 
@@ -282,4 +301,112 @@ func TestTracingHandlerFailure(t *testing.T) {
 	require.Equal(t, "ticket-1", attr(redrives[0], "nudge.stream"))
 	require.Equal(t, "ann", attr(redrives[0], "nudge.by"))
 	require.Equal(t, "1", attr(redrives[0], "nudge.events"))
+}
+
+// TestTracingReplay: the log lines about a failing trigger (the batch's failure, the dead
+// letter) carry its trace's ids; an operator's replay (Client.Replay) has a span naming who
+// replayed what; the replayed trigger's span is its child, across the channel, and the batch
+// that then projects the fixed event is the trigger's.
+func TestTracingReplay(t *testing.T) {
+	t.Parallel()
+	var fixed atomic.Bool
+	list, err := projection.New("ticket_list", projection.Config{},
+		projection.OnIdempotent("TicketRegistered", func(context.Context, projection.Event[ticketRegistered]) error {
+			if !fixed.Load() {
+				return retry.Permanent(errors.New("no such ticket type"))
+			}
+			return nil
+		}))
+	require.NoError(t, err)
+	ch, err := gochannel.New(gochannel.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { require.NoError(t, tp.Shutdown(context.Background())) })
+	lines := &logLines{}
+	client, err := nudge.NewInMemory(nudge.Config{Channel: ch, Projections: []*projection.Projection{list},
+		Logger:            slog.New(slog.NewJSONHandler(lines, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		SafetyNetInterval: -1, TracerProvider: tp, Retry: retry.Policy{MaxAttempts: 1}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- client.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	<-client.Running()
+
+	data, err := eventstore.NewEventData("TicketRegistered", ticketRegistered{ID: "1", Type: "bug"})
+	require.NoError(t, err)
+	_, err = client.Append(ctx, "ticket-1", eventstore.NoStream, data)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		recs, err := client.DeadLetters().List(ctx, deadletter.Filter{Projection: "ticket_list", Status: []deadletter.Status{deadletter.StatusFailed}})
+		require.NoError(t, err)
+		return len(recs) == 1
+	}, eventually, 5*time.Millisecond, "the trigger is dead-lettered")
+	var failedTrigger sdktrace.ReadOnlySpan
+	require.Eventually(t, func() bool {
+		for _, trig := range find(spans, "nudge.trigger", "ticket_list") {
+			if trig.Status().Code == codes.Error {
+				failedTrigger = trig
+				return true
+			}
+		}
+		return false
+	}, eventually, 5*time.Millisecond, "the failed trigger's span")
+	dead := lines.find(t, "trigger dead-lettered", "ticket_list")
+	require.Equal(t, failedTrigger.SpanContext().TraceID().String(), dead["trace_id"], "the dead letter's line joins the trigger's trace")
+	require.Equal(t, failedTrigger.SpanContext().SpanID().String(), dead["span_id"])
+	// The failure's line names its batch's span (the trigger's child; a root span when the
+	// catch-up at start met the event first).
+	failedBatches := map[string]string{}
+	for _, b := range find(spans, "nudge.batch", "ticket_list") {
+		if attr(b, "nudge.outcome") == "failed" {
+			failedBatches[b.SpanContext().SpanID().String()] = b.SpanContext().TraceID().String()
+		}
+	}
+	failure := lines.find(t, "projection failed on an event; position stays before it", "ticket_list")
+	require.Contains(t, failedBatches, failure["span_id"], "the failure's line names a failed batch's span")
+	require.Equal(t, failedBatches[failure["span_id"].(string)], failure["trace_id"])
+
+	fixed.Store(true)
+	res, err := client.Replay(ctx, deadletter.ReplayFilter{Projection: "ticket_list"}, "ann")
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Replayed)
+	var replay sdktrace.ReadOnlySpan
+	for _, s := range find(spans, "nudge.deadletter.replay", "") {
+		if attr(s, "nudge.by") == "ann" {
+			replay = s
+		}
+	}
+	require.NotNil(t, replay, "the operator's replay has a span")
+	require.Equal(t, trace.SpanKindProducer, replay.SpanKind())
+	require.Equal(t, "ticket_list", attr(replay, "nudge.projection"))
+	require.Equal(t, "1", attr(replay, "nudge.count"))
+
+	var batch sdktrace.ReadOnlySpan
+	require.Eventually(t, func() bool {
+		for _, trig := range find(spans, "nudge.trigger", "ticket_list") {
+			if attr(trig, "nudge.trigger.reason") != "replay" || trig.Parent().SpanID() != replay.SpanContext().SpanID() {
+				continue
+			}
+			for _, b := range find(spans, "nudge.batch", "ticket_list") {
+				if b.Parent().SpanID() == trig.SpanContext().SpanID() && attr(b, "nudge.outcome") == "committed" {
+					batch = b
+					return true
+				}
+			}
+		}
+		return false
+	}, eventually, 5*time.Millisecond, "the replayed trigger's span, the replay's child, and its committed batch")
+	require.Equal(t, replay.SpanContext().TraceID(), batch.SpanContext().TraceID())
+}
+
+// TestReplayWithoutChannel: a client without a channel cannot publish a replay's triggers.
+func TestReplayWithoutChannel(t *testing.T) {
+	t.Parallel()
+	client, err := nudge.NewInMemory(nudge.Config{Projections: []*projection.Projection{ticketList(t)}, Logger: testlog.New(t)})
+	require.NoError(t, err)
+	_, err = client.Replay(context.Background(), deadletter.ReplayFilter{All: true}, "ann")
+	require.ErrorIs(t, err, nudge.ErrNoChannel)
 }

@@ -11,6 +11,7 @@
 //	err = m.AddRouterMetrics(router)                 // Watermill's router metrics, same registry
 //	// or, with worker.Run's own router: worker.Config{RouterFunc: m.AddRouterMetrics, …}
 //	// trigger transit: worker.Config{TriggerFunc: m.ObserveTrigger, …}
+//	// relay delay: relay.Config{BatchFunc: m.ObserveRelay, …}
 //	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 //
 // # Metrics
@@ -46,7 +47,10 @@
 // (nudge_projection_batch_lock_wait_seconds, a part of it) and the batch's own run. The
 // trigger's trip from its publisher to the projection's handler is
 // nudge_projection_trigger_transit_seconds (hosts' clocks: skew between hosts adds to it). The
-// history a rebuild or a building version replays is left out: its age is not staleness.
+// relay's part, from an event's recording to the commit of the relay's position after it
+// published the event's trigger, is nudge_relay_delay_seconds (label relay; database clock;
+// none with triggers in the append's transaction). The history a rebuild or a building
+// version replays is left out: its age is not staleness.
 //
 //	histogram_quantile(0.99, sum by (projection, le) (rate(nudge_projection_event_staleness_seconds_bucket[5m])))
 //
@@ -186,6 +190,7 @@ type Metrics struct {
 	staleness       *prometheus.HistogramVec
 	lockWait        *prometheus.HistogramVec
 	transit         *prometheus.HistogramVec
+	relayDelay      *prometheus.HistogramVec
 
 	mu      sync.Mutex
 	routers map[*message.Router]bool
@@ -275,8 +280,14 @@ func New(cfg Config) (*Metrics, error) {
 			"in the hosts' clocks: skew between the publishing and the consuming host adds to it.",
 		Buckets: cfg.StalenessBuckets,
 	}, []string{"projection"})
+	m.relayDelay = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: m.ns, Subsystem: "relay", Name: "delay_seconds",
+		Help: "Per event the relay published a trigger for, the time from its recording in the store to the commit of the relay's position after the publish, " +
+			"both in the database's clock: the relay's part of the events' staleness.",
+		Buckets: cfg.StalenessBuckets,
+	}, []string{"relay"})
 	var done []prometheus.Collector
-	for _, c := range []prometheus.Collector{m.eventsProjected, m.batches, m.batchDuration, m.handlerFailures, m.buildPaced, m.staleness, m.lockWait, m.transit} {
+	for _, c := range []prometheus.Collector{m.eventsProjected, m.batches, m.batchDuration, m.handlerFailures, m.buildPaced, m.staleness, m.lockWait, m.transit, m.relayDelay} {
 		if err := m.register("the batch metrics", c); err != nil {
 			for _, d := range done {
 				m.reg.Unregister(d)
@@ -343,6 +354,20 @@ func (m *Metrics) ObserveTrigger(r worker.TriggerReport) {
 		return
 	}
 	m.transit.WithLabelValues(r.Projection).Observe(max(r.Received.Sub(r.Trigger.At), 0).Seconds())
+}
+
+// ObserveRelay records a relay's batch: per event it published a trigger for, the relay's
+// delay (nudge_relay_delay_seconds, label relay: the relay's name). Pass it as
+// relay.Config.BatchFunc (the client does, with nudge.Config.Metrics); it is fast and safe for
+// concurrent use. A failed batch records nothing: its events are published again.
+func (m *Metrics) ObserveRelay(b projection.BatchReport) {
+	if b.Err != nil || len(b.Staleness) == 0 {
+		return
+	}
+	h := m.relayDelay.WithLabelValues(b.Projection)
+	for _, d := range b.Staleness {
+		h.Observe(d.Seconds())
+	}
 }
 
 // ObserveCatchUp records one catch-up of a runner: the time a building version waited for the

@@ -26,6 +26,12 @@ import (
 // histogram gathers g and returns the histogram name{projection}.
 func histogram(t testing.TB, g prometheus.Gatherer, name, projectionName string) *dto.Histogram {
 	t.Helper()
+	return histogramOf(t, g, name, "projection", projectionName)
+}
+
+// histogramOf gathers g and returns the histogram name{label=value}.
+func histogramOf(t testing.TB, g prometheus.Gatherer, name, label, value string) *dto.Histogram {
+	t.Helper()
 	families, err := g.Gather()
 	require.NoError(t, err)
 	for _, f := range families {
@@ -34,13 +40,13 @@ func histogram(t testing.TB, g prometheus.Gatherer, name, projectionName string)
 		}
 		for _, s := range f.GetMetric() {
 			for _, l := range s.GetLabel() {
-				if l.GetName() == "projection" && l.GetValue() == projectionName {
+				if l.GetName() == label && l.GetValue() == value {
 					return s.GetHistogram()
 				}
 			}
 		}
 	}
-	t.Fatalf("no histogram %s{projection=%q}", name, projectionName)
+	t.Fatalf("no histogram %s{%s=%q}", name, label, value)
 	return nil
 }
 
@@ -147,4 +153,21 @@ func TestObserveTrigger(t *testing.T) {
 	require.InDelta(t, 0.005, h.GetSampleSum(), 1e-9)
 	require.Equal(t, uint64(0), below(h, 0.004))
 	require.Equal(t, uint64(1), below(h, 0.008))
+}
+
+// TestObserveRelay: a relay batch's delays land in the relay's histogram, one per event; a
+// failed batch adds none (its events are published again).
+func TestObserveRelay(t *testing.T) {
+	t.Parallel()
+	m, g := newMetrics(t)
+	m.ObserveRelay(projection.BatchReport{Projection: "nudge-relay", Events: 2,
+		Staleness: []time.Duration{3 * time.Millisecond, 600 * time.Millisecond}})
+	m.ObserveRelay(projection.BatchReport{Projection: "nudge-relay", Err: errors.New("broker down"),
+		Staleness: []time.Duration{time.Hour}})
+	h := histogramOf(t, g, "nudge_relay_delay_seconds", "relay", "nudge-relay")
+	require.Equal(t, uint64(2), h.GetSampleCount())
+	require.InDelta(t, 0.603, h.GetSampleSum(), 1e-9)
+	require.Equal(t, uint64(0), below(h, 0.002))
+	require.Equal(t, uint64(1), below(h, 0.004))
+	require.Equal(t, uint64(2), below(h, 1.024))
 }

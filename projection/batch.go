@@ -511,8 +511,14 @@ func (b *batch) endAttempt(ctx context.Context) {
 // the good prefix is committed (res.Position), and returns it.
 func (b *batch) recordFailure(ctx context.Context, res *Result) error {
 	failed := b.failed
+	// The lines about the failure join the failed batch's span (ended, with its failure as an
+	// event), not only the trigger's: a catch-up without a trigger has no other.
+	logCtx := ctx
+	if b.span.SpanContext().IsValid() {
+		logCtx = trace.ContextWithSpan(ctx, b.span)
+	}
 	if b.crashLoop {
-		b.r.logger.ErrorContext(ctx, "projection: the process keeps dying on an event; it is not handled again until a replay",
+		b.r.logger.ErrorContext(logCtx, "projection: the process keeps dying on an event; it is not handled again until a replay",
 			slog.String("projection", b.p.name), slog.String("event_id", failed.Event.ID.String()),
 			slog.String("event_type", failed.Event.Type), slog.String("position", failed.Event.Position.String()))
 	}
@@ -522,7 +528,7 @@ func (b *batch) recordFailure(ctx context.Context, res *Result) error {
 	if err := b.r.backend.RecordFailure(recordCtx, b.p, Failure{Event: failed.Event, Err: failed.Err, At: b.r.now()}); err != nil {
 		return errors.Join(failed, fmt.Errorf("projection %s: record the failure: %w", b.p.name, err))
 	}
-	b.r.logger.WarnContext(ctx, "projection failed on an event; position stays before it",
+	b.r.logger.WarnContext(logCtx, "projection failed on an event; position stays before it",
 		slog.String("projection", b.p.name), slog.String("event_id", failed.Event.ID.String()),
 		slog.String("event_type", failed.Event.Type), slog.String("position", failed.Event.Position.String()),
 		slog.Any("error", failed.Err))

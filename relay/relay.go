@@ -87,6 +87,12 @@ type Config struct {
 	// AfterPollFunc, if set, is called after each of the relay's polls, with what it found
 	// and the wait chosen (see projection.PollerConfig.AfterPollFunc).
 	AfterPollFunc func(p projection.PollParams)
+	// BatchFunc, if set, is called after each of the relay's batches that published a trigger
+	// (or failed), with the batch's report: its Projection is the relay's Name, and its
+	// Staleness holds, per event, the relay's delay — from the event's recording to the commit
+	// of the relay's position after the trigger's publish, both in the database's clock.
+	// metrics.Metrics.ObserveRelay records it (nudge.Config.Metrics wires it).
+	BatchFunc func(b projection.BatchReport)
 	// TracerProvider receives a span per trigger published (nudge.relay.publish); the
 	// trigger carries its trace context to the projections' trigger spans. Defaults to
 	// otel.GetTracerProvider() (a no-op unless the application sets one).
@@ -190,7 +196,8 @@ func New(backend projection.Backend, pub trigger.Publisher, cfg Config) (*Relay,
 		return nil, err
 	}
 	// The relay's own batches are not traced: most of its polls find nothing.
-	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: cfg.Logger, TracerProvider: noop.NewTracerProvider()}, p)
+	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: cfg.Logger, TracerProvider: noop.NewTracerProvider(),
+		OnBatch: cfg.BatchFunc}, p)
 	if err != nil {
 		return nil, err
 	}

@@ -156,6 +156,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	m.ObserveBatch(projection.BatchReport{Projection: "p", Err: &projection.HandlerError{Err: projection.ErrHandler}})
 	m.ObserveCatchUp("p", projection.Result{Paced: time.Second}, nil)
 	m.ObserveTrigger(worker.TriggerReport{Projection: "p", Trigger: trigger.Trigger{At: time.Now()}, Received: time.Now()})
+	m.ObserveRelay(projection.BatchReport{Projection: "nudge-relay", Events: 1, Staleness: []time.Duration{time.Millisecond}})
 	require.NoError(t, m.WatchRunner(statusReader{}))
 	require.NoError(t, m.WatchWorker(stats{}, "p"))
 	require.NoError(t, m.WatchDeadLetters(deadLetters{}, "p"))
@@ -174,7 +175,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 			}
 		}
 	}
-	for _, want := range []string{"nudge_projection_event_staleness_seconds", "nudge_projection_lag_seconds",
+	for _, want := range []string{"nudge_projection_event_staleness_seconds", "nudge_relay_delay_seconds", "nudge_projection_lag_seconds",
 		"nudge_worker_partitions_owned", "nudge_dead_letters_failed", "nudge_projection_partitions"} {
 		require.True(t, out[want], "the registry exposes %s", want)
 	}

@@ -9,6 +9,7 @@ import (
 // Attribute keys of nudge's spans.
 const (
 	AttrProjection   = attribute.Key("nudge.projection")
+	AttrProjections  = attribute.Key("nudge.projections")
 	AttrStream       = attribute.Key("nudge.stream")
 	AttrEvents       = attribute.Key("nudge.events")
 	AttrPositionFrom = attribute.Key("nudge.position.from")
