@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
@@ -80,6 +81,8 @@ type console struct {
 	mux      *http.ServeMux
 	log      *slog.Logger
 	basePath string
+	rates    *throughput
+	now      func() time.Time
 }
 
 // New returns the console's handler.
@@ -116,7 +119,7 @@ func New(cfg Config) (http.Handler, error) {
 		return nil, fmt.Errorf("console: parse the templates: %w", err)
 	}
 	c := &console{cfg: cfg, backend: backend, dead: dead, events: table(cfg.Schema, "nudge_events"), pages: pages,
-		log: cmp.Or(cfg.Logger, slog.Default()), basePath: base}
+		log: cmp.Or(cfg.Logger, slog.Default()), basePath: base, rates: newThroughput(), now: time.Now}
 	c.routes()
 	return c, nil
 }
