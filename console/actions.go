@@ -39,10 +39,10 @@ const (
 	// the database's time of the form), as 'nudge rebuild' does.
 	ActionRebuild Action = "rebuild"
 	// ActionPause pauses the projection (form field projection) in every process, as
-	// 'nudge pause' does: its batches stop until a resume.
+	// Runner.Pause does: its batches stop until a resume.
 	ActionPause Action = "pause"
 	// ActionResume resumes a paused projection (form field projection) and nudges it to catch
-	// up, as 'nudge resume' does.
+	// up, as Runner.Resume does.
 	ActionResume Action = "resume"
 )
 

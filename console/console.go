@@ -1,6 +1,7 @@
 // Package console serves nudge's operator console: an http.Handler with an overview of every
 // projection, a page per projection and per dead letter, refreshing live, and — only when
-// built with Config.Writes — the operators' actions (replay, resolve, redrive, skip, rebuild).
+// built with Config.Writes — the operators' actions (replay, resolve, redrive, skip, rebuild,
+// pause, resume).
 //
 // Mount it in your own server behind your own authentication, as riverui is mounted:
 //
