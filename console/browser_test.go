@@ -202,14 +202,6 @@ func run1[T any](t *testing.T, ctx context.Context, a chromedp.Action[T]) T {
 	return v
 }
 
-// discard is a as an action without a value.
-func discard[T any](a chromedp.Action[T]) chromedp.Action[chromedp.Void] {
-	return func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
-		_, err := a(ctx, tg)
-		return chromedp.Void{}, err
-	}
-}
-
 // scripts switches the page's scripts on or off.
 func scripts(on bool) chromedp.Action[chromedp.Void] {
 	return func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
