@@ -75,9 +75,11 @@ const hostile = `poison <script>window.pwned=1</script><img src=x onerror="windo
 
 // TestBrowser drives the console in headless Chromium against a worker on PostgreSQL and
 // RabbitMQ: a poison event shows on its projection's open page within one retry cycle (payload
-// as text, its script not run); a replay clicked after the fix heals the projection and the
-// page shows it caught up; a parked stream is redriven from the page; a POST without the token
-// is refused; a read-only console reads with JavaScript off, has no forms and refuses a POST.
+// as text, its script not run), and the overview open beside it shows the projection failing
+// with a dead letter; a replay clicked after the fix heals the projection and both show it
+// caught up, each refreshed in place; a parked stream is redriven from the page; a POST
+// without the token is refused; a read-only console reads with JavaScript off, has no forms
+// and refuses a POST.
 func TestBrowser(t *testing.T) {
 	t.Parallel()
 	ctx := browser(t)
@@ -121,13 +123,23 @@ func TestBrowser(t *testing.T) {
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 
-	// The page is open before the poison event comes.
+	// The page, and the overview in a second tab, are open before the poison event comes.
 	wait := chromedp.WithPollingTimeout(testwait.For(time.Minute))
 	every := chromedp.WithPollingInterval(50 * time.Millisecond)
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(srv.URL+"/console/projections/tickets"),
 		chromedp.WaitVisible(chromedp.ID("condition")),
 	))
+	overview, cancelOverview := chromedp.NewContext(ctx)
+	t.Cleanup(cancelOverview)
+	require.NoError(t, chromedp.Do(overview,
+		chromedp.Navigate(srv.URL+"/console/"),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-projection="tickets"]`)),
+	))
+	ticketsRow := func(condition, deadLetters string) chromedp.Action[bool] {
+		return chromedp.Poll[bool](`(r => r.querySelector("td.condition").textContent === "`+condition+`" &&
+			r.querySelector("td.deadletters").textContent === "`+deadLetters+`")(document.querySelector('tr[data-projection="tickets"]'))`, wait, every)
+	}
 	for i, title := range []string{"fine", hostile, "fine too"} {
 		data, err := eventstore.NewEventData("TicketRegistered", ticket{ID: string(rune('a' + i)), Title: title})
 		require.NoError(t, err)
@@ -148,6 +160,7 @@ func TestBrowser(t *testing.T) {
 
 	// Fixed; the retries ran out into a dead letter; a replay clicked in the page heals it.
 	awaitDeadLetter(t, client, "tickets")
+	run1(t, overview, ticketsRow("failing", "1")) // the overview refreshed in place
 	broken.Store(false)
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(srv.URL+"/console/projections/tickets"),
@@ -157,6 +170,7 @@ func TestBrowser(t *testing.T) {
 	require.Contains(t, run1(t, ctx, chromedp.Text(chromedp.ID("outcome"))), "replayed 1 dead letter(s) of tickets (by browser test)")
 	// The live refresh shows the projection caught up, without a reload.
 	run1(t, ctx, chromedp.Poll[bool](`document.getElementById("condition").textContent === "caught_up"`, wait, every))
+	run1(t, overview, ticketsRow("caught_up", "0"))
 
 	// The parked stream is redriven from the page.
 	require.NoError(t, chromedp.Do(ctx,
