@@ -78,7 +78,8 @@ func (c *console) act(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	log.Info("console: action done", slog.String("outcome", outcome))
-	http.Redirect(w, r, c.basePath+back+"?done="+url.QueryEscape(outcome), http.StatusSeeOther)
+	q := url.Values{"done": {outcome}, "sig": {c.mac("outcome", outcome)}}
+	http.Redirect(w, r, c.basePath+back+"?"+q.Encode(), http.StatusSeeOther)
 }
 
 // do runs action; it returns the path to show its outcome on and the outcome in words.

@@ -62,8 +62,9 @@ type Config struct {
 	// BasePath is the path the console is mounted under, e.g. "/console"; its links and
 	// forms start with it, and it strips it from requests. Defaults to "" (the root).
 	BasePath string
-	// Secret keys the CSRF tokens. Defaults to 32 random bytes per handler (tokens then die
-	// with the process); set it to share tokens between replicas.
+	// Secret keys the CSRF tokens and the signature of the outcome an action's page shows.
+	// Defaults to 32 random bytes per handler (tokens then die with the process); set it to
+	// share them between replicas.
 	Secret []byte
 	// Logger logs every action (who, what, outcome). Defaults to slog.Default().
 	Logger *slog.Logger

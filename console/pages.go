@@ -185,7 +185,7 @@ func (c *console) projectionPage(w http.ResponseWriter, r *http.Request) {
 	n := r.PathValue("name")
 	d, err := c.projectionData(r.Context(), n)
 	c.render(w, r, "projection", page{Title: n, Live: c.basePath + "/live/projections/" + n,
-		Message: r.URL.Query().Get("done"), Data: d}, err)
+		Message: c.outcome(r), Data: d}, err)
 }
 
 func (c *console) projectionLive(w http.ResponseWriter, r *http.Request) {
@@ -272,7 +272,7 @@ func (c *console) deadLetterPage(w http.ResponseWriter, r *http.Request) {
 	if err == nil && rec.FailingEvent != nil {
 		ev, err = c.event(r.Context(), rec.FailingEvent.ID.String())
 	}
-	c.render(w, r, "deadletter", page{Title: fmt.Sprintf("Dead letter %d", id), Message: r.URL.Query().Get("done"),
+	c.render(w, r, "deadletter", page{Title: fmt.Sprintf("Dead letter %d", id), Message: c.outcome(r),
 		Data: deadLetterData{Record: rec, Event: ev}}, err)
 }
 
