@@ -39,10 +39,10 @@ const (
 	// the database's time of the form), as 'nudge rebuild' does.
 	ActionRebuild Action = "rebuild"
 	// ActionPause pauses the projection (form field projection) in every process, as
-	// 'nudge pause' does: its batches stop until a resume.
+	// Runner.Pause does: its batches stop until a resume.
 	ActionPause Action = "pause"
 	// ActionResume resumes a paused projection (form field projection) and nudges it to catch
-	// up, as 'nudge resume' does.
+	// up, as Runner.Resume does.
 	ActionResume Action = "resume"
 )
 
@@ -78,7 +78,8 @@ func (c *console) act(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	log.Info("console: action done", slog.String("outcome", outcome))
-	http.Redirect(w, r, c.basePath+back+"?done="+url.QueryEscape(outcome), http.StatusSeeOther)
+	q := url.Values{"done": {outcome}, "sig": {c.mac("outcome", outcome)}}
+	http.Redirect(w, r, c.basePath+back+"?"+q.Encode(), http.StatusSeeOther)
 }
 
 // do runs action; it returns the path to show its outcome on and the outcome in words.

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -64,13 +66,20 @@ type ticket struct {
 	Title string `json:"title"`
 }
 
+// retryInterval is the wait between the tickets projection's two attempts on an event: longer
+// than the pages' refresh, so an open page shows a poison event before it is retried.
+const retryInterval = 5 * time.Second
+
 // hostile is a title that would run script, or recolour a terminal, if shown unescaped.
 const hostile = `poison <script>window.pwned=1</script><img src=x onerror="window.pwned=2"> ` + "\x1b[31mred\x1b[0m \u202e"
 
 // TestBrowser drives the console in headless Chromium against a worker on PostgreSQL and
-// RabbitMQ: a poison event shows on its projection's page (payload as text, its script not
-// run); a replay clicked after the fix heals the projection and the page shows it caught up;
-// a parked stream is redriven from the page; a POST without the token is refused.
+// RabbitMQ: a poison event shows on its projection's open page within one retry cycle (payload
+// as text, its script not run), and the overview open beside it shows the projection failing
+// with a dead letter; a replay clicked after the fix heals the projection and both show it
+// caught up, each refreshed in place; a parked stream is redriven from the page; a POST
+// without the token is refused; a read-only console reads with JavaScript off, has no forms
+// and refuses a POST.
 func TestBrowser(t *testing.T) {
 	t.Parallel()
 	ctx := browser(t)
@@ -102,15 +111,35 @@ func TestBrowser(t *testing.T) {
 	require.NoError(t, err)
 	client := run(t, pool, nudge.Config{Channel: ch, Projections: []*projection.Projection{tickets, parker}, Logger: logger,
 		SafetyNetInterval: -1, // only the console's actions heal here
-		Retry:             retry.Policy{MaxAttempts: 2, InitialInterval: 20 * time.Millisecond, MaxInterval: 50 * time.Millisecond}})
+		Retry:             retry.Policy{MaxAttempts: 2, InitialInterval: retryInterval, MaxInterval: retryInterval, Jitter: -1}})
 
 	h, err := console.New(console.Config{DB: pool, Channel: ch, Writes: true, BasePath: "/console", Actor: "browser test", Logger: logger})
 	require.NoError(t, err)
+	ro, err := console.New(console.Config{DB: pool, BasePath: "/ro", Logger: logger})
+	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("/console/", h)
+	mux.Handle("/ro/", ro)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 
+	// The page, and the overview in a second tab, are open before the poison event comes.
+	wait := chromedp.WithPollingTimeout(testwait.For(time.Minute))
+	every := chromedp.WithPollingInterval(50 * time.Millisecond)
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(srv.URL+"/console/projections/tickets"),
+		chromedp.WaitVisible(chromedp.ID("condition")),
+	))
+	overview, cancelOverview := chromedp.NewContext(ctx)
+	t.Cleanup(cancelOverview)
+	require.NoError(t, chromedp.Do(overview,
+		chromedp.Navigate(srv.URL+"/console/"),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-projection="tickets"]`)),
+	))
+	ticketsRow := func(condition, deadLetters string) chromedp.Action[bool] {
+		return chromedp.Poll[bool](`(r => r.querySelector("td.condition").textContent === "`+condition+`" &&
+			r.querySelector("td.deadletters").textContent === "`+deadLetters+`")(document.querySelector('tr[data-projection="tickets"]'))`, wait, every)
+	}
 	for i, title := range []string{"fine", hostile, "fine too"} {
 		data, err := eventstore.NewEventData("TicketRegistered", ticket{ID: string(rune('a' + i)), Title: title})
 		require.NoError(t, err)
@@ -118,13 +147,10 @@ func TestBrowser(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	// The poison event shows on the page, its payload as text.
-	wait := chromedp.WithPollingTimeout(testwait.For(time.Minute))
-	every := chromedp.WithPollingInterval(50 * time.Millisecond)
-	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Navigate(srv.URL+"/console/projections/tickets"),
-		discard(chromedp.Poll[bool](`document.getElementById("payload") !== null`, wait, every)),
-	))
+	// The poison event shows on the open page, without a reload, within one retry cycle: at its
+	// first attempt, before the second; its payload as text.
+	run1(t, ctx, chromedp.Poll[bool](`document.getElementById("payload") !== null`, wait, every))
+	require.Equal(t, "1", run1(t, ctx, chromedp.Text(chromedp.ID("attempts"))), "the page showed the poison event after the retry, not before it")
 	payload := run1(t, ctx, chromedp.Text(chromedp.ID("payload")))
 	require.Contains(t, payload, "<script>window.pwned=1</script>")
 	require.Contains(t, payload, `onerror=\"window.pwned=2\"`)
@@ -134,6 +160,7 @@ func TestBrowser(t *testing.T) {
 
 	// Fixed; the retries ran out into a dead letter; a replay clicked in the page heals it.
 	awaitDeadLetter(t, client, "tickets")
+	run1(t, overview, ticketsRow("failing", "1")) // the overview refreshed in place
 	broken.Store(false)
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(srv.URL+"/console/projections/tickets"),
@@ -143,6 +170,7 @@ func TestBrowser(t *testing.T) {
 	require.Contains(t, run1(t, ctx, chromedp.Text(chromedp.ID("outcome"))), "replayed 1 dead letter(s) of tickets (by browser test)")
 	// The live refresh shows the projection caught up, without a reload.
 	run1(t, ctx, chromedp.Poll[bool](`document.getElementById("condition").textContent === "caught_up"`, wait, every))
+	run1(t, overview, ticketsRow("caught_up", "0"))
 
 	// The parked stream is redriven from the page.
 	require.NoError(t, chromedp.Do(ctx,
@@ -161,6 +189,23 @@ func TestBrowser(t *testing.T) {
 		headers: {"Content-Type": "application/x-www-form-urlencoded"}, body: "projection=tickets"}).then(r => r.status)`,
 		chromedp.EvalAwaitPromise))
 	require.Equal(t, http.StatusForbidden, code)
+
+	// A read-only console, read with JavaScript off: the overview and the page read the same,
+	// without a form; a POST is refused.
+	require.NoError(t, chromedp.Do(ctx,
+		scripts(false),
+		chromedp.Navigate(srv.URL+"/ro/"),
+		chromedp.WaitVisible(chromedp.ID("projections")),
+	))
+	require.Equal(t, "nudge-relay,parker,tickets", run1(t, ctx, chromedp.Evaluate[string](`Array.from(document.querySelectorAll("#projections tr[data-projection]"), r => r.dataset.projection).join()`)))
+	require.Contains(t, run1(t, ctx, chromedp.Text(chromedp.CSS(`tr[data-projection="tickets"] td.condition`))), "caught_up")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/ro/projections/parker"), chromedp.WaitVisible(chromedp.ID("condition"))))
+	require.Zero(t, run1(t, ctx, chromedp.Evaluate[int](`document.forms.length`)), "a read-only page has no forms")
+	require.NoError(t, chromedp.Do(ctx, scripts(true)))
+	code = run1(t, ctx, chromedp.Evaluate[int](`fetch("/ro/actions/replay", {method: "POST",
+		headers: {"Content-Type": "application/x-www-form-urlencoded"}, body: "projection=tickets"}).then(r => r.status)`,
+		chromedp.EvalAwaitPromise))
+	require.Equal(t, http.StatusMethodNotAllowed, code, "read-only")
 }
 
 // run1 runs one action in the browser and returns its value.
@@ -171,10 +216,10 @@ func run1[T any](t *testing.T, ctx context.Context, a chromedp.Action[T]) T {
 	return v
 }
 
-// discard is a as an action without a value.
-func discard[T any](a chromedp.Action[T]) chromedp.Action[chromedp.Void] {
+// scripts switches the page's scripts on or off.
+func scripts(on bool) chromedp.Action[chromedp.Void] {
 	return func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
-		_, err := a(ctx, tg)
+		_, err := cdp.Call(ctx, tg, emulation.SetScriptExecutionDisabled, emulation.SetScriptExecutionDisabledParams{Value: !on})
 		return chromedp.Void{}, err
 	}
 }

@@ -1,6 +1,7 @@
 // Package console serves nudge's operator console: an http.Handler with an overview of every
 // projection, a page per projection and per dead letter, refreshing live, and — only when
-// built with Config.Writes — the operators' actions (replay, resolve, redrive, skip, rebuild).
+// built with Config.Writes — the operators' actions (replay, resolve, redrive, skip, rebuild,
+// pause, resume).
 //
 // Mount it in your own server behind your own authentication, as riverui is mounted:
 //
@@ -24,6 +25,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	dlpg "github.com/nudgeworks/nudge/deadletter/postgres"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
@@ -60,8 +62,9 @@ type Config struct {
 	// BasePath is the path the console is mounted under, e.g. "/console"; its links and
 	// forms start with it, and it strips it from requests. Defaults to "" (the root).
 	BasePath string
-	// Secret keys the CSRF tokens. Defaults to 32 random bytes per handler (tokens then die
-	// with the process); set it to share tokens between replicas.
+	// Secret keys the CSRF tokens and the signature of the outcome an action's page shows.
+	// Defaults to 32 random bytes per handler (tokens then die with the process); set it to
+	// share them between replicas.
 	Secret []byte
 	// Logger logs every action (who, what, outcome). Defaults to slog.Default().
 	Logger *slog.Logger
@@ -80,6 +83,8 @@ type console struct {
 	mux      *http.ServeMux
 	log      *slog.Logger
 	basePath string
+	rates    *throughput
+	now      func() time.Time
 }
 
 // New returns the console's handler.
@@ -116,7 +121,7 @@ func New(cfg Config) (http.Handler, error) {
 		return nil, fmt.Errorf("console: parse the templates: %w", err)
 	}
 	c := &console{cfg: cfg, backend: backend, dead: dead, events: table(cfg.Schema, "nudge_events"), pages: pages,
-		log: cmp.Or(cfg.Logger, slog.Default()), basePath: base}
+		log: cmp.Or(cfg.Logger, slog.Default()), basePath: base, rates: newThroughput(), now: time.Now}
 	c.routes()
 	return c, nil
 }

@@ -123,3 +123,25 @@ func formToken(t *testing.T, page string) (*http.Cookie, string) {
 	}
 	return cookie, m[1]
 }
+
+// TestOutcomeSigned: the outcome an action's redirect shows is signed by the console (the
+// resolve in TestDeadLetterResolve shows its own); a link with an outcome of its own making
+// shows none.
+func TestOutcomeSigned(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	pool := db.NewPool(t, 4)
+	require.NoError(t, postgres.Migrate(t.Context(), pool, ""))
+	h, err := console.New(console.Config{DB: pool, Channel: nopChannel{}, Writes: true, Logger: testlog.New(t)})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	for _, link := range []string{"/deadletters/1?done=", "/projections/tickets?done=", "/deadletters/1?sig=AAAA&done="} {
+		resp, err := http.Get(srv.URL + link + url.QueryEscape("resolved dead letter 1 (by ann)"))
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		require.NotContains(t, string(body), "by ann", "%s: an outcome the console did not sign", link)
+	}
+}

@@ -37,10 +37,24 @@ func (c *console) csrfValid(r *http.Request) bool {
 	return hmac.Equal([]byte(r.PostFormValue("csrf")), []byte(c.sign(ck.Value)))
 }
 
-func (c *console) sign(v string) string {
+func (c *console) sign(v string) string { return c.mac("csrf", v) }
+
+// mac is v's HMAC under the handler's secret, for purpose, in base64.
+func (c *console) mac(purpose, v string) string {
 	m := hmac.New(sha256.New, c.cfg.Secret)
-	m.Write([]byte("nudge console csrf\x00" + v))
+	m.Write([]byte("nudge console " + purpose + "\x00" + v))
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// outcome is the outcome of the action that redirected r here, signed by this handler (so a
+// link made elsewhere cannot put words in the console's mouth); "" when none.
+func (c *console) outcome(r *http.Request) string {
+	q := r.URL.Query()
+	done := q.Get("done")
+	if done == "" || !hmac.Equal([]byte(q.Get("sig")), []byte(c.mac("outcome", done))) {
+		return ""
+	}
+	return done
 }
 
 func cookiePath(base string) string {

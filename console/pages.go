@@ -43,6 +43,10 @@ type row struct {
 	// counts its partitions no live worker holds; both empty without a lease table.
 	Owners  []string
 	Unowned int
+	// Rate is the projection's throughput in events per second, RateKnown whether there is
+	// one yet (see throughput).
+	Rate      float64
+	RateKnown bool
 }
 
 // overviewData is the overview's live part.
@@ -76,9 +80,17 @@ func (c *console) overviewData(ctx context.Context) (overviewData, error) {
 		return overviewData{}, fmt.Errorf("count the dead letters: %w", err)
 	}
 	all = projection.FoldPartitioned(all)
-	d := overviewData{Rows: make([]row, 0, len(all)), At: time.Now().UTC(), DeadLettersUnknown: unknown}
+	now := c.now()
+	processed := make(map[string]int64, len(all))
+	for _, st := range all {
+		processed[st.Name] = st.EventsProcessed
+	}
+	rates := c.rates.observeAll(processed, now)
+	d := overviewData{Rows: make([]row, 0, len(all)), At: now.UTC(), DeadLettersUnknown: unknown}
 	for _, st := range all {
 		r := row{Status: st, DeadLetters: counts[st.Name]}
+		r.Rate, r.RateKnown = rates[st.Name]
+		r.Rate, r.RateKnown = orAverage(st, r.Rate, r.RateKnown, now)
 		for _, p := range st.Partitions {
 			r.DeadLetters += counts[p.Name] // a partition's dead letters are under its unit name
 		}
@@ -98,6 +110,17 @@ func (c *console) overviewData(ctx context.Context) (overviewData, error) {
 		d.Rows = append(d.Rows, r)
 	}
 	return d, nil
+}
+
+// orAverage is the throughput measured, or while none is known the average rate of a
+// rebuilding projection since its reset.
+func orAverage(st projection.Status, r float64, known bool, now time.Time) (float64, bool) {
+	if !known {
+		if avg := st.EventsPerSecond(now); avg > 0 {
+			return avg, true
+		}
+	}
+	return r, known
 }
 
 // leases returns the leases of a partitioned projection's partitions, in index order; nil
@@ -147,6 +170,10 @@ type projectionData struct {
 	// (0 when unknown).
 	Done, Total int64
 	ETA         time.Duration
+	// Rate is the projection's throughput in events per second, RateKnown whether there is
+	// one yet (see throughput).
+	Rate      float64
+	RateKnown bool
 	// Leases are a partitioned projection's partition leases, by index (nil without).
 	Leases []lease.Lease
 	// RequestAt is the database's clock now: a rebuild form sends it, so that submitting the
@@ -158,7 +185,7 @@ func (c *console) projectionPage(w http.ResponseWriter, r *http.Request) {
 	n := r.PathValue("name")
 	d, err := c.projectionData(r.Context(), n)
 	c.render(w, r, "projection", page{Title: n, Live: c.basePath + "/live/projections/" + n,
-		Message: r.URL.Query().Get("done"), Data: d}, err)
+		Message: c.outcome(r), Data: d}, err)
 }
 
 func (c *console) projectionLive(w http.ResponseWriter, r *http.Request) {
@@ -181,6 +208,9 @@ func (c *console) projectionData(ctx context.Context, n string) (projectionData,
 		return projectionData{}, fmt.Errorf("read the status of %s: %w", n, err)
 	}
 	d := projectionData{Status: st}
+	now := c.now()
+	d.Rate, d.RateKnown = c.rates.observe(st.Name, st.EventsProcessed, now)
+	d.Rate, d.RateKnown = orAverage(st, d.Rate, d.RateKnown, now)
 	if st.FailingEvent != nil {
 		if d.Failing, err = c.event(ctx, st.FailingEvent.ID.String()); err != nil {
 			return d, err
@@ -195,8 +225,8 @@ func (c *console) projectionData(ctx context.Context, n string) (projectionData,
 	}
 	if st.State == projection.StateRebuilding || st.VersionState == projection.VersionBuilding {
 		d.Done, d.Total = st.Progress()
-		if rate := st.EventsPerSecond(time.Now()); rate > 0 {
-			d.ETA = time.Duration(float64(st.LagEvents) / rate * float64(time.Second)).Round(time.Second)
+		if d.Rate > 0 {
+			d.ETA = time.Duration(float64(st.LagEvents) / d.Rate * float64(time.Second)).Round(time.Second)
 		}
 	}
 	if d.Leases, err = c.leases(ctx, st); err != nil {
@@ -242,7 +272,7 @@ func (c *console) deadLetterPage(w http.ResponseWriter, r *http.Request) {
 	if err == nil && rec.FailingEvent != nil {
 		ev, err = c.event(r.Context(), rec.FailingEvent.ID.String())
 	}
-	c.render(w, r, "deadletter", page{Title: fmt.Sprintf("Dead letter %d", id), Message: r.URL.Query().Get("done"),
+	c.render(w, r, "deadletter", page{Title: fmt.Sprintf("Dead letter %d", id), Message: c.outcome(r),
 		Data: deadLetterData{Record: rec, Event: ev}}, err)
 }
 

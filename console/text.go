@@ -21,6 +21,7 @@ var funcs = template.FuncMap{
 	"short":    short,
 	"duration": duration,
 	"owner":    owner,
+	"rate":     rate,
 }
 
 // shortWidth is how many characters of an error a table shows.

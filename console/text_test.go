@@ -24,3 +24,13 @@ func TestVisible(t *testing.T) {
 	}
 	require.Equal(t, "a\n\\x1b", visibleLines("a\n\x1b"), "lines keeps the line breaks")
 }
+
+// TestRate: throughputs read the short way.
+func TestRate(t *testing.T) {
+	t.Parallel()
+	cases := map[float64]string{0: "0/s", -1: "0/s", 0.44: "0.4/s", 9.96: "10/s", 12.4: "12/s", 9999: "9999/s",
+		12_345: "12.3k/s", 123_456: "123k/s"}
+	for in, want := range cases {
+		require.Equal(t, want, rate(in), "%v", in)
+	}
+}

@@ -18,8 +18,9 @@ connection settings (--db, --schema, and --channel, --amqp for the actions): an 
 every projection, a page per projection and per dead letter, refreshed live.
 
 It only reads unless --writes is given: then its pages offer replay, resolve, redrive, skip
-(the event's id typed back) and rebuild, each a POST with a CSRF token, recorded as done by
---by, or by the value of the request header --actor-header when a proxy in front sets it.
+(the event's id typed back), rebuild, pause and resume, each a POST with a CSRF token,
+recorded as done by --by, or by the value of the request header --actor-header when a proxy
+in front sets it.
 It listens on loopback unless --listen names another address: put it behind your own
 authentication before you open it to a network (or mount console.New in your own server).
 Ctrl-C stops it.
@@ -32,7 +33,7 @@ func (c *cli) console(ctx context.Context, args []string) error {
 	cmd := command{name: "console", synopsis: "[--listen 127.0.0.1:8080] [--writes] [--by NAME] [--actor-header H] [--base-path /console]", doc: consoleDoc}
 	fs := newFlagSet(cmd.name)
 	listen := fs.String("listen", "127.0.0.1:8080", "`address` to serve on")
-	writes := fs.Bool("writes", false, "enable the actions (replay, resolve, redrive, skip, rebuild)")
+	writes := fs.Bool("writes", false, "enable the actions (replay, resolve, redrive, skip, rebuild, pause, resume)")
 	by := fs.String("by", "", "who acts, a `NAME` recorded with every action (default $USER)")
 	actorHeader := fs.String("actor-header", "", "request `header` naming who acts, set by a proxy in front")
 	base := fs.String("base-path", "", "`path` to serve under, e.g. /console")

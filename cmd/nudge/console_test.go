@@ -53,3 +53,12 @@ func TestConsoleCommand(t *testing.T) {
 	cancel()
 	require.Equal(t, 0, <-code)
 }
+
+// TestConsoleListensOnLoopback: without --listen the console binds to loopback only.
+func TestConsoleListensOnLoopback(t *testing.T) {
+	t.Parallel()
+	res := runCLI(t, nil, "console", "-h")
+	require.Equal(t, 0, res.code)
+	require.Regexp(t, `--listen address\n\s+address to serve on \(default "127\.0\.0\.1:8080"\)`, res.stdout)
+	require.Contains(t, res.stdout, "pause and resume")
+}
