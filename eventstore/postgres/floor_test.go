@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -28,19 +27,9 @@ import (
 // The control's horizon is X: it reads nothing, though E was readable a moment before. The
 // reader's floor (the newest transaction it read through the horizon) keeps E readable.
 func TestHorizonFloor(t *testing.T) {
-	c := pgcluster.ForTest(t)
 	ctx := testwait.Context(t, 5*time.Minute)
-	connect := func(db string) *pgx.Conn {
-		conn, err := pgx.Connect(ctx, c.URL(db, ""))
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = conn.Close(context.Background()) })
-		return conn
-	}
+	_, connect := clusterWithOtherDatabase(ctx, t, pgcluster.Options{})
 	admin := connect("postgres")
-	_, err := admin.Exec(ctx, `CREATE DATABASE other`)
-	require.NoError(t, err)
-	_, err = connect("other").Exec(ctx, `CREATE TABLE report (n int)`)
-	require.NoError(t, err)
 	s, err := New(admin, Config{Schema: "floor"})
 	require.NoError(t, err)
 	require.NoError(t, s.Migrate(ctx))

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/eventstore"
@@ -59,20 +58,9 @@ var (
 // before (cluster-wide: readers wait for the other database), and two wrong narrowings that
 // skip an event.
 func TestHorizonOtherDatabase(t *testing.T) {
-	c := pgcluster.ForTestWith(t, pgcluster.Options{MaxPreparedTransactions: 4})
 	ctx := testwait.Context(t, 5*time.Minute)
-	connect := func(db string) *pgx.Conn {
-		conn, err := pgx.Connect(ctx, c.URL(db, ""))
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = conn.Close(context.Background()) })
-		return conn
-	}
-	admin := connect("postgres")
-	_, err := admin.Exec(ctx, `CREATE DATABASE other`)
-	require.NoError(t, err)
-	other := connect("other")
-	_, err = other.Exec(ctx, `CREATE TABLE report (n int)`)
-	require.NoError(t, err)
+	_, connect := clusterWithOtherDatabase(ctx, t, pgcluster.Options{MaxPreparedTransactions: 4})
+	admin, other := connect("postgres"), connect("other")
 
 	// newStore migrates a store in schema and returns it with a read of its events, from the
 	// start, below horizon ("" for the store's own).

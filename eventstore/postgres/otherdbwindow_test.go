@@ -45,18 +45,9 @@ var twoScans = horizonWith(`SELECT t.transactionid FROM pg_locks t
 // The store's horizon scans once, and within one scan a snapshot's transaction still holding
 // its id lock has held its backend id since before the snapshot: the reader waits for C.
 func TestHorizonOtherDatabaseSlotReuse(t *testing.T) {
-	c := pgcluster.ForTest(t)
 	ctx := testwait.Context(t, 5*time.Minute)
-	admin, err := pgx.Connect(ctx, c.URL("postgres", ""))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = admin.Close(context.Background()) })
-	_, err = admin.Exec(ctx, `CREATE DATABASE other`)
-	require.NoError(t, err)
-	other, err := pgx.Connect(ctx, c.URL("other", ""))
-	require.NoError(t, err)
-	_, err = other.Exec(ctx, `CREATE TABLE report (n int)`)
-	require.NoError(t, err)
-	require.NoError(t, other.Close(ctx))
+	c, connect := clusterWithOtherDatabase(ctx, t, pgcluster.Options{})
+	admin := connect("postgres")
 
 	t.Run("a second lock-table scan skips (control)", func(t *testing.T) {
 		res := slotReuse(ctx, t, c, admin, "control", true)
