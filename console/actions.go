@@ -39,10 +39,11 @@ const (
 	// the database's time of the form), as 'nudge rebuild' does.
 	ActionRebuild Action = "rebuild"
 	// ActionPause pauses the projection (form field projection) in every process, as
-	// Runner.Pause does: its batches stop until a resume.
+	// 'nudge pause' and Runner.PauseBy do: its batches stop until a resume. Who paused it and
+	// when are recorded in its status row (projection.Status.StateChangedBy, StateChangedAt).
 	ActionPause Action = "pause"
-	// ActionResume resumes a paused projection (form field projection) and nudges it to catch
-	// up, as Runner.Resume does.
+	// ActionResume resumes a paused projection (form field projection), recording who and
+	// when, and nudges it to catch up, as 'nudge resume' does.
 	ActionResume Action = "resume"
 )
 
@@ -208,20 +209,21 @@ func (c *console) rebuild(ctx context.Context, n, atText, by string) (string, er
 	return fmt.Sprintf("asked the worker of %s to rebuild it (by %s)", n, by), nil
 }
 
-// setPaused pauses (or resumes) the projection in every process; a resume also publishes a
-// catch-up trigger, so the projection reads on at once rather than at its next trigger or
-// safety-net tick. Both are idempotent: pausing a paused projection changes nothing.
+// setPaused pauses (or resumes) the projection in every process, recording by and the time
+// in its status row; a resume also publishes a catch-up trigger, so the projection reads on at
+// once rather than at its next trigger or safety-net tick. Both are idempotent: pausing a
+// paused projection changes nothing, and says who paused it and since when.
 func (c *console) setPaused(ctx context.Context, n string, pause bool, by string) (string, error) {
 	to, from, verb := projection.StatePaused, []projection.State(nil), "paused"
 	if !pause {
 		to, from, verb = projection.StateRunning, []projection.State{projection.StatePaused}, "resumed"
 	}
-	changed, err := c.backend.SetStateOf(ctx, n, to, from...)
+	changed, err := c.backend.SetStateOfBy(ctx, n, by, to, from...)
 	if err != nil {
 		return "", err
 	}
 	if !changed {
-		return fmt.Sprintf("%s was already %s: nothing changed", n, map[bool]string{true: "paused", false: "not paused"}[pause]), nil
+		return c.unchanged(ctx, n, pause), nil
 	}
 	if !pause {
 		if err := c.cfg.Channel.Publish(ctx, trigger.Trigger{Projection: n, Reason: trigger.ReasonAppend, At: time.Now().UTC()}); err != nil {
@@ -229,4 +231,22 @@ func (c *console) setPaused(ctx context.Context, n string, pause bool, by string
 		}
 	}
 	return fmt.Sprintf("%s %s (by %s)", verb, n, by), nil
+}
+
+// unchanged says that a pause or resume of n changed nothing: it was paused already (by whom,
+// since when) or not paused.
+func (c *console) unchanged(ctx context.Context, n string, pause bool) string {
+	if !pause {
+		return fmt.Sprintf("%s was already not paused: nothing changed", n)
+	}
+	what := "paused"
+	if st, err := c.backend.StatusOf(ctx, n); err == nil {
+		if st.StateChangedBy != "" {
+			what += " by " + st.StateChangedBy
+		}
+		if !st.StateChangedAt.IsZero() {
+			what += " since " + st.StateChangedAt.UTC().Format(time.RFC3339)
+		}
+	}
+	return fmt.Sprintf("%s was already %s: nothing changed", n, what)
 }

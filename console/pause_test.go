@@ -60,7 +60,7 @@ func TestPauseResume(t *testing.T) {
 	require.NoError(t, backend.Register(ctx, p, nil))
 
 	ch := &recordingChannel{}
-	h, err := console.New(console.Config{DB: pool, Channel: ch, Writes: true, Logger: testlog.New(t)})
+	h, err := console.New(console.Config{DB: pool, Channel: ch, Writes: true, Logger: testlog.New(t), ActorHeader: "X-User"})
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
@@ -72,6 +72,7 @@ func TestPauseResume(t *testing.T) {
 			strings.NewReader(url.Values{"projection": {"orders"}, "csrf": {token}}.Encode()))
 		require.NoError(t, err)
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("X-User", "<b>ann</b>")
 		req.AddCookie(cookie)
 		resp, err := noRedirect.Do(req)
 		require.NoError(t, err)
@@ -92,16 +93,26 @@ func TestPauseResume(t *testing.T) {
 	}
 	require.Contains(t, get(t, srv.URL+"/projections/orders"), `id="pause"`)
 
+	require.NotContains(t, get(t, srv.URL+"/projections/orders"), "paused by")
+
 	require.Contains(t, act("pause"), "paused orders")
 	require.Equal(t, []projection.State{projection.StatePaused, projection.StatePaused, projection.StatePaused, projection.StatePaused}, states())
+	st, err := backend.StatusOf(ctx, "orders")
+	require.NoError(t, err)
+	require.Equal(t, "<b>ann</b>", st.StateChangedBy, "who paused it is recorded")
+	since := st.StateChangedAt.UTC().Format("2006-01-02 15:04:05Z07:00")
 	page := get(t, srv.URL+"/projections/orders")
 	require.Contains(t, page, `id="resume"`)
 	require.NotContains(t, page, `id="pause"`)
-	require.Contains(t, act("pause"), "already paused")
+	require.Contains(t, page, `<dd id="paused-by">by &lt;b&gt;ann&lt;/b&gt; since `+since+`</dd>`, "who paused it, escaped")
+	require.Contains(t, get(t, srv.URL+"/"), `paused by &lt;b&gt;ann&lt;/b&gt; since `+since, "the overview names who paused it too")
+	require.Contains(t, act("pause"), "already paused by <b>ann</b> since ")
 	require.Zero(t, ch.count(), "a pause publishes nothing")
 
 	require.Contains(t, act("resume"), "resumed orders")
 	require.Equal(t, []projection.State{projection.StateRunning, projection.StateRunning, projection.StateRunning, projection.StateRunning}, states())
+	require.NotContains(t, get(t, srv.URL+"/projections/orders"), "paused by")
+	require.NotContains(t, get(t, srv.URL+"/"), "paused by")
 	require.Equal(t, 1, ch.count(), "a resume nudges the projection to catch up")
 	require.Contains(t, act("resume"), "not paused")
 	require.Equal(t, 1, ch.count(), "nothing resumed, nothing published")

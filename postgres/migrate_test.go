@@ -49,11 +49,12 @@ var newSteps = []step{
 	{Component: "projection", Version: 6, Name: "create_partition_leases"},
 	{Component: "projection", Version: 7, Name: "create_projection_versions"},
 	{Component: "projection", Version: 8, Name: "add_projection_partitions"},
+	{Component: "projection", Version: 9, Name: "add_projection_state_changes"},
 }
 
 // allSteps are every component's migrations, in the order of postgres.Components, then by
 // version.
-var allSteps = slices.Concat(legacySteps[:2], newSteps[:1], legacySteps[2:6], newSteps[3:4], newSteps[5:8], legacySteps[6:7], newSteps[1:2], legacySteps[7:], newSteps[2:3], newSteps[4:5])
+var allSteps = slices.Concat(legacySteps[:2], newSteps[:1], legacySteps[2:6], newSteps[3:4], newSteps[5:8], newSteps[8:9], legacySteps[6:7], newSteps[1:2], legacySteps[7:], newSteps[2:3], newSteps[4:5])
 
 // stepsOf returns the steps of allSteps that belong to components, in allSteps' order.
 func stepsOf(components ...string) []step {

@@ -24,9 +24,9 @@ import (
 // hooks (Config.InitFunc, ResetFunc, DeleteFunc), which a backend receives as a HookFunc and
 // runs inside the unit of the state change.
 //
-// Partitioned projections (Config.Partitions): Register, Reset, SetState and Delete receive the
+// Partitioned projections (Config.Partitions): Register, Reset, SetState(By) and Delete receive the
 // projection's definition and act on all of its units (Projection.Units) in one unit of work —
-// the hook runs once, and Reset, SetState and Delete take the units' locks in index order;
+// the hook runs once, and Reset, SetState(By) and Delete take the units' locks in index order;
 // Register refuses a changed partition count with a *PartitionCountError. Every other method
 // receives one unit (a partition) and keys its row by the unit's name; its reads use
 // Projection.Partition.
@@ -47,9 +47,13 @@ type Backend interface {
 	// Reset runs hook (if not nil), then sets the position to the start, the state to
 	// rebuilding and clears the counters and failure, in one unit.
 	Reset(ctx context.Context, p *Projection, hook HookFunc) error
-	// SetState changes the state to to if the current state is one of from (any state when
-	// from is empty), and reports whether it changed.
+	// SetState is SetStateBy with by empty.
 	SetState(ctx context.Context, p *Projection, to State, from ...State) (bool, error)
+	// SetStateBy changes the state to to if the current state is one of from (any state when
+	// from is empty), and reports whether it changed. A change to StatePaused, or from it,
+	// records by and the time on each unit that changed (Status.StateChangedBy and
+	// StateChangedAt); a unit left alone keeps what it recorded.
+	SetStateBy(ctx context.Context, p *Projection, by string, to State, from ...State) (bool, error)
 	// Delete runs hook (if not nil), then removes the status row, in one unit.
 	Delete(ctx context.Context, p *Projection, hook HookFunc) error
 	// Status returns the status row with the lag fields computed against the store.

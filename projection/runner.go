@@ -422,32 +422,50 @@ func (r *Runner) Reset(ctx context.Context, name string) error {
 	return nil
 }
 
-// Pause stops catch-up of the projection (in every process) until Resume.
+// Pause stops catch-up of the projection (in every process) until Resume. It is PauseBy
+// naming nobody: the status records when, not who.
 func (r *Runner) Pause(ctx context.Context, name string) error {
+	return r.PauseBy(ctx, name, "")
+}
+
+// PauseBy is Pause recording by (an operator's name) and the time in the status
+// (Status.StateChangedBy and StateChangedAt), as `nudge pause` and the console do. Pausing a
+// paused projection changes nothing, and keeps who paused it.
+func (r *Runner) PauseBy(ctx context.Context, name, by string) error {
 	p, err := r.Projection(name)
 	if err != nil {
 		return err
 	}
-	if _, err := r.backend.SetState(ctx, p, StatePaused); err != nil {
+	changed, err := r.backend.SetStateBy(ctx, p, by, StatePaused)
+	if err != nil {
 		return fmt.Errorf("projection %s: pause: %w", name, err)
 	}
-	r.logger.InfoContext(ctx, "projection paused", slog.String("projection", name))
+	if changed {
+		r.logger.InfoContext(ctx, "projection paused", slog.String("projection", name), slog.String("by", by))
+	}
 	return nil
 }
 
 // Resume lets a paused projection catch up again. Resuming a projection that is not paused
-// changes nothing.
+// changes nothing. It is ResumeBy naming nobody.
 func (r *Runner) Resume(ctx context.Context, name string) error {
+	return r.ResumeBy(ctx, name, "")
+}
+
+// ResumeBy is Resume recording by and the time in the status (Status.StateChangedBy and
+// StateChangedAt), as `nudge resume` and the console do. It does not trigger a catch-up: the
+// projection reads on at its next trigger, CatchUp or safety-net tick.
+func (r *Runner) ResumeBy(ctx context.Context, name, by string) error {
 	p, err := r.Projection(name)
 	if err != nil {
 		return err
 	}
-	changed, err := r.backend.SetState(ctx, p, StateRunning, StatePaused)
+	changed, err := r.backend.SetStateBy(ctx, p, by, StateRunning, StatePaused)
 	if err != nil {
 		return fmt.Errorf("projection %s: resume: %w", name, err)
 	}
 	if changed {
-		r.logger.InfoContext(ctx, "projection resumed", slog.String("projection", name))
+		r.logger.InfoContext(ctx, "projection resumed", slog.String("projection", name), slog.String("by", by))
 	}
 	return nil
 }

@@ -26,6 +26,15 @@ type Status struct {
 	// LastSkip is the most recent event an operator skipped; nil if none.
 	LastSkip *SkipRecord
 
+	// StateChangedBy is who last paused or resumed the projection (Runner.PauseBy and
+	// ResumeBy, `nudge pause` and `nudge resume`, the console), empty when that action named
+	// nobody (Runner.Pause) or nobody has paused it yet; StateChangedAt is when, zero if
+	// never. Batches, failures and resets leave them, so while State is StatePaused they say
+	// who paused it and since when. A partitioned projection's status has its partitions'
+	// latest.
+	StateChangedBy string
+	StateChangedAt time.Time
+
 	// ParkedStreams counts the projection's parked streams (Config.OnFailure = OnFailurePark);
 	// OldestParkedAt is when the oldest of them was parked, zero when none is.
 	ParkedStreams  int
@@ -90,7 +99,8 @@ var stateRank = map[State]int{StateRunning: 0, StateRebuilding: 1, StatePaused: 
 // into the projection's status, named name: the worst state (failing, then paused, then
 // rebuilding, then running); the lowest position (positions of different partitions are not
 // comparable otherwise: it says only how far the slowest partition is); counters, lag and
-// parked streams summed; the oldest lag, the newest head, update and skip; held when any
+// parked streams summed; the oldest lag, the newest head, update, skip and pause or resume
+// (StateChangedBy and StateChangedAt); held when any
 // partition is held; the failure of the first failing partition, named in FailingPartition.
 // The partitions stay in Partitions.
 func FoldPartitions(name string, parts []Status) Status {
@@ -136,14 +146,17 @@ func (f *Status) foldCounts(st Status) {
 	}
 }
 
-// foldTimes keeps the oldest parked stream and the newest skip, rebuild and update of f and a
-// partition.
+// foldTimes keeps the oldest parked stream and the newest skip, pause or resume, rebuild and
+// update of f and a partition.
 func (f *Status) foldTimes(st Status) {
 	if !st.OldestParkedAt.IsZero() && (f.OldestParkedAt.IsZero() || st.OldestParkedAt.Before(f.OldestParkedAt)) {
 		f.OldestParkedAt = st.OldestParkedAt
 	}
 	if st.LastSkip != nil && (f.LastSkip == nil || st.LastSkip.At.After(f.LastSkip.At)) {
 		f.LastSkip = st.LastSkip
+	}
+	if st.StateChangedAt.After(f.StateChangedAt) {
+		f.StateChangedBy, f.StateChangedAt = st.StateChangedBy, st.StateChangedAt
 	}
 	if st.RebuildStartedAt.After(f.RebuildStartedAt) {
 		f.RebuildStartedAt = st.RebuildStartedAt

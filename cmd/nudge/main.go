@@ -1,8 +1,8 @@
 // Command nudge is the operator's tool for a nudge deployment: it shows the projections' status
 // and lag (once, or redrawn with --watch, or as JSON), rebuilds a projection through its worker
-// and follows the rebuild's progress, lists, inspects, replays, resolves and purges dead
-// letters, skips an event a projection cannot handle, and creates or upgrades the tables of the
-// event store, the projections and the dead letters.
+// and follows the rebuild's progress, pauses and resumes a projection, lists, inspects,
+// replays, resolves and purges dead letters, skips an event a projection cannot handle, and
+// creates or upgrades the tables of the event store, the projections and the dead letters.
 //
 // It needs no projection definitions: status reads everything from the database (the event
 // types each projection handles are recorded there when its worker starts), and the commands
@@ -119,6 +119,8 @@ Commands:
   parked redrive     (PROJECTION [--stream S] | --all) [--by NAME] [--wait 30s]
   parked skip        PROJECTION --stream S --reason TEXT [--by NAME]
   parked purge       (PROJECTION | --all) --reason TEXT [--by NAME]
+  pause              PROJECTION [--by NAME]   stop its batches in every process until resume
+  resume             PROJECTION [--by NAME]   let a paused projection catch up again
   drop-retired       PROJECTION   drop a retired version's read model now (not after RetireGrace)
   console            [--listen 127.0.0.1:8080] [--writes]   the operator console in a browser
   migrate            create or upgrade the event store, projection and dead-letter tables
@@ -293,6 +295,8 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 		return c.skip(ctx, rest)
 	case "parked":
 		return c.parked(ctx, rest)
+	case "pause", "resume":
+		return c.pause(ctx, rest, cmd == "pause")
 	case "drop-retired":
 		return c.dropRetired(ctx, rest)
 	case "console":
@@ -307,11 +311,11 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 }
 
 // commands are the command names, for suggestions.
-var commands = []string{"status", "horizon", "rebuild", "reset", "deadletter", "skip", "parked", "drop-retired", "console", "migrate", "version", "help"}
+var commands = []string{"status", "horizon", "rebuild", "reset", "deadletter", "skip", "parked", "pause", "resume", "drop-retired", "console", "migrate", "version", "help"}
 
 // unknownCommand is the error about an unknown command.
 func unknownCommand(cmd string) error {
-	return usageErrorf("unknown command %q%s; the commands are status, horizon, rebuild (or reset), deadletter, skip, parked, drop-retired, console, migrate, version and help",
+	return usageErrorf("unknown command %q%s; the commands are status, horizon, rebuild (or reset), deadletter, skip, parked, pause, resume, drop-retired, console, migrate, version and help",
 		cmd, didYouMean(cmd, commands))
 }
 
@@ -329,7 +333,7 @@ func (c *cli) help(ctx context.Context, args []string) error {
 	}
 	// Reuse the command's own --help.
 	switch args[0] {
-	case "status", "horizon", "rebuild", "reset", "deadletter", "skip", "parked", "drop-retired", "console", "migrate", "version":
+	case "status", "horizon", "rebuild", "reset", "deadletter", "skip", "parked", "pause", "resume", "drop-retired", "console", "migrate", "version":
 		return c.dispatch(ctx, append(args, "--help"))
 	}
 	return unknownCommand(args[0])

@@ -34,7 +34,8 @@ rebuilding, retired — a version a newer one replaced; the same word as the SQL
 projection_condition), committed position, the store's head, its lag in events and in time (the age of the
 oldest event it has still to handle), the event it fails on, its dead letters with status
 failed, and a note: that it waits on an open transaction (which holds every reader of the
-store back; it never skips), its last error when failing, its progress when rebuilding.
+store back; it never skips), who paused it and since when (nudge pause), its last error when
+failing, its progress when rebuilding.
 
 The lag counts the event types the projection handled when its worker last started (Runner.Init
 records them in nudge_projections); a projection registered by an older nudge counts every
@@ -61,7 +62,8 @@ unit name as PROJECTION shows that partition alone.
   dead_letters (null when the dead-letter table is missing), updated_at,
   rebuild_started_at (null if never rebuilt), rebuild ({done, total, percent, eta_seconds}
   while rebuilding, else null), last_skip ({event_id, type, stream_id, position, by, reason,
-  forced, at} or null), parked_streams (streams parked by OnFailure park; 'nudge parked
+  forced, at} or null), state_changed_by and state_changed_at (who last paused or resumed it,
+  and when: "" and null if nobody has), parked_streams (streams parked by OnFailure park; 'nudge parked
   list' lists them), oldest_parked_at (null when none is parked), version, active_version,
   version_state (active, building or retired) and retired_at (see Config.Version),
   partition_count (1 unless partitioned), owners (the workers holding the leases of a
@@ -397,6 +399,9 @@ func statusNote(st projection.Status, oldest *projection.ParkedStream) string {
 		}
 		notes = append(notes, note)
 	}
+	if st.State == projection.StatePaused && (st.StateChangedBy != "" || !st.StateChangedAt.IsZero()) {
+		notes = append(notes, pausedText(st)+" (nudge resume "+st.Name+")")
+	}
 	if st.State == projection.StateFailing && st.LastError != "" {
 		note := fmt.Sprintf("attempt %d: %s", st.Attempts, truncate(st.LastError, noteErrorWidth))
 		if st.FailingPartition != "" {
@@ -524,6 +529,8 @@ type statusJSON struct {
 	RebuildStartedAt             *time.Time    `json:"rebuild_started_at"`
 	Rebuild                      *rebuildJSON  `json:"rebuild"`
 	LastSkip                     *lastSkipJSON `json:"last_skip"`
+	StateChangedBy               string        `json:"state_changed_by"`
+	StateChangedAt               *time.Time    `json:"state_changed_at"`
 	ParkedStreams                int           `json:"parked_streams"`
 	OldestParkedAt               *time.Time    `json:"oldest_parked_at"`
 	Version                      int           `json:"version"`
@@ -603,6 +610,7 @@ func toStatusJSON(r statusRow) statusJSON {
 		FirstFailureAt: utcOrNil(st.FirstFailureAt), LastFailureAt: utcOrNil(st.LastFailureAt),
 		RebuildStartedAt: utcOrNil(st.RebuildStartedAt), FailingEvent: toEventRefJSON(st.FailingEvent),
 		ParkedStreams: st.ParkedStreams, OldestParkedAt: utcOrNil(st.OldestParkedAt),
+		StateChangedBy: st.StateChangedBy, StateChangedAt: utcOrNil(st.StateChangedAt),
 		Version: st.Version, ActiveVersion: st.ActiveVersion, VersionState: string(st.VersionState), RetiredAt: utcOrNil(st.RetiredAt),
 	}
 	if st.Holder != nil {

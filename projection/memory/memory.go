@@ -338,7 +338,8 @@ func (b *Backend) Reset(ctx context.Context, p *projection.Projection, hook proj
 		now := b.now()
 		for _, r := range rows {
 			r.update(func(st *projection.Status) {
-				*st = projection.Status{Name: st.Name, State: projection.StateRebuilding, RebuildStartedAt: now, UpdatedAt: now}
+				*st = projection.Status{Name: st.Name, State: projection.StateRebuilding, RebuildStartedAt: now, UpdatedAt: now,
+					StateChangedBy: st.StateChangedBy, StateChangedAt: st.StateChangedAt}
 				r.parked = nil // a rebuild handles every stream again
 				r.attempt.at, r.attempt.starts, r.attempt.careful = eventstore.Position{}, 0, eventstore.Position{}
 			})
@@ -349,15 +350,24 @@ func (b *Backend) Reset(ctx context.Context, p *projection.Projection, hook proj
 
 // SetState implements projection.Backend.
 func (b *Backend) SetState(ctx context.Context, p *projection.Projection, to projection.State, from ...projection.State) (bool, error) {
+	return b.SetStateBy(ctx, p, "", to, from...)
+}
+
+// SetStateBy implements projection.Backend.
+func (b *Backend) SetStateBy(ctx context.Context, p *projection.Projection, by string, to projection.State, from ...projection.State) (bool, error) {
 	var changed bool
 	err := b.lockedAll(ctx, p, func(rows []*row) error {
+		now := b.now() // one time for every unit, as one transaction's now() in PostgreSQL
 		for _, r := range rows {
 			r.update(func(st *projection.Status) {
 				if st.State == to || (len(from) > 0 && !slices.Contains(from, st.State)) {
 					return
 				}
 				changed = true
-				st.State, st.UpdatedAt = to, b.now()
+				if to == projection.StatePaused || st.State == projection.StatePaused {
+					st.StateChangedBy, st.StateChangedAt = by, now
+				}
+				st.State, st.UpdatedAt = to, now
 			})
 		}
 		return nil

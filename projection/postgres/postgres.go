@@ -496,6 +496,11 @@ func (b *Backend) Reset(ctx context.Context, p *projection.Projection, hook proj
 
 // SetState implements projection.Backend.
 func (b *Backend) SetState(ctx context.Context, p *projection.Projection, to projection.State, from ...projection.State) (bool, error) {
+	return b.SetStateBy(ctx, p, "", to, from...)
+}
+
+// SetStateBy implements projection.Backend.
+func (b *Backend) SetStateBy(ctx context.Context, p *projection.Projection, by string, to projection.State, from ...projection.State) (bool, error) {
 	var changed bool
 	err := b.inTx(ctx, func(tx pgx.Tx) error {
 		all, err := b.lockAll(ctx, tx, p)
@@ -503,17 +508,31 @@ func (b *Backend) SetState(ctx context.Context, p *projection.Projection, to pro
 			return err
 		}
 		for _, st := range all {
-			if st.State == to || (len(from) > 0 && !slices.Contains(from, st.State)) {
-				continue
-			}
-			changed = true
-			if _, err := tx.Exec(ctx, b.sql.setState, st.Name, string(to)); err != nil {
+			ok, err := b.changeState(ctx, tx, st, by, to, from)
+			if err != nil {
 				return err
 			}
+			changed = changed || ok
 		}
 		return nil
 	})
 	return changed, err
+}
+
+// changeState sets the state of the locked unit st to to, unless it is in state to already or
+// in none of from (when from is set); a change to or from paused records by and the time. It
+// reports whether it changed.
+func (b *Backend) changeState(ctx context.Context, tx pgx.Tx, st projection.Status, by string, to projection.State, from []projection.State) (bool, error) {
+	if st.State == to || (len(from) > 0 && !slices.Contains(from, st.State)) {
+		return false, nil
+	}
+	var err error
+	if to == projection.StatePaused || st.State == projection.StatePaused {
+		_, err = tx.Exec(ctx, b.sql.setStateBy, st.Name, string(to), by)
+	} else {
+		_, err = tx.Exec(ctx, b.sql.setState, st.Name, string(to))
+	}
+	return err == nil, err
 }
 
 // Delete implements projection.Backend. A partitioned projection's partitions are all deleted

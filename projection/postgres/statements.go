@@ -12,7 +12,7 @@ import (
 )
 
 type statements struct {
-	lock, register, selectStatus, recordFailure, reset, setState, delete, lag, recordSkip string
+	lock, register, selectStatus, recordFailure, reset, setState, setStateBy, delete, lag, recordSkip string
 	// unitsOf names the status rows of a projection by name: its own, or its partitions'.
 	unitsOf string
 	// lags is lag for many positions and type sets in one statement (Backend.Statuses).
@@ -59,7 +59,8 @@ const statusColumns = `p.name, p.transaction_id, p.global_position, p.state, p.e
 	p.attempts, p.first_failed_at, p.last_failed_at, p.rebuild_started_at, p.updated_at,
 	k.event_id, k.event_type, k.stream_id, k.transaction_id, k.global_position, k.skipped_by, k.reason, k.forced, k.skipped_at,
 	p.event_types, coalesce(pk.n, 0), pk.oldest,
-	v.version, v.state, v.retired_at, av.version, p.partition_of, p.partition_index, p.partition_count`
+	v.version, v.state, v.retired_at, av.version, p.partition_of, p.partition_index, p.partition_count,
+	p.state_changed_by, p.state_changed_at`
 
 // statusFrom is the FROM clause of the status queries: the status row and its last skip.
 const statusFrom = `FROM {projections} p
@@ -238,6 +239,10 @@ func (s *statements) addWriteSQL(r *strings.Replacer) {
 			careful_transaction_id = NULL, careful_global_position = NULL
 		WHERE name = $1`)
 	s.setState = r.Replace(`UPDATE {projections} SET state = $2, updated_at = now() WHERE name = $1`)
+	// setStateBy is setState recording who paused or resumed the projection ($3, NULL when
+	// empty) and when.
+	s.setStateBy = r.Replace(`UPDATE {projections} SET state = $2, updated_at = now(), state_changed_by = NULLIF($3, ''),
+			state_changed_at = now() WHERE name = $1`)
 	s.unitsOf = r.Replace(`SELECT name FROM {projections} WHERE name = $1 OR partition_of = $1 ORDER BY partition_index NULLS FIRST`)
 	s.delete = r.Replace(`DELETE FROM {projections} WHERE name = $1`)
 }
@@ -290,12 +295,14 @@ func scanStatus(row pgx.Row) (projection.Status, rowInfo, error) {
 		version, activeVersion         *int
 		versionState                   *string
 		retiredAt                      *time.Time
+		changedBy                      *string
+		changedAt                      *time.Time
 	)
 	if err := row.Scan(&st.Name, &st.Position.TransactionID, &st.Position.GlobalPosition, &state, &st.EventsProcessed,
 		&st.LastError, &failTx, &failPos, &failID, &failType, &failStream, &st.Attempts, &firstFail, &lastFail,
 		&rebuiltAt, &st.UpdatedAt, &skipID, &skipType, &skipStream, &skipTx, &skipPos, &skipBy, &skipReason,
 		&skipForced, &skipAt, &info.types, &st.ParkedStreams, &oldestParked, &version, &versionState, &retiredAt, &activeVersion,
-		&partOf, &partIndex, &partCount); err != nil {
+		&partOf, &partIndex, &partCount, &changedBy, &changedAt); err != nil {
 		return st, info, err
 	}
 	info.part = eventstore.Partition{Index: deref(partIndex), Count: deref(partCount)}
@@ -321,6 +328,7 @@ func scanStatus(row pgx.Row) (projection.Status, rowInfo, error) {
 	st.OldestParkedAt = deref(oldestParked)
 	st.Version, st.ActiveVersion, st.VersionState = max(deref(version), 1), deref(activeVersion), projection.VersionState(deref(versionState))
 	st.RetiredAt = deref(retiredAt)
+	st.StateChangedBy, st.StateChangedAt = deref(changedBy), deref(changedAt)
 	return st, info, nil
 }
 

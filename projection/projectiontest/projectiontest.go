@@ -43,6 +43,7 @@ func Run(t *testing.T, newEnv NewEnvFunc) {
 		{"TypeFilter", testTypeFilter},
 		{"ResetRebuilds", testReset},
 		{"PauseAndResume", testPause},
+		{"PauseAndResumeRecordWho", testPauseBy},
 		{"PayloadThatDoesNotDecode", testDecode},
 		{"ConcurrentRunners", testConcurrentRunners},
 		{"CancelledMidBatch", testCancelled},
@@ -384,6 +385,86 @@ func testPause(t *testing.T, env Env) {
 	require.NoError(t, err)
 	require.False(t, res.Paused)
 	require.Equal(t, 10, res.Events)
+}
+
+// testPauseBy: a pause and a resume record who did them and when, shown by Status and
+// Statuses (folded over a partitioned projection's partitions); pausing a paused projection
+// or resuming a running one changes neither, nor does a batch; Pause without a name records
+// the time alone.
+func testPauseBy(t *testing.T, env Env) {
+	ctx := context.Background()
+	AppendN(t, env.Store, 0, 10, "A")
+	rec := NewRecorder()
+	r := newRunner(t, env, mustProjection(t, "audited", projection.Config{}, projection.OnIdempotent("A", rec.Handle)),
+		mustProjection(t, "audited_parts", projection.Config{Partitions: 3}, projection.OnIdempotent("A", rec.Handle)))
+	status := func(name string) projection.Status {
+		t.Helper()
+		st, err := r.Status(ctx, name)
+		require.NoError(t, err)
+		all, err := r.Statuses(ctx)
+		require.NoError(t, err)
+		for _, s := range all {
+			if s.Name == name {
+				require.Equal(t, st.StateChangedBy, s.StateChangedBy, "Statuses agrees with Status")
+				require.True(t, st.StateChangedAt.Equal(s.StateChangedAt), "Statuses agrees with Status")
+			}
+		}
+		return st
+	}
+	st := status("audited")
+	require.Empty(t, st.StateChangedBy, "nobody paused it yet")
+	require.True(t, st.StateChangedAt.IsZero())
+
+	require.NoError(t, r.PauseBy(ctx, "audited", "ann"))
+	st = status("audited")
+	require.Equal(t, projection.StatePaused, st.State)
+	require.Equal(t, "ann", st.StateChangedBy)
+	require.WithinDuration(t, time.Now(), st.StateChangedAt, time.Minute)
+	pausedAt := st.StateChangedAt
+
+	require.NoError(t, r.PauseBy(ctx, "audited", "bob"), "pausing a paused projection is harmless")
+	res, err := r.CatchUp(ctx, "audited")
+	require.NoError(t, err)
+	require.True(t, res.Paused)
+	st = status("audited")
+	require.Equal(t, "ann", st.StateChangedBy, "a second pause and a batch leave who paused it")
+	require.True(t, pausedAt.Equal(st.StateChangedAt), "%s != %s", pausedAt, st.StateChangedAt)
+
+	require.NoError(t, r.ResumeBy(ctx, "audited", "bob"))
+	require.NoError(t, r.ResumeBy(ctx, "audited", "carl"), "resuming a running projection is harmless")
+	res, err = r.CatchUp(ctx, "audited")
+	require.NoError(t, err)
+	require.Equal(t, 10, res.Events)
+	st = status("audited")
+	require.Equal(t, projection.StateRunning, st.State)
+	require.Equal(t, "bob", st.StateChangedBy, "who resumed it; the second resume and the batch left it")
+	require.False(t, st.StateChangedAt.Before(pausedAt))
+
+	require.NoError(t, r.Pause(ctx, "audited"))
+	st = status("audited")
+	require.Equal(t, projection.StatePaused, st.State)
+	require.Empty(t, st.StateChangedBy, "Pause names nobody")
+	require.WithinDuration(t, time.Now(), st.StateChangedAt, time.Minute)
+	require.NoError(t, r.ResumeBy(ctx, "audited", "bob"))
+	require.NoError(t, r.Reset(ctx, "audited"))
+	st = status("audited")
+	require.Equal(t, projection.StateRebuilding, st.State)
+	require.Equal(t, "bob", st.StateChangedBy, "a reset leaves who resumed it last")
+
+	require.NoError(t, r.PauseBy(ctx, "audited_parts", "dora"))
+	st = status("audited_parts")
+	require.Equal(t, projection.StatePaused, st.State)
+	require.Equal(t, "dora", st.StateChangedBy, "folded from the partitions")
+	require.WithinDuration(t, time.Now(), st.StateChangedAt, time.Minute)
+	require.Len(t, st.Partitions, 3)
+	for _, part := range st.Partitions {
+		require.Equal(t, "dora", part.StateChangedBy, part.Name)
+		require.True(t, st.StateChangedAt.Equal(part.StateChangedAt), part.Name)
+	}
+	require.NoError(t, r.ResumeBy(ctx, "audited_parts", "ed"))
+	st = status("audited_parts")
+	require.Equal(t, projection.StateRunning, st.State)
+	require.Equal(t, "ed", st.StateChangedBy)
 }
 
 func testDecode(t *testing.T, env Env) {
