@@ -51,8 +51,11 @@ type partitionSet struct {
 	member atomic.Pointer[lease.Member]
 
 	mu   sync.Mutex
-	subs map[int]unitSubscription // made at the first gain, closed when the worker stops
 	runs map[int]*partitionRun
+	// subsMu guards subs apart from mu: a partition's run makes its subscriber (again, after a
+	// subscription failed) while syncPartitions may hold mu, waiting for a run to end.
+	subsMu sync.Mutex
+	subs   map[int]unitSubscription // made at a gain (again after a failure), closed when the worker stops
 }
 
 // unitSubscription is a partition unit's subscriber and the topic it consumes.
@@ -272,8 +275,8 @@ func (w *Worker) runPartitionSet(ctx context.Context, ps *partitionSet, db postg
 		cancel()
 		membership.Wait()
 	}
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
+	ps.subsMu.Lock()
+	defer ps.subsMu.Unlock()
 	for k, s := range ps.subs {
 		if err := s.sub.Close(); err != nil {
 			log.WarnContext(ctx, "closing a partition's subscriber failed", slog.String("unit", ps.units[k]), slog.Any("error", err))
@@ -304,24 +307,18 @@ func (w *Worker) syncPartitions(ctx context.Context, ps *partitionSet, log *slog
 		r := &partitionRun{cancel: cancel, done: make(chan struct{})}
 		ps.runs[k] = r
 		w.stats[ps.name].claimed.Add(1)
-		sub, err := ps.subscriber(w, k)
-		if err != nil {
-			// The partition stays owned (its lease keeps others off it): the safety net
-			// catches it up meanwhile, and the next change of ownership tries again.
-			log.ErrorContext(ctx, "cannot subscribe to a partition's triggers", slog.String("unit", ps.units[k]), slog.Any("error", err))
-			close(r.done)
-			continue
-		}
 		go func() {
 			defer close(r.done)
-			w.consumePartition(runCtx, ps, k, sub)
+			w.runPartition(runCtx, ps, k)
 		}()
 	}
 }
 
-// subscriber returns (making it at the first call) the subscriber of partition k's unit; ps.mu
-// is held.
+// subscriber returns (making it at the first call, or after dropSubscriber) the subscriber of
+// partition k's unit.
 func (ps *partitionSet) subscriber(w *Worker, k int) (unitSubscription, error) {
+	ps.subsMu.Lock()
+	defer ps.subsMu.Unlock()
 	if s, ok := ps.subs[k]; ok {
 		return s, nil
 	}
@@ -333,26 +330,78 @@ func (ps *partitionSet) subscriber(w *Worker, k int) (unitSubscription, error) {
 	return ps.subs[k], nil
 }
 
-// consumePartition runs partition k while the worker owns it (until ctx ends): it subscribes
-// to the unit's triggers, catches the partition up once (the events appended before the
-// subscription, and while no worker owned it), then handles each trigger as a projection's
-// handler does — retries, dead letters (recorded under the unit's name) and all.
-func (w *Worker) consumePartition(ctx context.Context, ps *partitionSet, k int, s unitSubscription) {
-	unit := ps.units[k]
-	log := w.logger.With(slog.String("projection", ps.name), slog.String("unit", unit))
+// dropSubscriber closes partition k's subscriber s, whose subscription failed or ended, so
+// that the next subscriber call makes a new one.
+func (ps *partitionSet) dropSubscriber(k int, s unitSubscription, log *slog.Logger) {
+	ps.subsMu.Lock()
+	if cur, ok := ps.subs[k]; ok && cur.sub == s.sub {
+		delete(ps.subs, k)
+	}
+	ps.subsMu.Unlock()
+	if err := s.sub.Close(); err != nil {
+		log.Warn("closing a partition's failed subscriber failed", slog.Any("error", err))
+	}
+}
+
+// partitionResubscribe spaces out a partition's attempts to subscribe again after its
+// subscriber could not be made, its subscription was refused, or its subscription ended while
+// the partition was still owned.
+var partitionResubscribe = backoff.Exponential{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.2}
+
+// runPartition consumes partition k's triggers while the worker owns it (until ctx ends). A
+// subscriber that cannot be made, a subscription the broker refuses, and a subscription that
+// ends while the partition is still owned (its connection lost under it) are tried again, with
+// backoff, on a new subscriber: the partition stays owned meanwhile (its lease keeps the other
+// workers off it), and each new subscription catches the partition up first, so nothing
+// appended meanwhile waits for the safety net.
+func (w *Worker) runPartition(ctx context.Context, ps *partitionSet, k int) {
+	log := w.logger.With(slog.String("projection", ps.name), slog.String("unit", ps.units[k]))
+	wait := partitionResubscribe
+	for {
+		s, err := ps.subscriber(w, k)
+		if err == nil {
+			var subscribed bool
+			subscribed, err = w.consumePartition(ctx, ps, k, s, log)
+			if ctx.Err() != nil {
+				return
+			}
+			ps.dropSubscriber(k, s, log)
+			if subscribed {
+				wait.Reset()
+				err = errSubscriptionEnded
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		pause := wait.Next()
+		log.ErrorContext(ctx, "the partition's triggers are not consumed; subscribing again", slog.Duration("in", pause), slog.Any("error", err))
+		if backoff.Sleep(ctx, pause) != nil {
+			return
+		}
+	}
+}
+
+// errSubscriptionEnded reports a partition's subscription that ended while the worker still
+// owned the partition.
+var errSubscriptionEnded = errors.New("the subscription ended while the partition is owned")
+
+// consumePartition subscribes to partition k's triggers with s, catches the partition up once
+// (the events appended before the subscription, and while no worker owned it), then handles
+// each trigger as a projection's handler does — retries, dead letters (recorded under the
+// unit's name) and all — until the subscription ends. It reports whether it subscribed.
+func (w *Worker) consumePartition(ctx context.Context, ps *partitionSet, k int, s unitSubscription, log *slog.Logger) (bool, error) {
 	msgs, err := s.sub.Subscribe(ctx, s.topic)
 	if err != nil {
-		if ctx.Err() == nil {
-			log.ErrorContext(ctx, "cannot subscribe to the partition's triggers; the safety net catches it up", slog.Any("error", err))
-		}
-		return
+		return false, err
 	}
 	log.InfoContext(ctx, "partition claimed: consuming its triggers")
 	h := w.unitHandler(ps, k, log)
 	var claimed sync.WaitGroup
 	claimed.Go(func() { w.catchUpClaimed(ctx, h, log) })
-	w.consumeUnit(ctx, unit, msgs, h, log)
+	w.consumeUnit(ctx, ps.units[k], msgs, h, log)
 	claimed.Wait()
+	return true, nil
 }
 
 // catchUpClaimed catches a partition up once it is claimed: what was appended while no worker
