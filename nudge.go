@@ -452,16 +452,7 @@ func (c *Client) Replay(ctx context.Context, f deadletter.ReplayFilter, by strin
 	if c.cfg.Channel == nil {
 		return deadletter.ReplayResult{}, fmt.Errorf("nudge: Replay publishes its triggers: %w", ErrNoChannel)
 	}
-	ctx, span := c.tracer.Start(ctx, tracing.SpanReplay, trace.SpanKindProducer)
-	res, err := deadletter.Replay(ctx, c.dead, c.cfg.Channel, f, by, time.Time{})
-	if span.IsRecording() {
-		span.SetAttributes(tracing.AttrBy.String(by), tracing.AttrCount.Int(res.Replayed), tracing.AttrProjections.StringSlice(res.Projections))
-		if f.Projection != "" {
-			span.SetAttributes(tracing.AttrProjection.String(f.Projection))
-		}
-	}
-	tracing.End(span, err)
-	return res, err
+	return deadletter.Replay(ctx, c.dead, c.cfg.Channel, f, by, time.Time{}, deadletter.WithTracerProvider(c.cfg.TracerProvider))
 }
 
 // Store returns the event store, for reads (Read, ReadStream, Head).

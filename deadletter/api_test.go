@@ -12,5 +12,5 @@ import (
 // stores share live in deadletter/internal/dlstore.
 func TestAPIHasNoBackendHelpers(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, []string{"ParseStatus", "Replay", "ReplayTargets", "Statuses"}, apitest.Funcs(t, "."))
+	require.Equal(t, []string{"ParseStatus", "Replay", "ReplayTargets", "Statuses", "WithTracerProvider"}, apitest.Funcs(t, "."))
 }

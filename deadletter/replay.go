@@ -8,7 +8,10 @@ import (
 	"slices"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/nudgeworks/nudge/deadletter/internal/clean"
+	"github.com/nudgeworks/nudge/internal/tracing"
 	"github.com/nudgeworks/nudge/name"
 	"github.com/nudgeworks/nudge/trigger"
 )
@@ -67,7 +70,42 @@ type ReplayResult struct {
 //
 // now defaults to the time of the call. An empty filter is refused with an error matching
 // ErrInvalidFilter, so nothing is replayed by accident.
-func Replay(ctx context.Context, store Store, pub trigger.Publisher, f ReplayFilter, by string, now time.Time) (ReplayResult, error) {
+//
+// Replay runs in a span (nudge.deadletter.replay, a child of ctx's span) of the global
+// TracerProvider, or of WithTracerProvider's: the replayed triggers carry its trace context, so
+// their trigger spans, and the batches they start, continue its trace. With no provider set it
+// costs nothing.
+func Replay(ctx context.Context, store Store, pub trigger.Publisher, f ReplayFilter, by string, now time.Time, opts ...ReplayOption) (ReplayResult, error) {
+	var o replayOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	ctx, span := tracing.New(o.tracerProvider).Start(ctx, tracing.SpanReplay, trace.SpanKindProducer)
+	res, err := replay(ctx, store, pub, f, by, now)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrBy.String(by), tracing.AttrCount.Int(res.Replayed), tracing.AttrProjections.StringSlice(res.Projections))
+		if f.Projection != "" {
+			span.SetAttributes(tracing.AttrProjection.String(f.Projection))
+		}
+	}
+	tracing.End(span, err)
+	return res, err
+}
+
+// ReplayOption configures Replay.
+type ReplayOption func(*replayOptions)
+
+type replayOptions struct {
+	tracerProvider trace.TracerProvider
+}
+
+// WithTracerProvider makes Replay's span come from tp instead of otel.GetTracerProvider().
+func WithTracerProvider(tp trace.TracerProvider) ReplayOption {
+	return func(o *replayOptions) { o.tracerProvider = tp }
+}
+
+// replay is Replay's work.
+func replay(ctx context.Context, store Store, pub trigger.Publisher, f ReplayFilter, by string, now time.Time) (ReplayResult, error) {
 	if store == nil || pub == nil {
 		return ReplayResult{}, fmt.Errorf("%w: Replay needs a dead-letter store and a trigger publisher (a channel), got nil", ErrInvalidInput)
 	}

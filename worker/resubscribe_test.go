@@ -18,9 +18,9 @@ import (
 type subscriptionFault int
 
 const (
-	subscriberRefused   subscriptionFault = iota // Channel.Subscriber fails
-	subscribeRefused                             // the subscriber's Subscribe fails
-	subscriptionEnds                             // the subscription's messages end at once, as when its connection is lost
+	subscriberRefused subscriptionFault = iota // Channel.Subscriber fails
+	subscribeRefused                           // the subscriber's Subscribe fails
+	subscriptionEnds                           // the subscription's messages end at once, as when its connection is lost
 )
 
 // faultyChannel injects fault into the first subscription of each partition unit it makes a

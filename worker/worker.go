@@ -513,13 +513,8 @@ func (w *Worker) startDeadLetters(parent context.Context, name string, log *slog
 		return
 	}
 	// The replayed triggers carry the replay's trace context: their trigger spans are its children.
-	ctx, span := w.tracer.Start(ctx, tracing.SpanReplay, trace.SpanKindProducer)
 	res, err := deadletter.Replay(ctx, w.cfg.DeadLetters, w.cfg.Channel, deadletter.ReplayFilter{Projection: name, FailedBefore: w.created},
-		"worker start", time.Now())
-	if span.IsRecording() {
-		span.SetAttributes(tracing.AttrProjection.String(name), tracing.AttrBy.String("worker start"), tracing.AttrCount.Int(res.Replayed))
-	}
-	tracing.End(span, err)
+		"worker start", time.Now(), deadletter.WithTracerProvider(w.cfg.TracerProvider))
 	switch {
 	case err != nil && parent.Err() == nil:
 		log.ErrorContext(ctx, "replaying dead letters at start failed", slog.Any("error", err))
