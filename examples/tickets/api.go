@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/nudgeworks/nudge/console"
 	"github.com/nudgeworks/nudge/deadletter"
@@ -70,7 +71,18 @@ func (s *service) handler() http.Handler {
 	} else {
 		mux.Handle("/console/", ops)
 	}
-	return jsonErrors(mux)
+	return traceContext(jsonErrors(mux))
+}
+
+// traceContext continues the caller's trace: the W3C trace context of the request's
+// traceparent header, if any, becomes the parent of the spans the request starts, so the
+// append's span, and through the events' metadata the batches that project them, join the
+// caller's trace.
+func traceContext(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
 }
 
 type registerRequest struct {
