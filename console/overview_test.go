@@ -9,12 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/console"
-	espg "github.com/nudgeworks/nudge/eventstore/postgres"
-	"github.com/nudgeworks/nudge/internal/pgtest"
 	"github.com/nudgeworks/nudge/internal/testlog"
-	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
-	pjpg "github.com/nudgeworks/nudge/projection/postgres"
 )
 
 // TestOverviewPartitioned: the overview folds a partitioned projection into one row that
@@ -22,14 +18,9 @@ import (
 // partitions, each unowned; a projection that does not exist is a 404.
 func TestOverviewPartitioned(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	pool := db.NewPool(t, 4)
+	pool := testPool(t)
 	ctx := t.Context()
-	require.NoError(t, postgres.Migrate(ctx, pool, ""))
-	store, err := espg.New(pool, espg.Config{})
-	require.NoError(t, err)
-	backend, err := pjpg.New(store)
-	require.NoError(t, err)
+	_, backend := newBackend(ctx, t, pool)
 	for _, cfg := range []struct {
 		name  string
 		parts int

@@ -12,12 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/console"
-	espg "github.com/nudgeworks/nudge/eventstore/postgres"
-	"github.com/nudgeworks/nudge/internal/pgtest"
 	"github.com/nudgeworks/nudge/internal/testlog"
-	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
-	pjpg "github.com/nudgeworks/nudge/projection/postgres"
 	"github.com/nudgeworks/nudge/trigger"
 )
 
@@ -46,14 +42,9 @@ func (c *recordingChannel) count() int {
 // reads on at once.
 func TestPauseResume(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	pool := db.NewPool(t, 4)
+	pool := testPool(t)
 	ctx := t.Context()
-	require.NoError(t, postgres.Migrate(ctx, pool, ""))
-	store, err := espg.New(pool, espg.Config{})
-	require.NoError(t, err)
-	backend, err := pjpg.New(store)
-	require.NoError(t, err)
+	_, backend := newBackend(ctx, t, pool)
 	p, err := projection.New("orders", projection.Config{Partitions: 4},
 		projection.OnIdempotent("X", func(context.Context, projection.Event[struct{}]) error { return nil }))
 	require.NoError(t, err)

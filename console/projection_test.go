@@ -14,13 +14,10 @@ import (
 
 	"github.com/nudgeworks/nudge/console"
 	"github.com/nudgeworks/nudge/eventstore"
-	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/internal/pgcluster"
 	"github.com/nudgeworks/nudge/internal/testlog"
 	"github.com/nudgeworks/nudge/internal/testwait"
-	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
-	pjpg "github.com/nudgeworks/nudge/projection/postgres"
 )
 
 // TestProjectionPageBuildAndHolder: on a private cluster (the horizon is the cluster's), a
@@ -33,11 +30,7 @@ func TestProjectionPageBuildAndHolder(t *testing.T) {
 	pool, err := pgxpool.New(ctx, c.URL("postgres", ""))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	require.NoError(t, postgres.Migrate(ctx, pool, ""))
-	store, err := espg.New(pool, espg.Config{})
-	require.NoError(t, err)
-	backend, err := pjpg.New(store)
-	require.NoError(t, err)
+	store, backend := newBackend(ctx, t, pool)
 	for n, typ := range map[string]string{"orders": "A", "held": "B"} {
 		p, err := projection.New(n, projection.Config{},
 			projection.OnIdempotent(typ, func(context.Context, projection.Event[struct{}]) error { return nil }))

@@ -10,12 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/console"
-	espg "github.com/nudgeworks/nudge/eventstore/postgres"
-	"github.com/nudgeworks/nudge/internal/pgtest"
 	"github.com/nudgeworks/nudge/internal/testlog"
-	"github.com/nudgeworks/nudge/postgres"
 	"github.com/nudgeworks/nudge/projection"
-	pjpg "github.com/nudgeworks/nudge/projection/postgres"
 )
 
 // TestOverviewThroughput: the overview and the projection page show a projection's throughput,
@@ -23,14 +19,9 @@ import (
 // read, then events per second; a reset of the count makes it unknown again.
 func TestOverviewThroughput(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	pool := db.NewPool(t, 4)
+	pool := testPool(t)
 	ctx := t.Context()
-	require.NoError(t, postgres.Migrate(ctx, pool, ""))
-	store, err := espg.New(pool, espg.Config{})
-	require.NoError(t, err)
-	backend, err := pjpg.New(store)
-	require.NoError(t, err)
+	_, backend := newBackend(ctx, t, pool)
 	p, err := projection.New("orders", projection.Config{},
 		projection.OnIdempotent("X", func(context.Context, projection.Event[struct{}]) error { return nil }))
 	require.NoError(t, err)

@@ -134,23 +134,7 @@ func TestClaimWaitsForABusyActiveVersion(t *testing.T) {
 		live    = 80
 		heldK   = 65
 	)
-	var (
-		entered = make(chan struct{})
-		release = make(chan struct{})
-		once    sync.Once
-	)
-	hold := func(ctx context.Context, k int) error {
-		if k != heldK {
-			return nil
-		}
-		once.Do(func() { close(entered) })
-		select {
-		case <-release:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+	hold, entered, release := holdAt(heldK)
 	v1, v2 := partitionedMailer(t, 1, 2, hold), partitionedMailer(t, 2, 3, nil) // each new partition is bound by both old ones
 	r := runner(t, e.backend, v1)
 	appendSettled(ctx, t, e, 1, history, false)
@@ -188,7 +172,7 @@ func TestClaimWaitsForABusyActiveVersion(t *testing.T) {
 		waited = waiting > 0
 		return waited || claimDone.Load()
 	}, testwait.For(time.Minute), 5*time.Millisecond)
-	close(release)
+	release()
 	wg.Wait()
 	require.NoError(t, heldErr)
 	require.NoError(t, claimErr)

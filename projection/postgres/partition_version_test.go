@@ -42,6 +42,29 @@ func partitionedMailer(t *testing.T, version, partitions int, hold func(ctx cont
 	return p
 }
 
+// holdAt returns a hold for partitionedMailer that holds the handler of event k inside its
+// batch: entered closes when the handler reaches it, and release lets it (and any later) go.
+func holdAt(k int) (hold func(ctx context.Context, k int) error, entered <-chan struct{}, release func()) {
+	var (
+		reached  = make(chan struct{})
+		released = make(chan struct{})
+		once     sync.Once
+	)
+	hold = func(ctx context.Context, n int) error {
+		if n != k {
+			return nil
+		}
+		once.Do(func() { close(reached) })
+		select {
+		case <-released:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return hold, reached, func() { close(released) }
+}
+
 // TestPartitionedCutOverWaitsForActiveBatch forces the interleaving the cut-over of a
 // partitioned version must survive: a batch of an active partition is in flight (held inside
 // its handler) when the new version, level with what the active version has committed, tries
@@ -53,23 +76,7 @@ func TestPartitionedCutOverWaitsForActiveBatch(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.WithValue(testwait.Context(t, 3*time.Minute), poolKey{}, e.db.Pool)
 	const heldK = 45
-	var (
-		entered = make(chan struct{})
-		release = make(chan struct{})
-		once    sync.Once
-	)
-	hold := func(ctx context.Context, k int) error {
-		if k != heldK {
-			return nil
-		}
-		once.Do(func() { close(entered) })
-		select {
-		case <-release:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+	hold, entered, release := holdAt(heldK)
 	v1, v2 := partitionedMailer(t, 1, 2, hold), partitionedMailer(t, 2, 3, nil) // counts without a common divisor: each new partition is bound by both old ones
 	r := runner(t, e.backend, v1)
 	appendSettled(ctx, t, e, 1, 40, false)
@@ -100,7 +107,7 @@ func TestPartitionedCutOverWaitsForActiveBatch(t *testing.T) {
 	st, err := both.Status(ctx, v2.Name())
 	require.NoError(t, err)
 	require.Equal(t, projection.VersionBuilding, st.VersionState, "not cut over while the active batch is in flight")
-	close(release)
+	release()
 	wg.Wait()
 	require.NoError(t, heldErr)
 	require.NoError(t, flipErr)
