@@ -77,7 +77,7 @@ func (p *partitionStatements) forCount(count int) *partitionSQL {
 	// the partition index (partition, transaction_id, global_position) from the position to
 	// the horizon, in read order: this partition's events alone.
 	part := PartitionSQL(count)
-	h := strings.ReplaceAll(horizon, "{readable}", p.readable)
+	h := strings.NewReplacer("{readable}", p.readable, "{events}", p.events).Replace(horizon)
 	full := strings.NewReplacer("{events}", p.events, "{columns}", eventColumns, "{horizon}", h, "{part}", part)
 	bare := strings.NewReplacer("{events}", p.events, "{columns}", bareColumns, "{horizon}", h, "{part}", part)
 	floor := func(sql, param string) string { return strings.ReplaceAll(sql, "{floor}", param) }

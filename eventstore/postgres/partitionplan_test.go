@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -82,6 +83,11 @@ func TestPartitionReadPlan(t *testing.T) {
 			plan := strings.Join(lines, "\n")
 			t.Logf("%s, %s:\n%s", name, mode, plan)
 			assert.Contains(t, plan, "nudge_events_partition_16_idx", "%s, %s", name, mode)
+			// The horizon's probe (see horizon): the newest transaction id, one entry from the
+			// end of the read-order index.
+			probe := horizonProbe.FindAllStringIndex(plan, -1)
+			require.Len(t, probe, 1, "%s, %s: the horizon's probe:\n%s", name, mode, plan)
+			plan = plan[:probe[0][0]] + plan[probe[0][1]:]
 			// The events' scan and what follows it, without the horizon's subplans before it.
 			at := strings.Index(plan, " on nudge_events ")
 			require.GreaterOrEqual(t, at, 0, "%s, %s: no scan of the events", name, mode)
@@ -92,14 +98,17 @@ func TestPartitionReadPlan(t *testing.T) {
 			assert.Regexp(t, `Index Scan (Backward )?using nudge_events_partition_16_idx on nudge_events`, plan, "%s, %s", name, mode)
 			assert.NotContains(t, plan, "Sort Key: (", "%s, %s", name, mode)
 			assert.NotContains(t, plan, "Bitmap", "%s, %s", name, mode)
-			assert.Regexp(t, `Index Cond: \(\(\(\(\(\(\('x'::text \|\| substr\(md5\(stream_id\), 1, 8\)\)\)::bit\(32\)\)::integer & 2147483647\) % 16\) = ANY .*transaction_id < GREATEST\(\$\d+, .*\)\)\)`, plan, "%s, %s", name, mode)
+			assert.Regexp(t, `Index Cond: \(\(\(\(\(\(\('x'::text \|\| substr\(md5\(stream_id\), 1, 8\)\)\)::bit\(32\)\)::integer & 2147483647\) % 16\) = ANY .*transaction_id < GREATEST\(CASE WHEN COALESCE\(\(\$\d+ >= pg_snapshot_xmin\(pg_current_snapshot\(\)\)\), false\) THEN \$\d+ ELSE pg_snapshot_xmin\(pg_current_snapshot\(\)\) END, .*\)\)\)`, plan, "%s, %s", name, mode)
 		}
 	}
 }
 
+// horizonProbe matches the horizon's probe in a plan (see horizon).
+var horizonProbe = regexp.MustCompile(`Index Only Scan Backward using nudge_events_read_order_idx on nudge_events \w+\s+\(.*\n\s+Index Cond: \(transaction_id IS NOT NULL\)`)
+
 // TestPartitionReadWork: reading every partition to its end through Read, ReadTx and
-// HeadPartition fetches each event once and never walks the read-order index: the server's
-// own counters (pg_stat_user_tables, pg_stat_user_indexes) of the reading connection say so.
+// HeadPartition fetches each event once and never walks the read-order index (the horizon's
+// probe reads at most one entry of it per statement): the server's own counters (pg_stat_user_tables, pg_stat_user_indexes) of the reading connection say so.
 func TestPartitionReadWork(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -127,7 +136,7 @@ func TestPartitionReadWork(t *testing.T) {
 		return fetched, readOrder, partition
 	}
 	fetched0, readOrder0, partition0 := counters()
-	total := 0
+	total, statements := 0, 0
 	for i := range count {
 		p := eventstore.Partition{Index: i, Count: count}
 		var after eventstore.Position
@@ -146,6 +155,7 @@ func TestPartitionReadWork(t *testing.T) {
 			}
 			got, err := read()
 			require.NoError(t, err)
+			statements++
 			if len(got) == 0 {
 				break
 			}
@@ -154,11 +164,12 @@ func TestPartitionReadWork(t *testing.T) {
 		}
 		head, err := reader.HeadPartition(ctx, p)
 		require.NoError(t, err)
+		statements++
 		require.Equal(t, after, head)
 	}
 	require.Equal(t, events, total)
 	fetched, readOrder, partition := counters()
-	require.Equal(t, readOrder0, readOrder, "the read-order index was walked")
+	require.LessOrEqual(t, readOrder-readOrder0, int64(statements), "the read-order index was walked beyond the horizon's probes")
 	require.LessOrEqual(t, fetched-fetched0, int64(events+count), "heap tuples fetched: each event once, and each partition's head")
 	require.LessOrEqual(t, partition-partition0, int64(events+2*count), "partition index entries read")
 }

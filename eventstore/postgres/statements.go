@@ -37,7 +37,19 @@ const bareColumns = `global_position, transaction_id, event_id, stream_id, strea
 // than every transaction still running that may append events can be read, so nothing can
 // commit behind the reader later. {floor} is the statement's parameter of the store's floor
 // (Store.floor): a horizon this store saw before, below which nothing can commit any more.
-const horizon = `transaction_id < greatest({readable}, {floor}::xid8)`
+//
+// The horizon is never below the statement's snapshot's xmin, the oldest transaction it sees
+// running: with no event the snapshot sees at or above xmin, every horizon from xmin up reads
+// the same events. Then the statement compares with xmin and leaves {readable}, whose scan of
+// the lock table grows with the connections and locks of the whole cluster, unevaluated (an
+// init plan runs at its first use, here only in the CASE's branch that needs it). The test
+// compares the newest event's transaction with xmin: max() is read from the end of the events'
+// (transaction_id, global_position) index, one entry whatever the table's size (an EXISTS with
+// the comparison was planned as a scan of the table, which reads it all when nothing is at or
+// above xmin). A reader whose events are all older than every running transaction — a
+// projection between two appends, a quiet store — so pays no scan.
+const horizon = `transaction_id < greatest(CASE WHEN coalesce((SELECT max(transaction_id) FROM {events}) >= pg_snapshot_xmin(pg_current_snapshot()), false)
+		THEN {readable} ELSE pg_snapshot_xmin(pg_current_snapshot()) END, {floor}::xid8)`
 
 // exemptGuard is the first statement of the exemption's declaration (Store.ExemptTxOptions,
 // Store.BeginExemptBatch), after BEGIN: it sets transaction_deferrable to its current value, a
@@ -66,7 +78,7 @@ func newStatements(schema string) statements {
 	// The key of the store's exemption lock and the horizon (see internal/pghorizon).
 	key := pghorizon.Key(schema)
 	readableSQL := pghorizon.Readable(schema)
-	h := strings.ReplaceAll(horizon, "{readable}", readableSQL)
+	h := strings.NewReplacer("{readable}", readableSQL, "{events}", table("nudge_events")).Replace(horizon)
 	r := strings.NewReplacer("{readable}", readableSQL, "{heldLimit}", strconv.Itoa(eventstore.HeldEventsLimit), "{events}", table("nudge_events"), "{streams}", table("nudge_streams"), "{columns}", eventColumns, "{horizon}", h,
 		"{key}", key, "{exemptHeld}", strings.ReplaceAll(exemptHeld, "{key}", key))
 	bare := strings.NewReplacer("{events}", table("nudge_events"), "{columns}", bareColumns, "{horizon}", h)

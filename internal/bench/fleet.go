@@ -76,6 +76,7 @@ type fleetFigures struct {
 	appendsPerS        float64 // over the append window
 	seconds            float64 // from the first measured append until every event was visible
 	pgCPU              time.Duration
+	processCPU         time.Duration // this process's CPU over the window
 	transactions       int64
 	batches, catchUps  int64
 	connections, queue int
@@ -223,8 +224,10 @@ func (h *harness) fleetRun(ctx context.Context, c fleetCase) (fleetFigures, erro
 			if probe, err = h.startProbe(ctx, f.db.name); err != nil {
 				return nil, err
 			}
+			proc := ProcessCPU()
 			return func() error {
 				fig.pgCPU, fig.transactions, fig.connections, err = probe.end(ctx)
+				fig.processCPU = ProcessCPU() - proc
 				return err
 			}, nil
 		}}

@@ -3,7 +3,7 @@
 // (PASS/MISS with the gap). It also writes the results as JSON, with the machine they were
 // measured on, to -out.
 //
-//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|dlstall|bluegreen|status|horizon|partitions|cqrs|scaleout|console|fleet]
+//	go run ./internal/bench [-quick] [-scenario all|rebuild|latency|append|idle|fanout|recovery|park|dlstall|bluegreen|status|horizon|partitions|cqrs|scaleout|console|fleet|deep|batchcost]
 //	                        [-out bench-results] [-cpuprofile] [-pprof-dir DIR]
 //	                        [-write-docs docs/performance.md] [-from-json FILE]
 //
@@ -73,6 +73,13 @@
 //     levels, all-visible pages), a projection's catch-up rate from zero (the first 200,000
 //     events) and near the end (the last 200,000), single-event append latency p50/p99, and a
 //     live projection at the head keeping up with appends; every depth beside the first.
+//   - batchcost: what a batch costs the server, for this tree and for the library at
+//     -batchcost-baseline (a git revision, built with this tree's harness), each in a process of
+//     its own, in alternating rounds (-quick: one): one backend's CPU per batch of one event and
+//     per empty batch over 2,000 catch-ups each (-quick: 500), and ten projections at 1,000
+//     appends/s on RabbitMQ for 8 s (-quick: 3 s): the server backends' CPU per event ×
+//     projection and per batch, the cores busy (backends and process), the appends/s reached
+//     and the live p99.
 //
 // Each scenario step runs on a database of its own (created and dropped, named like
 // internal/pgtest's) and a RabbitMQ prefix of its own (named like internal/amqptest's). The
@@ -149,6 +156,9 @@ type options struct {
 	writeDocs, fromJSON string
 	// deepEvents are the deep scenario's depths (-deep-events); nil: the sizes' own.
 	deepEvents []int
+	// batchCostBaseline is the git revision whose library the batchcost scenario measures
+	// beside this tree's.
+	batchCostBaseline string
 }
 
 // scenario is one benchmark scenario.
@@ -179,6 +189,7 @@ var scenarios = []scenario{
 	{"console", "the operator console's overview of 300 projections", runConsole, []Target{targetConsole}},
 	{"fleet", "what 1 to 300 projections cost per event and projection, and idle", runFleet, []Target{targetFleetGrowth, targetFleetIdle}},
 	{"deep", "a deep store: appends, catch-ups, status and sizes by depth", runDeep, nil},
+	{"batchcost", "what a batch costs the server, beside the baseline tree", runBatchCost, []Target{targetBatchCost, targetBatchLive, targetLiveCores}},
 }
 
 func scenarioNames() []string {
@@ -211,6 +222,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.StringVar(&logLevel, "log-level", "info", "level of the library's own logs, written to <out>/bench-<time>.log (debug, info, warn, error)")
 	fs.StringVar(&o.writeDocs, "write-docs", "", "merge the scenarios run into this Markdown `page` (make bench: docs/performance.md), one section each, and keep the JSON results in bench/ beside it")
 	fs.StringVar(&deepEvents, "deep-events", "", "the deep scenario's depths, comma-separated event counts (default: 1000000,20000000; -quick: 20000,100000)")
+	fs.StringVar(&o.batchCostBaseline, "batchcost-baseline", batchCostBaselineDefault, "the git `revision` whose library the batchcost scenario measures beside this tree's (built with this tree's harness)")
 	fs.StringVar(&o.fromJSON, "from-json", "", "run nothing: merge this results `file` into the -write-docs page")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: go run ./internal/bench [flags]\n\nMeasures nudge against real PostgreSQL and RabbitMQ; every figure beside its baseline.\n\n")
@@ -276,6 +288,9 @@ func envOr(key, def string) string {
 func main() {
 	if spec := os.Getenv(cqrsChildEnv); spec != "" { // a consumer of the cqrs scenario
 		os.Exit(runCQRSChild(spec))
+	}
+	if spec := os.Getenv(batchCostChildEnv); spec != "" { // a measurement of the batchcost scenario
+		os.Exit(runBatchCostMeasure(spec))
 	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -518,6 +533,10 @@ type sizes struct {
 	deepAppends     int           // single-event appends timed at each depth
 	deepWarmAppends int           // single-event appends before them, untimed
 	deepLive        time.Duration // the window of the live projection at the head
+
+	batchCostBatches int           // catch-ups of each kind whose per-batch CPU is measured
+	batchCostLive    time.Duration // the live run's measured window
+	batchCostRounds  int           // rounds, each measuring this tree and the baseline
 }
 
 // sizesFor returns the default sizes (about 10 minutes on 2 cores, 4 of them the blue/green
@@ -539,6 +558,7 @@ func sizesFor(quick bool) sizes {
 		scaleOutEvents:  30_000, scaleOutFlatEvents: 3_000, scaleOutWorkers: []int{1, 4, 8}, scaleOutRounds: 3,
 		fleetProjections: []int{1, fleetBase, 100, 300}, fleetRate: 150, fleetDuration: 10 * time.Second, fleetIdleWindow: 30 * time.Second,
 		deepEvents: []int{1_000_000, 20_000_000}, deepCatchUp: 200_000, deepAppends: 2000, deepWarmAppends: 200, deepLive: 10 * time.Second,
+		batchCostBatches: 2000, batchCostLive: 8 * time.Second, batchCostRounds: 3,
 	}
 	if quick {
 		s.rebuildEvents, s.naiveEvents, s.batchSizes = 50_000, 2_000, []int{500, 1000}
@@ -554,6 +574,7 @@ func sizesFor(quick bool) sizes {
 		s.scaleOutEvents, s.scaleOutFlatEvents, s.scaleOutWorkers = 6_000, 1_200, []int{1, 4}
 		s.fleetRate, s.fleetDuration, s.fleetIdleWindow = 100, 3*time.Second, 10*time.Second
 		s.deepEvents, s.deepCatchUp, s.deepAppends, s.deepWarmAppends, s.deepLive = []int{20_000, 100_000}, 20_000, 300, 30, 2*time.Second
+		s.batchCostBatches, s.batchCostLive, s.batchCostRounds = 500, 3*time.Second, 1
 	}
 	return s
 }

@@ -213,6 +213,8 @@ func FormatValue(v float64, unit string) string {
 		return fmt.Sprintf("%.1f%%", v)
 	case unit == "ms" && math.Abs(v) < 10:
 		return fmt.Sprintf("%.2f", v)
+	case unit == "cores":
+		return fmt.Sprintf("%.2f", v)
 	case unit == "ms", unit == "MB", unit == "s":
 		return fmt.Sprintf("%.1f", v)
 	default:

@@ -151,41 +151,101 @@ func (b *Backend) lock(ctx context.Context, tx pgx.Tx, name string) (projection.
 
 // lockWith is lock; when parked is not nil, it also reads the projection's parked streams into
 // it, when ver is not nil its version record, and when ahead is not nil the events it
-// describes, in the same round trip.
+// describes: in the same round trip, but for what lockRead.finish reads in a second one.
 func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked map[string]projection.ParkedStream, ver *versionRead, ahead *readAhead) (projection.Status, error) {
 	var (
 		batch pgx.Batch
 		st    projection.Status
 	)
-	b.queueLock(&batch, name, &st, parked, ver, ahead)
-	return st, tx.SendBatch(ctx, &batch).Close()
+	read := b.queueLock(&batch, name, &st, parked, ver, ahead)
+	if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
+		return st, err
+	}
+	return st, read.finish(ctx, tx)
+}
+
+// lockRead is the read of a unit's status, parked streams and version record that queueLock
+// queued after the unit's lock.
+type lockRead struct {
+	b      *Backend
+	st     *projection.Status
+	parked map[string]projection.ParkedStream
+	ver    *versionRead
+	name   string
+	// deferred: the parked streams are read by finish, when the status counts some; full: the
+	// version record needs the full read (selectBatchStatus), which finish makes.
+	deferred, full bool
 }
 
 // queueLock queues on batch the statements of lockWith, which read the status into st when
-// batch is sent.
-func (b *Backend) queueLock(batch *pgx.Batch, name string, st *projection.Status, parked map[string]projection.ParkedStream, ver *versionRead, ahead *readAhead) {
+// batch is sent; the caller then calls finish on what it returns.
+//
+// With a version record to read, the status comes from selectBatchStatus, which also says
+// whether that record needs more than the state and the retirement it already holds: a
+// projection with no other version building or waiting for its drop — nearly every batch —
+// reads no more. Its parked streams are read only when the status counts some. What the
+// status says is needed, finish reads in a second round trip, still under the lock.
+func (b *Backend) queueLock(batch *pgx.Batch, name string, st *projection.Status, parked map[string]projection.ParkedStream, ver *versionRead, ahead *readAhead) *lockRead {
+	read := &lockRead{b: b, st: st, parked: parked, ver: ver, name: name, deferred: ver != nil && parked != nil}
 	batch.Queue(b.sql.lock, name)
-	if parked != nil {
-		batch.Queue(b.sql.selectParkedOf, name).Query(func(rows pgx.Rows) error {
-			list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (projection.ParkedStream, error) { return scanParked(row) })
-			for _, ps := range list {
-				parked[ps.StreamID] = ps
-			}
-			return err
-		})
+	if parked != nil && !read.deferred {
+		read.queueParked(batch)
 	}
-	if ver != nil {
-		b.queueVersionInfo(batch, ver)
-	}
-	batch.Queue(b.sql.selectStatus, name).QueryRow(func(row pgx.Row) error {
-		var err error
-		*st, _, err = scanStatus(row)
+	notRegistered := func(err error) error {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("projection %s: %w", name, projection.ErrNotRegistered)
 		}
 		return err
-	})
+	}
+	if ver == nil {
+		batch.Queue(b.sql.selectStatus, name).QueryRow(func(row pgx.Row) error {
+			var err error
+			*st, _, err = scanStatus(row)
+			return notRegistered(err)
+		})
+	} else {
+		batch.Queue(b.sql.selectBatchStatus, name).QueryRow(func(row pgx.Row) error {
+			var (
+				dropped *time.Time
+				err     error
+			)
+			if *st, _, err = scanStatusWith(row, &dropped, &read.full); err != nil {
+				return notRegistered(err)
+			}
+			*ver.info = projection.VersionInfo{State: st.VersionState, RetiredAt: st.RetiredAt, DroppedAt: deref(dropped)}
+			return nil
+		})
+	}
 	ahead.queue(b.store, batch)
+	return read
+}
+
+// queueParked queues the read of the parked streams.
+func (r *lockRead) queueParked(batch *pgx.Batch) {
+	batch.Queue(r.b.sql.selectParkedOf, r.name).Query(func(rows pgx.Rows) error {
+		list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (projection.ParkedStream, error) { return scanParked(row) })
+		for _, ps := range list {
+			r.parked[ps.StreamID] = ps
+		}
+		return err
+	})
+}
+
+// finish reads, in one round trip on tx, what the first round trip found it needs: the
+// parked streams when the status counts some, the version record in full when it needs it;
+// nothing (and no round trip) otherwise.
+func (r *lockRead) finish(ctx context.Context, tx pgx.Tx) error {
+	var batch pgx.Batch
+	if r.deferred && r.st.ParkedStreams > 0 {
+		r.queueParked(&batch)
+	}
+	if r.full {
+		r.b.queueVersionInfo(&batch, r.ver)
+	}
+	if batch.Len() == 0 {
+		return nil
+	}
+	return tx.SendBatch(ctx, &batch).Close()
 }
 
 // readAhead is a batch's read run in the round trip that takes its lock (projection.ReadAhead).
@@ -283,8 +343,12 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, want *
 		ahead  = newReadAhead(want)
 	)
 	var statements *projection.Statements // the handlers' statements left to the commit
-	queue := func(batch *pgx.Batch) { b.queueLock(batch, p.Name(), &st, parked, versionOf(p, &ver), ahead) }
+	var read *lockRead
+	queue := func(batch *pgx.Batch) { read = b.queueLock(batch, p.Name(), &st, parked, versionOf(p, &ver), ahead) }
 	err := b.inLockedTx(ctx, batchExempt(p), queue, func(tx pgx.Tx) (*pgx.Batch, error) {
+		if err := read.finish(ctx, tx); err != nil {
+			return nil, err
+		}
 		u := b.unit(tx, st, parked, ver)
 		u.Claim = func(ctx context.Context) (projection.VersionInfo, error) {
 			err := b.claim(ctx, tx, p, &ver)

@@ -25,8 +25,13 @@ type statements struct {
 	advanceClock, advanceClearingClock string
 	// Parked streams: see park.go.
 	selectParked, insertParked, addHeld, deleteParked, recordParkAction, parkFailed, clearParked string
-	// selectParkedOf is selectParked for one projection, the statement of every batch.
+	// selectParkedOf is selectParked for one projection, read by a batch whose status counts
+	// parked streams.
 	selectParkedOf string
+	// selectBatchStatus is selectStatus for a batch: with the version record's drop time, and
+	// whether the projection's versions need the batch to read its version record in full
+	// (selectVersionInfo, selectClaims).
+	selectBatchStatus string
 	// selectParkActions reads recorded actions on parked streams, newest first.
 	selectParkActions string
 	// selectAllStatus is selectStatus for every projection, by name; selectPartitionStatus
@@ -60,6 +65,17 @@ const statusColumns = `p.name, p.transaction_id, p.global_position, p.state, p.e
 	k.event_id, k.event_type, k.stream_id, k.transaction_id, k.global_position, k.skipped_by, k.reason, k.forced, k.skipped_at,
 	p.event_types, coalesce(pk.n, 0), pk.oldest,
 	v.version, v.state, v.retired_at, av.version, p.partition_of, p.partition_index, p.partition_count,
+	p.state_changed_by, p.state_changed_at`
+
+// batchStatusColumns are statusColumns as a batch reads them (selectBatchStatus): without the
+// last skip, the oldest parked stream's time and the active version, which are NULL, and with
+// the parked streams counted alone.
+const batchStatusColumns = `p.name, p.transaction_id, p.global_position, p.state, p.events_processed, coalesce(p.last_error, ''),
+	p.failing_transaction_id, p.failing_global_position, p.failing_event_id, p.failing_event_type, p.failing_stream_id,
+	p.attempts, p.first_failed_at, p.last_failed_at, p.rebuild_started_at, p.updated_at,
+	NULL::uuid, NULL::text, NULL::text, NULL::xid8, NULL::bigint, NULL::text, NULL::text, NULL::bool, NULL::timestamptz,
+	p.event_types, (SELECT count(*) FROM {parked} x WHERE x.projection = p.name), NULL::timestamptz,
+	v.version, v.state, v.retired_at, NULL::int, p.partition_of, p.partition_index, p.partition_count,
 	p.state_changed_by, p.state_changed_at`
 
 // statusFrom is the FROM clause of the status queries: the status row and its last skip.
@@ -106,6 +122,18 @@ func (s *statements) addStatusSQL(r *strings.Replacer) {
 		ON CONFLICT (name) DO UPDATE SET event_types = EXCLUDED.event_types
 		WHERE p.event_types IS DISTINCT FROM EXCLUDED.event_types`)
 	s.selectStatus = r.Replace(`SELECT {columns} ` + statusFrom + ` WHERE p.name = $1`)
+	// A version record needs the full read when the unit's version is building (its active
+	// version's position, pace and claims), or retired but not dropped, or when another version
+	// of the projection is building (its claims) or retired and not dropped yet (the active
+	// version drops it): with none of these, the state and the retirement read here are all
+	// of it.
+	//
+	// A batch reads neither the last skip, nor when the oldest parked stream was parked, nor
+	// the active version's number: the statement leaves those columns NULL (and their joins
+	// out), and counts the parked streams alone.
+	s.selectBatchStatus = r.Replace(`SELECT ` + batchStatusColumns + `, v.dropped_at, EXISTS (SELECT FROM {versions} o WHERE o.projection = v.projection
+			AND (o.state = 'building' OR o.state = 'retired' AND o.dropped_at IS NULL))
+		FROM {projections} p LEFT JOIN {versions} v ON v.unit = coalesce(p.partition_of, p.name) WHERE p.name = $1`)
 	s.selectAllStatus = r.Replace(`SELECT {columns} ` + statusFrom + ` ORDER BY p.name`)
 	s.selectPartitionStatus = r.Replace(`SELECT {columns} ` + statusFrom + ` WHERE p.partition_of = $1 ORDER BY p.partition_index`)
 	// The store's head; the projection's readable lag counted in a window of at most
@@ -276,6 +304,12 @@ type rowInfo struct {
 
 // scanStatus reads a row of statusColumns: the status without lag fields, and its rowInfo.
 func scanStatus(row pgx.Row) (projection.Status, rowInfo, error) {
+	return scanStatusWith(row)
+}
+
+// scanStatusWith is scanStatus of a statement whose status columns are followed by more,
+// scanned into extra.
+func scanStatusWith(row pgx.Row, extra ...any) (projection.Status, rowInfo, error) {
 	var (
 		st                             projection.Status
 		info                           rowInfo
@@ -298,11 +332,12 @@ func scanStatus(row pgx.Row) (projection.Status, rowInfo, error) {
 		changedBy                      *string
 		changedAt                      *time.Time
 	)
-	if err := row.Scan(&st.Name, &st.Position.TransactionID, &st.Position.GlobalPosition, &state, &st.EventsProcessed,
+	dest := append([]any{&st.Name, &st.Position.TransactionID, &st.Position.GlobalPosition, &state, &st.EventsProcessed,
 		&st.LastError, &failTx, &failPos, &failID, &failType, &failStream, &st.Attempts, &firstFail, &lastFail,
 		&rebuiltAt, &st.UpdatedAt, &skipID, &skipType, &skipStream, &skipTx, &skipPos, &skipBy, &skipReason,
 		&skipForced, &skipAt, &info.types, &st.ParkedStreams, &oldestParked, &version, &versionState, &retiredAt, &activeVersion,
-		&partOf, &partIndex, &partCount, &changedBy, &changedAt); err != nil {
+		&partOf, &partIndex, &partCount, &changedBy, &changedAt}, extra...)
+	if err := row.Scan(dest...); err != nil {
 		return st, info, err
 	}
 	info.part = eventstore.Partition{Index: deref(partIndex), Count: deref(partCount)}
