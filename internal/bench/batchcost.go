@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/nudgeworks/nudge/eventstore"
+	"github.com/nudgeworks/nudge/internal/backoff"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
 	"github.com/nudgeworks/nudge/projection"
 )
@@ -111,6 +112,10 @@ func runBatchCost(ctx context.Context, h *harness, sec *Section) error {
 		}
 		for _, exe := range order {
 			f, err := runBatchCostChild(ctx, exe, spec)
+			if err != nil && ctx.Err() == nil { // a busy machine's broker may refuse a connection a while: once more
+				h.log.WarnContext(ctx, "batchcost round failed; running it again", slog.Int("round", round+1), slog.Any("error", err))
+				f, err = runBatchCostChild(ctx, exe, spec)
+			}
 			if err != nil {
 				return fmt.Errorf("round %d, %s: %w", round+1, map[bool]string{true: "this tree", false: "baseline"}[exe == current], err)
 			}
@@ -399,8 +404,23 @@ const (
 // appendAndCatchUp appends event i and catches the projection up: one batch of one event.
 func appendAndCatchUp(ctx context.Context, writer *espg.Store, runner *projection.Runner, i int) error {
 	stream := fmt.Sprintf("batchcost-%d", i%batchCostStreams)
-	if _, err := writer.Append(ctx, stream, eventstore.Any, eventstore.EventData{Type: batchCostEventType, Payload: json.RawMessage(`{"w":0,"n":1}`)}); err != nil {
+	appended, err := writer.Append(ctx, stream, eventstore.Any, eventstore.EventData{Type: batchCostEventType, Payload: json.RawMessage(`{"w":0,"n":1}`)})
+	if err != nil {
 		return err
+	}
+	// A transaction elsewhere in the cluster may hold the horizon a moment: the batch is to
+	// find its event. The wait reads on the writer's pool, not the measured backend.
+	for {
+		head, err := writer.Head(ctx)
+		if err != nil {
+			return err
+		}
+		if !head.Less(appended.Events[0].Position) {
+			break
+		}
+		if err := backoff.Sleep(ctx, time.Millisecond); err != nil {
+			return err
+		}
 	}
 	res, err := runner.CatchUp(ctx, "batchcost")
 	if err != nil {

@@ -151,7 +151,7 @@ func (b *Backend) lock(ctx context.Context, tx pgx.Tx, name string) (projection.
 
 // lockWith is lock; when parked is not nil, it also reads the projection's parked streams into
 // it, when ver is not nil its version record, and when ahead is not nil the events it
-// describes: in the same round trip, but for what lockRead.finish reads in a second one.
+// describes: in the same round trip, but for the version record's full read (lockRead.finish).
 func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked map[string]projection.ParkedStream, ver *versionRead, ahead *readAhead) (projection.Status, error) {
 	var (
 		batch pgx.Batch
@@ -164,17 +164,12 @@ func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked m
 	return st, read.finish(ctx, tx)
 }
 
-// lockRead is the read of a unit's status, parked streams and version record that queueLock
-// queued after the unit's lock.
+// lockRead is the read of a unit's status and version record that queueLock queued after the
+// unit's lock.
 type lockRead struct {
-	b      *Backend
-	st     *projection.Status
-	parked map[string]projection.ParkedStream
-	ver    *versionRead
-	name   string
-	// deferred: the parked streams are read by finish, when the status counts some; full: the
-	// version record needs the full read (selectBatchStatus), which finish makes.
-	deferred, full bool
+	b    *Backend
+	ver  *versionRead
+	full bool // the version record needs the full read (selectBatchStatus), which finish makes
 }
 
 // queueLock queues on batch the statements of lockWith, which read the status into st when
@@ -183,13 +178,19 @@ type lockRead struct {
 // With a version record to read, the status comes from selectBatchStatus, which also says
 // whether that record needs more than the state and the retirement it already holds: a
 // projection with no other version building or waiting for its drop — nearly every batch —
-// reads no more. Its parked streams are read only when the status counts some. What the
-// status says is needed, finish reads in a second round trip, still under the lock.
+// reads no more. When it does, finish reads the rest in a second round trip, still under the
+// lock.
 func (b *Backend) queueLock(batch *pgx.Batch, name string, st *projection.Status, parked map[string]projection.ParkedStream, ver *versionRead, ahead *readAhead) *lockRead {
-	read := &lockRead{b: b, st: st, parked: parked, ver: ver, name: name, deferred: ver != nil && parked != nil}
+	read := &lockRead{b: b, ver: ver}
 	batch.Queue(b.sql.lock, name)
-	if parked != nil && !read.deferred {
-		read.queueParked(batch)
+	if parked != nil {
+		batch.Queue(b.sql.selectParkedOf, name).Query(func(rows pgx.Rows) error {
+			list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (projection.ParkedStream, error) { return scanParked(row) })
+			for _, ps := range list {
+				parked[ps.StreamID] = ps
+			}
+			return err
+		})
 	}
 	notRegistered := func(err error) error {
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -220,31 +221,14 @@ func (b *Backend) queueLock(batch *pgx.Batch, name string, st *projection.Status
 	return read
 }
 
-// queueParked queues the read of the parked streams.
-func (r *lockRead) queueParked(batch *pgx.Batch) {
-	batch.Queue(r.b.sql.selectParkedOf, r.name).Query(func(rows pgx.Rows) error {
-		list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (projection.ParkedStream, error) { return scanParked(row) })
-		for _, ps := range list {
-			r.parked[ps.StreamID] = ps
-		}
-		return err
-	})
-}
-
-// finish reads, in one round trip on tx, what the first round trip found it needs: the
-// parked streams when the status counts some, the version record in full when it needs it;
-// nothing (and no round trip) otherwise.
+// finish reads the version record in full, its claims included, in one round trip on tx when
+// the first round trip found it needs it; nothing (and no round trip) otherwise.
 func (r *lockRead) finish(ctx context.Context, tx pgx.Tx) error {
-	var batch pgx.Batch
-	if r.deferred && r.st.ParkedStreams > 0 {
-		r.queueParked(&batch)
-	}
-	if r.full {
-		r.b.queueVersionInfo(&batch, r.ver)
-	}
-	if batch.Len() == 0 {
+	if !r.full {
 		return nil
 	}
+	var batch pgx.Batch
+	r.b.queueVersionInfo(&batch, r.ver)
 	return tx.SendBatch(ctx, &batch).Close()
 }
 
