@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/nudgeworks/nudge/eventstore"
-	"github.com/nudgeworks/nudge/internal/backoff"
 	espg "github.com/nudgeworks/nudge/eventstore/postgres"
+	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/projection"
 )
 
