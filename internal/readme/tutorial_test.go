@@ -30,8 +30,10 @@ const tutorialChannel = `amqpchannel.Config{URL: os.Getenv("AMQP_URL")}`
 
 // TestTutorial follows the getting-started page as a newcomer would, in a module of its own
 // outside the repository: go mod init, a replace to this checkout, the page's main.go and
-// main_test.go, go mod tidy (offline: GOPROXY=off, GOSUMDB=off, from the module cache the
-// repository's own build filled), go test (the nudgetest kit), then the
+// main_test.go, go mod tidy (from the module cache the repository's own build filled, and
+// through the configured GOPROXY for what the new module's graph needs beyond it: a module
+// without graph pruning reads the go.mod of older versions the repository never downloads),
+// go test (the nudgetest kit), then the
 // program on PostgreSQL and RabbitMQ until it prints the ticket it read back, nudge status
 // from the module, and Ctrl-C. It also checks the Go version the page asks for against the
 // module's go directive.
@@ -46,7 +48,7 @@ func TestTutorial(t *testing.T) {
 	abs, err := filepath.Abs(root)
 	require.NoError(t, err)
 	dir := t.TempDir()
-	env := append(os.Environ(), "GOPROXY=off", "GOSUMDB=off", "GOFLAGS=-mod=mod", "GOTOOLCHAIN=local", "CI=true",
+	env := append(os.Environ(), "GOSUMDB=off", "GOFLAGS=-mod=mod", "GOTOOLCHAIN=local", "CI=true",
 		"DATABASE_URL="+db.URL, "AMQP_URL="+broker.URL, "NUDGE_DATABASE_URL="+db.URL,
 		"TUTORIAL_AMQP_PREFIX="+broker.Prefix)
 	ctx := testwait.Context(t, 10*time.Minute)
