@@ -104,3 +104,21 @@ func drain(t *testing.T, ch *amqp091.Channel, queue string, want int) []int64 {
 }
 
 var _ channel.PartitionDeclarer = (*amqp.Channel)(nil)
+
+// TestDeclarePartitionsChecksTheQueueType: units whose queues exist as classic queues fail
+// DeclarePartitions of a channel configured for quorum queues with a *QueueMismatchError, as
+// Declare does, though it only looks the existing queues up (the first unit is declared).
+func TestDeclarePartitionsChecksTheQueueType(t *testing.T) {
+	t.Parallel()
+	env := amqptest.New(t)
+	ctx := context.Background()
+	units := []string{"beta.p0", "beta.p1", "beta.p2"}
+	require.NoError(t, newChannel(t, config(t, env)).DeclarePartitions(ctx, units...))
+	quorum := newChannel(t, quorumConfig(t, env))
+	err := quorum.DeclarePartitions(ctx, units...)
+	var mismatch *amqp.QueueMismatchError
+	require.ErrorAs(t, err, &mismatch)
+	require.ErrorIs(t, err, amqp.ErrQueueTypeMismatch)
+	require.Equal(t, quorum.QueueName("beta.p0"), mismatch.Queue)
+	require.NoError(t, newChannel(t, config(t, env)).DeclarePartitions(ctx, units...), "declared again as they are")
+}
