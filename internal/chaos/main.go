@@ -219,7 +219,7 @@ func okText(ok bool) string {
 // selectScenarios returns the scenarios named in which ("all" or a comma-separated list).
 func selectScenarios(all []scenario, which string) ([]scenario, error) {
 	if which == "all" {
-		return all, nil
+		return slices.DeleteFunc(slices.Clone(all), func(sc scenario) bool { return sc.optIn }), nil
 	}
 	var out []scenario
 	for _, name := range strings.Split(which, ",") {
