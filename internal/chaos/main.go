@@ -74,7 +74,9 @@ func run() int {
 		verbose = flag.Bool("v", false, "print progress to stderr")
 		list    = flag.Bool("list", false, "list the scenarios and exit")
 	)
+	flag.IntVar(&fleetWorkers, "fleet-workers", fleetWorkers, "worker processes scale-fleet scales up to (at least 8)")
 	flag.Parse()
+	fleetWorkers = max(fleetWorkers, 8)
 	all := scenarios()
 	if *list {
 		for _, sc := range all {

@@ -14,7 +14,6 @@ import (
 const (
 	fleetProjections = 50
 	fleetPartitions  = 64
-	fleetWorkers     = 16
 	fleetWriters     = 4
 	// fleetRate is low: every event is applied by the 50 projections, mostly each in a
 	// transaction of its own (an event's partition rarely has another event in the same
@@ -31,6 +30,10 @@ const (
 	fleetReadyBound = 4 * time.Minute
 )
 
+// fleetWorkers is how many worker processes scale-fleet scales up to (-fleet-workers, at least
+// 8): half of them first, then all; then 2 are SIGKILLed, 3 stopped with SIGTERM, 1 SIGKILLed.
+var fleetWorkers = 16
+
 // fleetScenario: 50 partitioned projections of 64 partitions each on up to 16 worker
 // processes, with SIGKILLs and SIGTERMs. Not in "all": it takes minutes.
 func fleetScenario() scenario {
@@ -39,10 +42,10 @@ func fleetScenario() scenario {
 		optIn: true,
 		injects: fmt.Sprintf("%d exactly-once projections (chaos_exact and chaos_fleet_NN), each split into %d partitions (%d units), spread over "+
 			"the worker processes by leases (TTL %s, renewal %s); %d writers append %d events/s (1–%d per append, more while behind the rate); "+
-			"the workers scale 8 → %d, then 2 are SIGKILLed, 3 of the 14 left stopped with SIGTERM and 1 of the 11 left SIGKILLed, leaving 10; "+
-			"each step is held until the leases of every projection converge",
+			"the workers scale %d → %d (one after the other), then 2 are SIGKILLed, 3 of the %d left stopped with SIGTERM and 1 of the %d left SIGKILLed, "+
+			"leaving %d; each step is held until the leases of every projection converge",
 			fleetProjections, fleetPartitions, fleetProjections*fleetPartitions, lease.TTLDefault, lease.RenewDefault,
-			fleetWriters, fleetRate, fleetPerAppend, fleetWorkers),
+			fleetWriters, fleetRate, fleetPerAppend, fleetWorkers/2, fleetWorkers, fleetWorkers-2, fleetWorkers-5, fleetWorkers-6),
 		checks: fmt.Sprintf("every step converges (joins and graceful stops within %s, SIGKILLs within %s); a monitor polling the lease "+
 			"table every %s finds no partition of any projection without a live owner for longer than TTL + renewal + 1 s = %s, and every "+
 			"partition owned again within that bound after each SIGKILL; every event in each of the %d read models exactly once, with the "+
