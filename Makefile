@@ -21,7 +21,7 @@ CHAOS_LOADED_SCALE     ?= 3
 OUTAGE_TESTS           := TestPublishersAcrossOutages|TestBrokerOutageWhileRunning
 
 .DEFAULT_GOAL := help
-.PHONY: help up tools down test test-loaded lint chaos chaos-loaded bench bench-go demo docs
+.PHONY: help up tools down test test-loaded lint chaos chaos-fleet chaos-loaded bench bench-go demo docs
 
 help: ## Show the targets and what they do.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -65,6 +65,9 @@ lint: $(GOLANGCI_LINT) ## Check formatting, go vet and golangci-lint.
 
 chaos: up tools ## Inject faults (kills, outages, poison, bad input) and verify every read model (RELIABILITY.md).
 	$(GO) run ./internal/chaos -timeout-scale $(CHAOS_TIMEOUT_SCALE) $(CHAOS_FLAGS)
+
+chaos-fleet: up tools ## The scale-fleet chaos scenario alone: 50 projections × 64 partitions on 16 workers, kills (minutes; RELIABILITY.md).
+	$(GO) run ./internal/chaos -scenario scale-fleet -budget 20m -timeout-scale $(CHAOS_TIMEOUT_SCALE) $(CHAOS_FLAGS)
 
 chaos-loaded: ## Run make chaos while every core is kept busy (scripts/cpuhog.sh), its deadlines ×3.
 	@scripts/cpuhog.sh -t $(CPUHOG_SECONDS) $(if $(CPUHOG_WORKERS),-n $(CPUHOG_WORKERS)) -- \

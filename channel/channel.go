@@ -56,6 +56,18 @@ type Undeclarer interface {
 	Undeclare(ctx context.Context, projections ...string) error
 }
 
+// PartitionDeclarer is implemented by channels that deliver to a partition unit's
+// subscription only the triggers whose partition keys (trigger.Trigger.Keys) fall in its
+// partition, and those without keys (channel/amqp). DeclarePartitions declares the
+// subscriptions of one partitioned projection's units, units[k] being partition k of
+// len(units) (projection.Runner.Partitions lists them in that order); it replaces Declare for
+// them. A worker uses it when its channel has it. Consumers still check every trigger
+// (trigger.Trigger.ConcernsPartition): the routing saves them the work, it is not what keeps
+// a partition's triggers apart.
+type PartitionDeclarer interface {
+	DeclarePartitions(ctx context.Context, units ...string) error
+}
+
 // ErrInUse matches an Undeclare that kept a subscription because a process still consumes it.
 var ErrInUse = errors.New("channel: subscription in use")
 

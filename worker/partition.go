@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/nudgeworks/nudge/channel"
 	"github.com/nudgeworks/nudge/eventstore"
 	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/internal/pgmigrate"
@@ -177,6 +178,30 @@ func (w *Worker) subscriptionNames() []string {
 		}
 	}
 	return out
+}
+
+// declare declares the worker's subscriptions: the projections' and their partition units'.
+// A channel that routes by partition (channel.PartitionDeclarer) declares each partitioned
+// projection's units with their partitions, so each receives only its partition's triggers.
+func (w *Worker) declare(ctx context.Context) error {
+	pd, ok := w.cfg.Channel.(channel.PartitionDeclarer)
+	if !ok {
+		if err := w.cfg.Channel.Declare(ctx, w.subscriptionNames()...); err != nil {
+			return fmt.Errorf("worker: declare subscriptions: %w", err)
+		}
+		return nil
+	}
+	if err := w.cfg.Channel.Declare(ctx, w.names...); err != nil {
+		return fmt.Errorf("worker: declare subscriptions: %w", err)
+	}
+	for _, name := range w.names {
+		if ps, ok := w.parts[name]; ok {
+			if err := pd.DeclarePartitions(ctx, ps.units...); err != nil {
+				return fmt.Errorf("worker: declare the partitions of %s: %w", name, err)
+			}
+		}
+	}
+	return nil
 }
 
 // runPartitions runs the partitioned projections' partitions until ctx ends: each one's lease

@@ -376,18 +376,23 @@ func (w *Worker) Stats(name string) Stats {
 // eventstore.ErrNotMigrated or deadletter.ErrNotMigrated say so), an init hook's error, a channel
 // that cannot declare. Safe to call again (at every start, from several processes at once).
 func (w *Worker) Prepare(ctx context.Context) error {
+	began := time.Now()
 	if err := w.cfg.Runner.Init(ctx); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
+	initialised := time.Now()
 	if _, err := w.cfg.DeadLetters.List(ctx, deadletter.Filter{Limit: 1}); err != nil {
 		return fmt.Errorf("worker: read the dead letters: %w", err)
 	}
 	if err := w.checkLeases(ctx); err != nil {
 		return err
 	}
-	if err := w.cfg.Channel.Declare(ctx, w.subscriptionNames()...); err != nil {
-		return fmt.Errorf("worker: declare subscriptions: %w", err)
+	declaring := time.Now()
+	if err := w.declare(ctx); err != nil {
+		return err
 	}
+	w.logger.Info("worker: prepared", slog.Int("projections", len(w.names)), slog.Int("subscriptions", len(w.subscriptionNames())),
+		slog.Duration("init_took", initialised.Sub(began)), slog.Duration("declare_took", time.Since(declaring)))
 	return nil
 }
 

@@ -6,6 +6,13 @@
 //
 //	exchange  p + "nudge.triggers"              fanout; every trigger is published here
 //	queue     p + "nudge.triggers_" + name      one per projection, bound to the exchange
+//	exchange  p + "nudge.triggers.partitions"   topic, fed by the fanout exchange (DeclarePartitions)
+//	queue     p + "nudge.triggers_" + unit      one per partition unit, bound to the partitions exchange
+//
+// A partitioned projection's units (DeclarePartitions, which a worker uses) are routed by
+// partition: each unit's queue receives only the triggers whose partition keys fall in its
+// partition, and those without keys, instead of every trigger (see partition.go for the
+// routing keys). A trigger is still published once, to the fanout exchange.
 //
 // Nothing else: dead letters go to a worker's dead-letter store (worker.Config.DeadLetters),
 // never to the broker.
@@ -255,6 +262,11 @@ type Channel struct {
 	serverMajor  int // the broker's major version, 0 if unknown
 
 	declared sync.Map // projection name → amqp091.Table: its queue is declared, with these arguments
+	// partitions maps the units declared with DeclarePartitions to their partitions.
+	partitions sync.Map // unit name → unitPartition
+	// keyedTopic is the topic of a trigger with partition keys: the fanout exchange, with the
+	// keys' routing keys in the CC header.
+	keyedTopic string
 
 	mu     sync.Mutex
 	closed bool
@@ -286,6 +298,7 @@ func New(ctx context.Context, cfg Config) (*Channel, error) {
 		wlog:         queueLogger{watermill.NewSlogLogger(log), cfg.Prefix + channel.TriggerTopic + "_"},
 		dialer:       &dialer{timeout: dialTimeout},
 		triggerTopic: cfg.Prefix + channel.TriggerTopic,
+		keyedTopic:   cfg.Prefix + channel.TriggerTopic + "#keyed",
 	}
 	if uri.ConnectionTimeout > 0 {
 		c.dialer.timeout = time.Duration(uri.ConnectionTimeout) * time.Millisecond
@@ -469,8 +482,8 @@ func (c *Channel) publisherConfig() amqp.Config {
 	cfg := amqp.NewDurableQueueConfig("")
 	cfg.Exchange = amqp.ExchangeConfig{
 		GenerateName: func(topic string) string {
-			if topic == c.triggerTopic {
-				return topic
+			if topic == c.triggerTopic || topic == c.keyedTopic {
+				return c.triggerTopic
 			}
 			return ""
 		},
@@ -478,8 +491,11 @@ func (c *Channel) publisherConfig() amqp.Config {
 		Durable: true,
 	}
 	cfg.Publish.GenerateRoutingKey = func(topic string) string {
-		if topic == c.triggerTopic {
+		switch topic {
+		case c.triggerTopic:
 			return ""
+		case c.keyedTopic:
+			return keyedRoutingKey
 		}
 		return topic
 	}
@@ -583,14 +599,37 @@ func (c *Channel) newSubscriber(cfg amqp.Config, log watermill.LoggerAdapter) (*
 }
 
 // Declare implements channel.Channel: it declares the exchange and each projection's queue
-// bound to it.
+// bound to it. It declares every queue on one AMQP channel without waiting for each answer,
+// and only when the broker refuses one does it declare them again one by one, to tell which
+// and why.
 func (c *Channel) Declare(ctx context.Context, projections ...string) error {
 	for _, projection := range projections {
 		if err := name.Validate(projection); err != nil {
 			return err
 		}
 	}
-	for _, projection := range projections {
+	return c.declareAll(ctx, projections)
+}
+
+// declareAll declares the queues of names (projections, or units declared with
+// DeclarePartitions): all at once, else, after a refusal, one by one.
+func (c *Channel) declareAll(ctx context.Context, names []string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	args := queueArguments(c.cfg.QueueType, c.serverMajor)
+	err := c.declareBatch(names, args)
+	if err == nil {
+		for _, n := range names {
+			c.declared.Store(n, args)
+		}
+		return nil
+	}
+	c.log.Debug("amqp: declaring the queues at once failed; declaring them one by one", slog.Any("error", err))
+	for _, projection := range names {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -599,6 +638,43 @@ func (c *Channel) Declare(ctx context.Context, projections ...string) error {
 		}
 	}
 	return nil
+}
+
+// declareBatch declares the queues of names with args, and their bindings, on one AMQP channel,
+// sending every declaration without waiting for its answer; one that waits at the end tells
+// whether the broker took them all (it closes the channel at the first it refuses).
+func (c *Channel) declareBatch(names []string, args amqp091.Table) error {
+	if err := c.usable(); err != nil {
+		return err
+	}
+	ch, err := c.conn.Connection().Channel()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ch.Close() }() // already closed by the broker after a refusal
+	partitions := false
+	for _, n := range names {
+		if _, ok := c.unitOf(n); ok {
+			partitions = true
+			break
+		}
+	}
+	if err := c.declareExchanges(ch, partitions); err != nil {
+		return err
+	}
+	for _, n := range names {
+		queue := c.QueueName(n)
+		if _, err := ch.QueueDeclare(queue, true, false, false, true, args); err != nil {
+			return err
+		}
+		for _, b := range c.bindings(n) {
+			if err := ch.QueueBind(queue, b.key, b.exchange, true, nil); err != nil {
+				return err
+			}
+		}
+	}
+	_, err = ch.QueueDeclarePassive(c.QueueName(names[len(names)-1]), true, false, false, false, nil)
+	return err
 }
 
 func (c *Channel) declareProjection(name string) error {
@@ -678,6 +754,10 @@ func (c *Channel) Publish(ctx context.Context, t trigger.Trigger) error {
 	}
 	msg.SetContext(ctx)
 	tracing.Inject(ctx, msg.Metadata) // the consumer's span is a child of ctx's
+	if t.Projection == "" && len(t.Keys) > 0 {
+		topic = c.keyedTopic
+		msg.Metadata.Set(metadataRouting, joinRouting(routingKeys(t.Keys)))
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -44,5 +45,42 @@ func BenchmarkPublish(b *testing.B) {
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 			})
 		}
+	}
+}
+
+// BenchmarkDeclare measures declaring the subscriptions of a worker with 50 projections of 64
+// partitions each (3,250 queues) on a fresh prefix, with Declare alone (every unit bound to the
+// fanout exchange) and with DeclarePartitions for the units (routed by partition): the queues
+// are new in the first round and exist in the others (a restart). ms/declare is the time of
+// one round.
+func BenchmarkDeclare(b *testing.B) {
+	for _, partitions := range []bool{false, true} {
+		b.Run(fmt.Sprintf("partitions=%t", partitions), func(b *testing.B) {
+			env := amqptest.New(b)
+			ch := newChannel(b, config(b, env))
+			ctx := context.Background()
+			var names []string
+			units := make([][]string, 50)
+			for p := range 50 {
+				names = append(names, fmt.Sprintf("proj_%02d", p))
+				for k := range 64 {
+					units[p] = append(units[p], fmt.Sprintf("proj_%02d.p%02d", p, k))
+				}
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				began := time.Now()
+				require.NoError(b, ch.Declare(ctx, names...))
+				for _, us := range units {
+					if partitions {
+						require.NoError(b, ch.DeclarePartitions(ctx, us...))
+					} else {
+						require.NoError(b, ch.Declare(ctx, us...))
+					}
+				}
+				b.Logf("declared %d names in %s", len(names)*65, time.Since(began))
+			}
+			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/declare")
+		})
 	}
 }

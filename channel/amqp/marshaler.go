@@ -2,6 +2,7 @@ package amqp
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -19,8 +20,51 @@ type marshaler struct {
 	amqp.DefaultMarshaler
 }
 
-// Unmarshal implements amqp.Marshaler.
+// metadataRouting is the metadata key of a published message's partition routing keys
+// (routingKeys), comma-separated: Marshal moves them into the CC header.
+const metadataRouting = "nudge_routing"
+
+// headerCC is RabbitMQ's sender-selected distribution header: more routing keys.
+const headerCC = "CC"
+
+// joinRouting joins routing keys for metadataRouting.
+func joinRouting(keys []any) string {
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k.(string)
+	}
+	return strings.Join(parts, ",")
+}
+
+// Marshal implements amqp.Marshaler: as DefaultMarshaler, with the routing keys of
+// metadataRouting in the CC header instead.
+func (m marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
+	pub, err := m.DefaultMarshaler.Marshal(msg)
+	if err != nil {
+		return pub, err
+	}
+	if keys, ok := pub.Headers[metadataRouting].(string); ok {
+		delete(pub.Headers, metadataRouting)
+		var cc []any
+		for k := range strings.SplitSeq(keys, ",") {
+			cc = append(cc, k)
+		}
+		pub.Headers[headerCC] = cc
+	}
+	return pub, nil
+}
+
+// Unmarshal implements amqp.Marshaler. It drops the CC header: routing, not the message's.
 func (m marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
+	if _, ok := d.Headers[headerCC]; ok {
+		headers := make(amqp091.Table, len(d.Headers))
+		for key, value := range d.Headers {
+			if key != headerCC {
+				headers[key] = value
+			}
+		}
+		d.Headers = headers
+	}
 	if !allStrings(d.Headers) {
 		headers := make(amqp091.Table, len(d.Headers))
 		for key, value := range d.Headers {

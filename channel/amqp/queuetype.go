@@ -197,5 +197,8 @@ func (c *Channel) projectionConfigWith(name string, args amqp091.Table) amqp.Con
 	cfg := amqp.NewDurablePubSubConfig("", amqp.GenerateQueueNameTopicNameWithSuffix(name))
 	cfg.Queue.Arguments = args
 	cfg.Marshaler = marshaler{}
+	if _, ok := c.unitOf(name); ok {
+		cfg.TopologyBuilder = unitTopology{c: c, name: name}
+	}
 	return cfg
 }

@@ -122,24 +122,45 @@ func queueName(prefix, projection string) string {
 
 // deleteTopology deletes the exchange and queues a scenario declared under prefix.
 func (b *broker) deleteTopology(prefix string, projections []string) error {
+	queues := make([]string, len(projections))
+	for i, p := range projections {
+		queues[i] = queueName(prefix, p)
+	}
+	exchanges := []string{prefix + channel.TriggerTopic, prefix + channel.TriggerTopic + ".partitions"}
+	// A busy broker may drop the connection of a long clean-up (thousands of queues): dial
+	// again and go on, a few times.
+	var err error
+	for range 5 {
+		if queues, err = b.deleteSome(prefix, queues, exchanges); err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+// deleteSome deletes queues and then exchanges (deleting one that does not exist is no
+// error) on one connection; it returns the queues it did not delete when it fails.
+func (b *broker) deleteSome(prefix string, queues, exchanges []string) ([]string, error) {
 	conn, err := b.dial(prefix + "cleanup")
 	if err != nil {
-		return fmt.Errorf("delete the queues of %s: %s", prefix, redact.Message(err.Error(), b.url))
+		return queues, fmt.Errorf("delete the queues of %s: %s", prefix, redact.Message(err.Error(), b.url))
 	}
 	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
 	if err != nil {
-		return err
+		return queues, err
 	}
-	for _, p := range projections {
-		if _, err := ch.QueueDelete(queueName(prefix, p), false, false, false); err != nil {
-			return fmt.Errorf("delete queue %s: %w", queueName(prefix, p), err)
+	for i, q := range queues {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			return queues[i:], fmt.Errorf("delete queue %s: %w", q, err)
 		}
 	}
-	if err := ch.ExchangeDelete(prefix+channel.TriggerTopic, false, false); err != nil {
-		return fmt.Errorf("delete exchange %s: %w", prefix+channel.TriggerTopic, err)
+	for _, x := range exchanges {
+		if err := ch.ExchangeDelete(x, false, false); err != nil {
+			return nil, fmt.Errorf("delete exchange %s: %w", x, err)
+		}
 	}
-	return nil
+	return nil, nil
 }
 
 // rawMessage is a message published straight to a queue, bypassing the channel.

@@ -80,14 +80,17 @@ type env struct {
 	// units are the projections' unit names (queues): chaosmodel.Names (or the exactly-once
 	// projection alone), their partitions, and version 2 of the exactly-once projection and its
 	// partitions in the rebuild scenarios.
-	units   []string
-	channel *amqpchannel.Channel
-	lossy   *lossyPublisher
-	workers *pool
-	load    *load
-	logDir  string
-	sinkDir string
-	rng     *mrand.Rand
+	units []string
+	// partitionUnits are the units of each partitioned projection, in partition order: they
+	// are declared with DeclarePartitions (routed by partition).
+	partitionUnits [][]string
+	channel        *amqpchannel.Channel
+	lossy          *lossyPublisher
+	workers        *pool
+	load           *load
+	logDir         string
+	sinkDir        string
+	rng            *mrand.Rand
 
 	settings scenarioSettings
 	// verified is what verify read, for the scenarios' own checks.
@@ -151,6 +154,12 @@ type scenarioSettings struct {
 	workers, writers, rate, perAppend int
 	// keepRate makes the writers keep the rate when appends slow down (load.keepRate).
 	keepRate bool
+	// fleet, when above 1, runs that many exactly-once projections, each split into
+	// partitions: chaos_exact and chaosmodel.FleetProjection 1 to fleet-1 (with exactOnly).
+	fleet int
+	// relayInterval is the relay's MinInterval (its MaxInterval five times it); defaults to
+	// 10 ms. A longer one coalesces more appends into each trigger.
+	relayInterval time.Duration
 }
 
 // partitionsOf is how many partitions version version of the exactly-once projection has
@@ -166,7 +175,11 @@ func (set scenarioSettings) partitionsOf(version int) int {
 // of the results.
 func (set scenarioSettings) modelNames() []string {
 	if set.exactOnly {
-		return []string{chaosmodel.ExactProjection}
+		names := []string{chaosmodel.ExactProjection}
+		for i := 1; i < set.fleet; i++ {
+			names = append(names, chaosmodel.FleetProjection(i))
+		}
+		return names
 	}
 	return []string{chaosmodel.ExactProjection, chaosmodel.IdempotentProjection, chaosmodel.FileProjection}
 }
@@ -251,7 +264,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 	if err != nil {
 		return nil, err
 	}
-	if err := e.channel.Declare(ctx, e.units...); err != nil {
+	if err := e.declare(ctx); err != nil {
 		return nil, err
 	}
 	e.lossy = &lossyPublisher{inner: e.channel, rng: mrand.New(mrand.NewPCG(s.seed, 7))}
@@ -263,7 +276,11 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 	}
 	ws := workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: e.broker.url, prefix: e.prefix,
 		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet, park: set.park, flipHold: set.flipHold, buildLagTarget: set.buildLagTarget, partitions: set.partitions,
-		leaseTTL: set.leaseTTL, leaseRenew: set.leaseRenew}
+		leaseTTL: set.leaseTTL, leaseRenew: set.leaseRenew, fleet: max(0, set.fleet-1)}
+	if set.fleet > 1 {
+		// A broker busy with thousands of channels may take a while to accept a connection.
+		ws.startup = deadline(time.Minute)
+	}
 	if set.exactOnly {
 		ws.projections = chaosmodel.ExactProjection
 	}
@@ -282,7 +299,8 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 // rebuild scenarios) in a runner that only reads their status. Its models never handle an event:
 // their file sinks stay empty.
 func (e *env) newStatusRunner() error {
-	cfg := chaosmodel.Config{DB: e.pool, SinkPath: filepath.Join(e.logDir, "status-only.sink"), Partitions: e.settings.partitions}
+	cfg := chaosmodel.Config{DB: e.pool, SinkPath: filepath.Join(e.logDir, "status-only.sink"), Partitions: e.settings.partitions,
+		Fleet: max(0, e.settings.fleet-1)}
 	if e.settings.rebuild {
 		cfg.ExactVersion = 1
 	}
@@ -296,9 +314,12 @@ func (e *env) newStatusRunner() error {
 			projections = append(projections, p)
 			e.units = append(e.units, p.Name())
 			if p.Partitioned() {
+				var units []string
 				for _, u := range p.Units() {
-					e.units = append(e.units, u.Name()) // the partitions' own queues
+					units = append(units, u.Name()) // the partitions' own queues
 				}
+				e.units = append(e.units, units...)
+				e.partitionUnits = append(e.partitionUnits, units)
 			}
 		}
 	}
@@ -311,18 +332,42 @@ func (e *env) newStatusRunner() error {
 		projections = append(projections, next)
 		e.units = append(e.units, next.Name())
 		if next.Partitioned() {
+			var units []string
 			for _, u := range next.Units() {
-				e.units = append(e.units, u.Name())
+				units = append(units, u.Name())
 			}
+			e.units = append(e.units, units...)
+			e.partitionUnits = append(e.partitionUnits, units)
 		}
 	}
 	e.status, err = projection.NewRunner(e.backend, projection.RunnerConfig{Logger: e.log}, projections...)
 	return err
 }
 
+// declare declares every unit's queue, the partition units' with DeclarePartitions.
+func (e *env) declare(ctx context.Context) error {
+	partition := map[string]bool{}
+	for _, units := range e.partitionUnits {
+		if err := e.channel.DeclarePartitions(ctx, units...); err != nil {
+			return err
+		}
+		for _, u := range units {
+			partition[u] = true
+		}
+	}
+	var rest []string
+	for _, u := range e.units {
+		if !partition[u] {
+			rest = append(rest, u)
+		}
+	}
+	return e.channel.Declare(ctx, rest...)
+}
+
 // startRelay runs a relay in the suite's process, publishing through the lossy publisher.
 func (e *env) startRelay(ctx context.Context) error {
-	rel, err := relay.New(e.backend, e.lossy, relay.Config{Logger: e.log, MinInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond})
+	minInterval := cmp.Or(e.settings.relayInterval, 10*time.Millisecond)
+	rel, err := relay.New(e.backend, e.lossy, relay.Config{Logger: e.log, MinInterval: minInterval, MaxInterval: 5 * minInterval})
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/nudgeworks/nudge/lease"
 	"github.com/nudgeworks/nudge/postgres"
 )
@@ -22,9 +24,12 @@ import (
 // that sees it with one again, so it errs long by at most a poll interval (and a poll's own
 // time), never short.
 type leaseMonitor struct {
-	db         postgres.DB
-	group      string
+	db postgres.DB
+	// groups are the partitioned projections watched, each of partitions partitions; the
+	// monitor's slots are every group's partitions in turn (n of them).
+	groups     []string
 	partitions int
+	n          int
 	// alive reports the owners (worker incarnations) that run now.
 	alive func() map[string]bool
 	log   *slog.Logger
@@ -49,10 +54,45 @@ type leaseMonitor struct {
 // leaseMonitorPoll is how often the monitor reads the lease table.
 const leaseMonitorPoll = 100 * time.Millisecond
 
-func newLeaseMonitor(db postgres.DB, group string, partitions int, alive func() map[string]bool, log *slog.Logger) *leaseMonitor {
-	return &leaseMonitor{db: db, group: group, partitions: partitions, alive: alive, log: log, polled: make(chan struct{}),
-		since: make([]time.Time, partitions), tableSince: make([]time.Time, partitions),
-		longest: make([]time.Duration, partitions), tableLongest: make([]time.Duration, partitions)}
+func newLeaseMonitor(db postgres.DB, groups []string, partitions int, alive func() map[string]bool, log *slog.Logger) *leaseMonitor {
+	n := len(groups) * partitions
+	return &leaseMonitor{db: db, groups: groups, partitions: partitions, n: n, alive: alive, log: log, polled: make(chan struct{}),
+		since: make([]time.Time, n), tableSince: make([]time.Time, n),
+		longest: make([]time.Duration, n), tableLongest: make([]time.Duration, n)}
+}
+
+// poll reads the live leases of every group, numbered as the monitor's slots.
+func (m *leaseMonitor) poll(ctx context.Context) ([]lease.Lease, error) {
+	if len(m.groups) == 1 {
+		return lease.Leases(ctx, m.db, "", m.groups[0], m.partitions)
+	}
+	rows, err := m.db.Query(ctx, `SELECT grp, partition, owner FROM `+lease.Tables()[0]+`
+		WHERE grp = ANY($1) AND partition < $2 AND owner IS NOT NULL AND expires_at >= now()`, m.groups, m.partitions)
+	if err != nil {
+		return nil, err
+	}
+	index := make(map[string]int, len(m.groups))
+	for g, name := range m.groups {
+		index[name] = g
+	}
+	var (
+		out   []lease.Lease
+		group string
+		l     lease.Lease
+	)
+	_, err = pgx.ForEachRow(rows, []any{&group, &l.Partition, &l.Owner}, func() error {
+		out = append(out, lease.Lease{Partition: index[group]*m.partitions + l.Partition, Owner: l.Owner})
+		return nil
+	})
+	return out, err
+}
+
+// slotName names slot k: its partition, and its group when there are several.
+func (m *leaseMonitor) slotName(k int) string {
+	if len(m.groups) == 1 {
+		return fmt.Sprintf("partition %d", k)
+	}
+	return fmt.Sprintf("%s partition %d", m.groups[k/m.partitions], k%m.partitions)
 }
 
 // run polls every leaseMonitorPoll until ctx ends.
@@ -60,7 +100,7 @@ func (m *leaseMonitor) run(ctx context.Context) {
 	tick := time.NewTicker(leaseMonitorPoll)
 	defer tick.Stop()
 	for {
-		leases, err := lease.Leases(ctx, m.db, "", m.group, m.partitions)
+		leases, err := m.poll(ctx)
 		now := time.Now()
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -84,10 +124,10 @@ func (m *leaseMonitor) run(ctx context.Context) {
 func (m *leaseMonitor) observe(at time.Time, leases []lease.Lease, alive map[string]bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	owners := make([]string, m.partitions)
-	inTable := make([]bool, m.partitions)
+	owners := make([]string, m.n)
+	inTable := make([]bool, m.n)
 	for _, l := range leases {
-		if l.Partition < 0 || l.Partition >= m.partitions || l.Owner == "" {
+		if l.Partition < 0 || l.Partition >= m.n || l.Owner == "" {
 			continue
 		}
 		inTable[l.Partition] = true
@@ -96,7 +136,7 @@ func (m *leaseMonitor) observe(at time.Time, leases []lease.Lease, alive map[str
 		}
 	}
 	if m.armed {
-		for k := range m.partitions {
+		for k := range m.n {
 			track(&m.since[k], &m.longest[k], m.at, at, owners[k] != "")
 			track(&m.tableSince[k], &m.tableLongest[k], m.at, at, inTable[k])
 		}
@@ -125,7 +165,7 @@ func (m *leaseMonitor) arm() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.armed = true
-	for k := range m.partitions {
+	for k := range m.n {
 		if m.owners == nil || m.owners[k] == "" {
 			m.since[k], m.tableSince[k] = m.at, m.at
 		}
@@ -139,7 +179,7 @@ func (m *leaseMonitor) end(at time.Time) {
 	if !m.armed {
 		return
 	}
-	for k := range m.partitions {
+	for k := range m.n {
 		for _, iv := range []struct {
 			since   *time.Time
 			longest *time.Duration
@@ -194,7 +234,19 @@ func (s spread) String() string {
 func (m *leaseMonitor) spreadOver(live []string) (spread, <-chan struct{}) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return spreadOf(m.owners, live, m.at), m.polled
+	if m.owners == nil || len(m.groups) == 1 {
+		return spreadOf(m.owners, live, m.at), m.polled
+	}
+	all := spread{at: m.at, allOwned: true, fair: true, counts: map[string]int{}}
+	for g := range m.groups {
+		sp := spreadOf(m.owners[g*m.partitions:(g+1)*m.partitions], live, m.at)
+		all.allOwned = all.allOwned && sp.allOwned
+		all.fair = all.fair && sp.fair
+		for o, n := range sp.counts {
+			all.counts[o] += n
+		}
+	}
+	return all, m.polled
 }
 
 // spreadOf is the spread of owners (a partition's owner, "" for none) over live.

@@ -26,7 +26,7 @@ func leaseList(owners ...string) []lease.Lease {
 // the table or not; the table's own count starts when the lease lapses; nothing counts before
 // arm; intervals still open at the end count up to it.
 func TestLeaseMonitorRecordsTheLongestTimeWithoutALiveOwner(t *testing.T) {
-	m := newLeaseMonitor(nil, "g", 3, nil, slog.Default())
+	m := newLeaseMonitor(nil, []string{"g"}, 3, nil, slog.Default())
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	both := map[string]bool{"a": true, "b": true}
 
@@ -92,4 +92,36 @@ func TestUnitsCaughtUpTo(t *testing.T) {
 func TestModelNames(t *testing.T) {
 	require.Equal(t, []string{chaosmodel.ExactProjection}, scenarioSettings{exactOnly: true}.modelNames())
 	require.ElementsMatch(t, chaosmodel.Names(), scenarioSettings{}.modelNames())
+}
+
+// TestLeaseMonitorOfSeveralGroups: with several groups the spread is fair only when every
+// group's partitions are shared fairly, and the slots are named by group and partition.
+func TestLeaseMonitorOfSeveralGroups(t *testing.T) {
+	m := newLeaseMonitor(nil, []string{"g1", "g2"}, 2, nil, slog.Default())
+	t0 := time.Now()
+	both := map[string]bool{"a": true, "b": true}
+	m.observe(t0, leaseList("a", "b", "a", "a"), both) // g2 is all a's
+	sp, _ := m.spreadOver([]string{"a", "b"})
+	require.True(t, sp.allOwned)
+	require.False(t, sp.fair, "g2's partitions are not shared")
+	require.Equal(t, map[string]int{"a": 3, "b": 1}, sp.counts)
+	m.observe(t0.Add(time.Second), leaseList("a", "b", "b", "a"), both)
+	sp, _ = m.spreadOver([]string{"a", "b"})
+	require.True(t, sp.fair)
+	require.Equal(t, "g2 partition 1", m.slotName(3))
+}
+
+// TestAllLeavesOutOptInScenarios: "all" runs every scenario but the opt-in ones, which run
+// when named.
+func TestAllLeavesOutOptInScenarios(t *testing.T) {
+	all := scenarios()
+	picked, err := selectScenarios(all, "all")
+	require.NoError(t, err)
+	require.Len(t, picked, len(all)-1)
+	for _, sc := range picked {
+		require.NotEqual(t, "scale-fleet", sc.name)
+	}
+	picked, err = selectScenarios(all, "scale-fleet")
+	require.NoError(t, err)
+	require.Equal(t, "scale-fleet", picked[0].name)
 }

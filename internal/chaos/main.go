@@ -74,7 +74,9 @@ func run() int {
 		verbose = flag.Bool("v", false, "print progress to stderr")
 		list    = flag.Bool("list", false, "list the scenarios and exit")
 	)
+	flag.IntVar(&fleetWorkers, "fleet-workers", fleetWorkers, "worker processes scale-fleet scales up to (at least 8)")
 	flag.Parse()
+	fleetWorkers = max(fleetWorkers, 8)
 	all := scenarios()
 	if *list {
 		for _, sc := range all {
@@ -219,7 +221,7 @@ func okText(ok bool) string {
 // selectScenarios returns the scenarios named in which ("all" or a comma-separated list).
 func selectScenarios(all []scenario, which string) ([]scenario, error) {
 	if which == "all" {
-		return all, nil
+		return slices.DeleteFunc(slices.Clone(all), func(sc scenario) bool { return sc.optIn }), nil
 	}
 	var out []scenario
 	for _, name := range strings.Split(which, ",") {

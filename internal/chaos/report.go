@@ -80,11 +80,31 @@ func (r *result) finish() {
 func (r *result) line() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-17s faults=%d %s  appended=%d  projected", r.Scenario, r.Faults, r.FaultKind, r.Appended)
+	if len(r.Models) > 3 {
+		return r.fleetLine(&b)
+	}
 	sep := " "
 	for _, m := range r.Models {
 		fmt.Fprintf(&b, "%s%s:%d", sep, shortName(m.Name), m.Projected)
 		sep = ","
 	}
+	return r.lineRest(&b)
+}
+
+// fleetLine finishes the summary of a scenario with many read models: the least and most
+// events projected and the longest max lag over them.
+func (r *result) fleetLine(b *strings.Builder) string {
+	lo, hi, lag := r.Models[0].Projected, 0, time.Duration(0)
+	for _, m := range r.Models {
+		lo, hi, lag = min(lo, m.Projected), max(hi, m.Projected), max(lag, m.MaxLag)
+	}
+	fmt.Fprintf(b, " %d models:%d–%d", len(r.Models), lo, hi)
+	return r.lineRest(b, lag)
+}
+
+// lineRest writes the summary from the missing count on; maxLag, if given, replaces the
+// models' max lags.
+func (r *result) lineRest(b *strings.Builder, maxLag ...time.Duration) string {
 	missing, dup, wrong := 0, 0, 0
 	for _, m := range r.Models {
 		missing += m.Missing + m.Unknown
@@ -93,17 +113,21 @@ func (r *result) line() string {
 			dup += m.Duplicated
 		}
 	}
-	fmt.Fprintf(&b, "  missing=%d  duplicated(exactly-once)=%d  wrong(content,order)=%d  max_lag", missing, dup, wrong)
-	sep = " "
-	for _, m := range r.Models {
-		fmt.Fprintf(&b, "%s%s:%s", sep, shortName(m.Name), round(m.MaxLag))
-		sep = ","
+	fmt.Fprintf(b, "  missing=%d  duplicated(exactly-once)=%d  wrong(content,order)=%d  max_lag", missing, dup, wrong)
+	sep := " "
+	if len(maxLag) > 0 {
+		fmt.Fprintf(b, " %s", round(maxLag[0]))
+	} else {
+		for _, m := range r.Models {
+			fmt.Fprintf(b, "%s%s:%s", sep, shortName(m.Name), round(m.MaxLag))
+			sep = ","
+		}
 	}
 	rec := "n/a"
 	if r.Recover >= 0 {
 		rec = round(r.Recover)
 	}
-	fmt.Fprintf(&b, "  recover=%s  took=%s  ", rec, r.Took.Round(time.Second))
+	fmt.Fprintf(b, "  recover=%s  took=%s  ", rec, r.Took.Round(time.Second))
 	if r.Passed {
 		b.WriteString("PASS")
 		return b.String()
@@ -124,7 +148,7 @@ func (r *result) line() string {
 			why = append(why, c.Name+": "+c.Detail)
 		}
 	}
-	fmt.Fprintf(&b, " (%s)", strings.Join(why, "; "))
+	fmt.Fprintf(b, " (%s)", strings.Join(why, "; "))
 	return b.String()
 }
 

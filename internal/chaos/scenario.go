@@ -20,6 +20,8 @@ type scenario struct {
 	// injects and checks describe the scenario for RELIABILITY.md and -list.
 	injects, checks string
 	settings        scenarioSettings
+	// optIn leaves the scenario out of "all": it runs only when named.
+	optIn bool
 	// run starts the workers and the writers, injects the faults, calls e.faultsOver after
 	// the last one and returns once the writers have stopped. It adds its own checks to r.
 	run func(ctx context.Context, e *env, r *result) error
@@ -125,7 +127,7 @@ func (s *suite) verify(ctx context.Context, e *env, r *result) error {
 		if err != nil {
 			return err
 		}
-		m := compare(name, name == chaosmodel.ExactProjection, appended, seen)
+		m := compare(name, chaosmodel.IsExactlyOnce(name), appended, seen)
 		m.Torn = torn
 		m.Mismatched, m.OutOfOrder = checkContent(contents, seen)
 		r.Models = append(r.Models, m)
@@ -140,6 +142,15 @@ func (e *env) readModel(ctx context.Context, name string) (map[uuid.UUID]sightin
 	case chaosmodel.ExactProjection:
 		seen, err := readExact(ctx, e.pool)
 		return seen, 0, err
+	case chaosmodel.IdempotentProjection:
+		seen, err := readIdempotent(ctx, e.pool)
+		return seen, 0, err
+	}
+	if chaosmodel.IsExactlyOnce(name) { // a fleet projection: a table of its name
+		seen, err := readTable(ctx, e.pool, `SELECT event_id, times, projected_at, stream_id, version, writer, seq, applied FROM `+name)
+		return seen, 0, err
+	}
+	switch name {
 	case chaosmodel.IdempotentProjection:
 		seen, err := readIdempotent(ctx, e.pool)
 		return seen, 0, err

@@ -71,11 +71,19 @@ type scaleRun struct {
 	live []*workerSlot
 	// steps describe the steps for the notes.
 	steps []string
+	// joinBound and killBound bound the convergence after joins and graceful stops, and
+	// after SIGKILLs (before timeoutScale).
+	joinBound, killBound time.Duration
+	// readyBound bounds the wait for the workers of a join to be ready (default 60 s).
+	readyBound time.Duration
+	// oneByOne starts the workers of a join one after the other, each once the previous one
+	// is ready (a rolling start): their declarations do not all hit the broker at once.
+	oneByOne bool
 }
 
 func runScale(ctx context.Context, e *env, r *result) error {
-	s := &scaleRun{e: e, r: r}
-	s.mon = newLeaseMonitor(e.pool, chaosmodel.ExactProjection, scalePartitions, e.workers.liveOwners, e.log)
+	s := &scaleRun{e: e, r: r, joinBound: scaleJoinBound, killBound: scaleKillBound}
+	s.mon = newLeaseMonitor(e.pool, []string{chaosmodel.ExactProjection}, scalePartitions, e.workers.liveOwners, e.log)
 	monCtx, stopMonitor := context.WithCancel(ctx)
 	var monitoring sync.WaitGroup
 	monitoring.Go(func() { s.mon.run(monCtx) })
@@ -148,6 +156,8 @@ func (s *scaleRun) owners() []string {
 func (s *scaleRun) join(ctx context.Context, n int) error {
 	began := time.Now()
 	var procs []*workerProc
+	readyCtx, cancel := context.WithTimeout(ctx, deadline(cmp.Or(s.readyBound, 60*time.Second)))
+	defer cancel()
 	for _, slot := range s.e.workers.slots[len(s.live):n] {
 		p, err := slot.start()
 		if err != nil {
@@ -155,16 +165,19 @@ func (s *scaleRun) join(ctx context.Context, n int) error {
 		}
 		procs = append(procs, p)
 		s.live = append(s.live, slot)
+		if s.oneByOne {
+			if err := p.waitReady(readyCtx); err != nil {
+				return fmt.Errorf("%s: %w (see its log)", p.id, err)
+			}
+		}
 	}
-	readyCtx, cancel := context.WithTimeout(ctx, deadline(60*time.Second))
-	defer cancel()
 	for _, p := range procs {
 		if err := p.waitReady(readyCtx); err != nil {
 			return fmt.Errorf("%s: %w (see its log)", p.id, err)
 		}
 	}
 	ready := time.Since(began)
-	sp, ok := s.converge(ctx, began, deadline(scaleJoinBound))
+	sp, ok := s.converge(ctx, began, deadline(s.joinBound))
 	what := fmt.Sprintf("scale to %d worker(s)", n)
 	s.r.addCheck(what+": converges", ok, "%s after the start (ready after %s): %s", round(sp.at.Sub(began)), round(ready), sp)
 	s.note(began, "%s: converged %s after the new processes started (ready after %s): %s", what, round(sp.at.Sub(began)), round(ready), sp)
@@ -181,12 +194,12 @@ func (s *scaleRun) kill(ctx context.Context, n int) error {
 			s.r.Faults++
 		}
 	}
-	took, owned := s.mon.await(ctx, s.owners(), deadline(scaleKillBound), func(sp spread) bool { return sp.at.After(began) && sp.allOwned })
+	took, owned := s.mon.await(ctx, s.owners(), deadline(s.killBound), func(sp spread) bool { return sp.at.After(began) && sp.allOwned })
 	takeover := took.at.Sub(began)
 	if !owned {
 		takeover = time.Since(began)
 	}
-	sp, ok := s.converge(ctx, began, deadline(scaleKillBound))
+	sp, ok := s.converge(ctx, began, deadline(s.killBound))
 	what := fmt.Sprintf("SIGKILL of %s, %d left", slotNames(victims), len(s.live))
 	s.r.addCheck(what+": every partition owned again within the bound", owned && takeover <= scaleUnownedBound,
 		"takeover %s (all owned: %t), bound %s", round(takeover), owned, scaleUnownedBound)
@@ -206,7 +219,7 @@ func (s *scaleRun) stopGracefully(ctx context.Context, n int) error {
 	}
 	wg.Wait()
 	stopped := time.Since(began)
-	sp, ok := s.converge(ctx, began, deadline(scaleJoinBound))
+	sp, ok := s.converge(ctx, began, deadline(s.joinBound))
 	what := fmt.Sprintf("SIGTERM of %s, %d left", slotNames(victims), len(s.live))
 	s.r.addCheck(what+": converges", ok, "%s after the signal (the processes exited after %s): %s", round(sp.at.Sub(began)), round(stopped), sp)
 	s.note(began, "%s: converged %s after the signal (the processes exited after %s): %s", what, round(sp.at.Sub(began)), round(stopped), sp)

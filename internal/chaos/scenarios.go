@@ -101,6 +101,7 @@ func scenarios() []scenario {
 		parkScenario(),
 		rebuildScenario(),
 		scaleScenario(),
+		fleetScenario(),
 		repartitionScenario(),
 		{
 			name:     "malformed-input",

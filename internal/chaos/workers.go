@@ -46,6 +46,11 @@ type workerSettings struct {
 	leaseTTL, leaseRenew time.Duration
 	// projections are the projections the workers run (chaosworker -projections); "" for all.
 	projections string
+	// fleet adds that many fleet projections to the ones run (chaosworker -fleet).
+	fleet int
+	// startup replaces chaosworker's -startup-timeout (how long it retries its first
+	// connections) when set.
+	startup time.Duration
 }
 
 // workerSlot is one of a scenario's worker processes, restarted under the same name after
@@ -115,6 +120,12 @@ func (s *workerSlot) start() (*workerProc, error) {
 	}
 	if s.set.projections != "" {
 		args = append(args, "-projections", s.set.projections)
+	}
+	if s.set.fleet > 0 {
+		args = append(args, "-fleet", strconv.Itoa(s.set.fleet))
+	}
+	if s.set.startup > 0 {
+		args = append(args, "-startup-timeout", s.set.startup.String())
 	}
 	if s.set.debug {
 		args = append(args, "-debug")

@@ -102,6 +102,19 @@ type Config struct {
 	// that version's count (a new version may change it: chaos_exact.v2.p5 is partition 5 of
 	// version 2). The other projections stay unpartitioned.
 	Partitions int
+	// Fleet, when positive, adds that many more exactly-once projections (FleetProjection),
+	// each like ExactProjection (unversioned, split into Partitions) with a table of its own
+	// named as it is: the scale-fleet scenario's many partitioned projections.
+	Fleet int
+}
+
+// FleetProjection is the name (and table) of the i-th fleet projection (Config.Fleet), from 1.
+func FleetProjection(i int) string { return fmt.Sprintf("chaos_fleet_%02d", i) }
+
+// IsExactlyOnce reports whether the named projection is exactly-once: ExactProjection or a
+// fleet projection.
+func IsExactlyOnce(name string) bool {
+	return name == ExactProjection || strings.HasPrefix(name, "chaos_fleet_")
 }
 
 // ExactTable is the table of ExactProjection's version version: "chaos_exact_v<version>".
@@ -177,6 +190,13 @@ func New(cfg Config) (*Models, error) {
 		return nil, errors.Join(err, sink.Close())
 	}
 	m.Projections = []*projection.Projection{exact, idem, file}
+	for i := 1; i <= cfg.Fleet; i++ {
+		p, err := fleet(cfg, FleetProjection(i))
+		if err != nil {
+			return nil, errors.Join(err, sink.Close())
+		}
+		m.Projections = append(m.Projections, p)
+	}
 	return m, nil
 }
 
@@ -216,6 +236,29 @@ func (m *Models) exact(cfg Config, onFailure projection.OnFailure) (*projection.
 				return ErrPoison
 			}
 		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, times, stream_id, version, writer, seq) VALUES ($1, 1, $2, $3, $4, $5)
+			ON CONFLICT (event_id) DO UPDATE SET times = `+table+`.times + 1`, e.ID, e.StreamID, e.StreamVersion, e.Data.Writer, e.Data.Seq)
+		return err
+	}))
+}
+
+// fleet defines one fleet projection: ExactProjection's table and handler under another name.
+func fleet(cfg Config, table string) (*projection.Projection, error) {
+	pc := projection.Config{BatchSize: cfg.BatchSize, Partitions: cfg.Partitions}
+	pc.InitFunc = func(ctx context.Context, p projection.HookParams) error {
+		_, err := p.Tx.Exec(ctx, `
+			CREATE TABLE IF NOT EXISTS `+table+` (
+				event_id     uuid PRIMARY KEY,
+				times        integer NOT NULL,
+				projected_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+				stream_id    text NOT NULL,
+				version      bigint NOT NULL,
+				writer       integer NOT NULL,
+				seq          integer NOT NULL,
+				applied      bigserial NOT NULL)`)
+		return err
+	}
+	return projection.New(table, pc, projection.On(EventType, func(ctx context.Context, tx pgx.Tx, e projection.Event[Payload]) error {
 		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, times, stream_id, version, writer, seq) VALUES ($1, 1, $2, $3, $4, $5)
 			ON CONFLICT (event_id) DO UPDATE SET times = `+table+`.times + 1`, e.ID, e.StreamID, e.StreamVersion, e.Data.Writer, e.Data.Seq)
 		return err

@@ -67,6 +67,7 @@ type options struct {
 	owner          string
 	leaseTTL       time.Duration
 	leaseRenew     time.Duration
+	fleet          int
 }
 
 func main() {
@@ -91,6 +92,7 @@ func main() {
 	flag.StringVar(&o.owner, "owner", "", "lease `owner` of this process with -partitions (defaults to -name)")
 	flag.DurationVar(&o.leaseTTL, "lease-ttl", 0, "lease `TTL` with -partitions (0: lease.TTLDefault)")
 	flag.DurationVar(&o.leaseRenew, "lease-renew", 0, "lease renewal `interval` with -partitions (0: lease.RenewDefault)")
+	flag.IntVar(&o.fleet, "fleet", 0, "run `n` fleet projections (chaosmodel.FleetProjection) besides the -projections, each split as -partitions")
 	flag.Parse()
 
 	level := slog.LevelInfo
@@ -138,22 +140,25 @@ func run(ctx context.Context, o options, logger *slog.Logger) error {
 	defer idemPool.Close()
 	models, err := chaosmodel.New(chaosmodel.Config{DB: idemPool, SinkPath: o.sink, BatchSize: o.batchSize, ParkAfter: parkAfter(o),
 		ExactVersion: o.exactVersion, ActivateFunc: flipHold(o.flipHold), Partitions: o.partitions,
-		BuildLagTarget: o.buildLagTarget})
+		BuildLagTarget: o.buildLagTarget, Fleet: o.fleet})
 	if err != nil {
 		return err
 	}
 	defer func() { _ = models.Close() }()
-	projections, err := selectProjections(models.Projections, o.projections)
+	projections, err := selectProjections(models.Projections[:3], o.projections)
 	if err != nil {
 		return err
 	}
+	projections = append(projections, models.Projections[3:]...) // the fleet's, if any
 	runner, err := projection.NewRunner(backend, projection.RunnerConfig{Logger: logger}, projections...)
 	if err != nil {
 		return err
 	}
+	began := time.Now()
 	if err := runner.Init(ctx); err != nil {
 		return fmt.Errorf("init the projections: %w", err)
 	}
+	logger.Info("chaosworker: projections initialised", slog.Int("projections", len(projections)), slog.Duration("took", time.Since(began)))
 	ch, err := amqpchannel.New(ctx, amqpchannel.Config{URL: amqpURL, Prefix: o.prefix, ConnectionName: o.prefix + o.name,
 		Logger: logger, StartupTimeout: o.startup})
 	if err != nil {

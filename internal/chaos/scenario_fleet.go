@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nudgeworks/nudge/internal/backoff"
+	"github.com/nudgeworks/nudge/lease"
+)
+
+// The scale-fleet scenario's sizes: many workers on many partitioned projections.
+const (
+	fleetProjections = 50
+	fleetPartitions  = 64
+	fleetWriters     = 4
+	// fleetRate is low: every event is applied by the 50 projections, mostly each in a
+	// transaction of its own (an event's partition rarely has another event in the same
+	// trigger), so the database commits about fleetRate × 50 batches a second.
+	fleetRate      = 40
+	fleetPerAppend = 3
+	// fleetRelayInterval coalesces the appends of a quarter second into one trigger.
+	fleetRelayInterval = 250 * time.Millisecond
+	// fleetJoinBound and fleetKillBound bound the convergence of the 3,200 partitions after
+	// joins and graceful stops, and after SIGKILLs (every worker declares 3,250 queues and
+	// subscribes to its share of the units first).
+	fleetJoinBound  = 60 * time.Second
+	fleetKillBound  = 40 * time.Second
+	fleetReadyBound = 4 * time.Minute
+)
+
+// fleetWorkers is how many worker processes scale-fleet scales up to (-fleet-workers, at least
+// 8): half of them first, then all; then 2 are SIGKILLed, 3 stopped with SIGTERM, 1 SIGKILLed.
+var fleetWorkers = 16
+
+// fleetScenario: 50 partitioned projections of 64 partitions each on up to 16 worker
+// processes, with SIGKILLs and SIGTERMs. Not in "all": it takes minutes.
+func fleetScenario() scenario {
+	return scenario{
+		name:  "scale-fleet",
+		optIn: true,
+		injects: fmt.Sprintf("%d exactly-once projections (chaos_exact and chaos_fleet_NN), each split into %d partitions (%d units), spread over "+
+			"the worker processes by leases (TTL %s, renewal %s); %d writers append %d events/s (1–%d per append, more while behind the rate); "+
+			"the workers scale %d → %d (one after the other), then 2 are SIGKILLed, 3 of the %d left stopped with SIGTERM and 1 of the %d left SIGKILLed, "+
+			"leaving %d; each step is held until the leases of every projection converge",
+			fleetProjections, fleetPartitions, fleetProjections*fleetPartitions, lease.TTLDefault, lease.RenewDefault,
+			fleetWriters, fleetRate, fleetPerAppend, fleetWorkers/2, fleetWorkers, fleetWorkers-2, fleetWorkers-5, fleetWorkers-6),
+		checks: fmt.Sprintf("every step converges (joins and graceful stops within %s, SIGKILLs within %s); a monitor polling the lease "+
+			"table every %s finds no partition of any projection without a live owner for longer than TTL + renewal + 1 s = %s, and every "+
+			"partition owned again within that bound after each SIGKILL; every event in each of the %d read models exactly once, with the "+
+			"store's content, in stream order",
+			fleetJoinBound, fleetKillBound, leaseMonitorPoll, scaleUnownedBound, fleetProjections),
+		settings: scenarioSettings{safetyNet: safetyNetDefault, partitions: fleetPartitions, exactOnly: true, fleet: fleetProjections,
+			workers: fleetWorkers, writers: fleetWriters, rate: fleetRate, perAppend: fleetPerAppend, keepRate: true, relayInterval: fleetRelayInterval},
+		run: runFleet,
+	}
+}
+
+func runFleet(ctx context.Context, e *env, r *result) error {
+	s := &scaleRun{e: e, r: r, joinBound: fleetJoinBound, killBound: fleetKillBound, readyBound: fleetReadyBound, oneByOne: true}
+	s.mon = newLeaseMonitor(e.pool, e.settings.modelNames(), fleetPartitions, e.workers.liveOwners, e.log)
+	monCtx, stopMonitor := context.WithCancel(ctx)
+	var monitoring sync.WaitGroup
+	monitoring.Go(func() { s.mon.run(monCtx) })
+	defer func() { stopMonitor(); monitoring.Wait() }()
+
+	started := time.Now()
+	if err := s.join(ctx, fleetWorkers/2); err != nil {
+		return err
+	}
+	loadStarted := time.Now()
+	e.scaleStart = loadStarted
+	e.load.start(ctx)
+	s.mon.arm()
+	s.measureDB(ctx, fmt.Sprintf("database with %d workers", fleetWorkers/2), 10*time.Second)
+	if err := s.join(ctx, fleetWorkers); err != nil {
+		return err
+	}
+	s.measureDB(ctx, fmt.Sprintf("database with %d workers", fleetWorkers), 10*time.Second)
+	if err := s.kill(ctx, 2); err != nil {
+		return err
+	}
+	if err := s.stopGracefully(ctx, 3); err != nil {
+		return err
+	}
+	if err := s.kill(ctx, 1); err != nil {
+		return err
+	}
+	r.FaultKind = fmt.Sprintf("SIGKILLs and %d SIGTERMs, workers %d → %d → %d → %d → %d", 3, fleetWorkers/2, fleetWorkers,
+		fleetWorkers-2, fleetWorkers-5, fleetWorkers-6)
+	e.faultsOver()
+	if err := backoff.Sleep(ctx, 2*time.Second); err != nil {
+		return err
+	}
+	stopMonitor()
+	monitoring.Wait()
+	live, slot, table := s.mon.worst()
+	r.addCheck("no partition without a live owner longer than the bound", live <= scaleUnownedBound,
+		"longest %s (%s), bound %s (TTL %s + renewal %s + 1 s for the polls); without any owner in the table: %s; %d polls, %d failed",
+		round(live), s.mon.slotName(slot), scaleUnownedBound, lease.TTLDefault, lease.RenewDefault, round(table), s.mon.polls, s.mon.failures)
+	r.Notes = append(r.Notes, s.steps...)
+	appended, writing := e.load.ackedCount(), time.Since(loadStarted)
+	r.Notes = append(r.Notes, fmt.Sprintf("writers: %d events appended in %s, %.0f events/s (target %d); the steps took %s",
+		appended, writing.Round(100*time.Millisecond), float64(appended)/writing.Seconds(), fleetRate, time.Since(started).Round(100*time.Millisecond)))
+	return nil
+}
+
+// dbCounters are cumulative counters of the scenario's database: commits, and rows written
+// to the lease tables (the members' heartbeats and renewals).
+type dbCounters struct {
+	at          time.Time
+	commits     int64
+	leaseWrites int64
+}
+
+// readCounters reads the database's counters (pg_stat_database, pg_stat_user_tables).
+func (e *env) readCounters(ctx context.Context) (dbCounters, error) {
+	c := dbCounters{at: time.Now()}
+	err := e.pool.QueryRow(ctx, `SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
+		(SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint FROM pg_stat_user_tables WHERE relname = ANY($1))`,
+		lease.Tables()).Scan(&c.commits, &c.leaseWrites)
+	return c, err
+}
+
+// measureDB notes the commits and lease-table writes per second over window.
+func (s *scaleRun) measureDB(ctx context.Context, what string, window time.Duration) {
+	before, err := s.e.readCounters(ctx)
+	if err == nil {
+		err = backoff.Sleep(ctx, window)
+	}
+	var after dbCounters
+	if err == nil {
+		after, err = s.e.readCounters(ctx)
+	}
+	if err != nil {
+		s.r.Notes = append(s.r.Notes, fmt.Sprintf("%s: database counters unreadable: %v", what, err))
+		return
+	}
+	secs := after.at.Sub(before.at).Seconds()
+	s.note(before.at, "%s: %.0f commits/s, %.0f lease-table rows written/s (over %s)", what,
+		float64(after.commits-before.commits)/secs, float64(after.leaseWrites-before.leaseWrites)/secs, window)
+}
