@@ -188,11 +188,23 @@ func (h *harness) createDatabase(ctx context.Context, maxConns int32, template s
 
 // newPool opens another pool of up to maxConns connections on the database, closed by close.
 func (db *database) newPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	return db.newNamedPool(ctx, maxConns, "")
+}
+
+// writersApplication is the application_name of a live run's writers' connections, which
+// backendProbe counts apart.
+const writersApplication = "nudge-bench-writers"
+
+// newNamedPool is newPool with the connections' application_name set to name ("": the URL's).
+func (db *database) newNamedPool(ctx context.Context, maxConns int32, name string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(db.url)
 	if err != nil {
 		return nil, fmt.Errorf("parse %s: %w", redact.URL(db.url), err)
 	}
 	cfg.MaxConns = maxConns
+	if name != "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = name
+	}
 	cctx, cancel := context.WithTimeout(ctx, setupTimeout)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(cctx, cfg)

@@ -9,8 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // fleetPool bounds each fleet run's pools (the store's and the PostgreSQL queue's): a
@@ -77,6 +75,7 @@ type fleetFigures struct {
 	seconds            float64 // from the first measured append until every event was visible
 	pgCPU              time.Duration
 	processCPU         time.Duration // this process's CPU over the window
+	writersCPU         time.Duration // the writers' backends' part of pgCPU (the appends)
 	transactions       int64
 	batches, catchUps  int64
 	connections, queue int
@@ -227,7 +226,7 @@ func (h *harness) fleetRun(ctx context.Context, c fleetCase) (fleetFigures, erro
 			proc := ProcessCPU()
 			return func() error {
 				fig.pgCPU, fig.transactions, fig.connections, err = probe.end(ctx)
-				fig.processCPU = ProcessCPU() - proc
+				fig.processCPU, fig.writersCPU = ProcessCPU()-proc, probe.writersCPU
 				return err
 			}, nil
 		}}
@@ -250,11 +249,16 @@ type backendProbe struct {
 	database string
 	cpu      map[int]time.Duration
 	xacts    int64
+	// writers are the backends of the live run's writers (writersApplication), as far as
+	// seen: their CPU is also counted apart (writersCPU).
+	writers map[int]bool
+	// writersCPU is, after end, the writers' backends' part of the CPU end returned.
+	writersCPU time.Duration
 }
 
 // startProbe reads the database's backends' CPU and its transactions so far.
 func (h *harness) startProbe(ctx context.Context, database string) (*backendProbe, error) {
-	p := &backendProbe{h: h, database: database}
+	p := &backendProbe{h: h, database: database, writers: map[int]bool{}}
 	var err error
 	if p.cpu, err = p.backendsCPU(ctx); err != nil {
 		return nil, err
@@ -276,6 +280,13 @@ func (p *backendProbe) end(ctx context.Context) (time.Duration, int64, int, erro
 	if err := p.h.admin.QueryRow(ctx, `SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1`, p.database).Scan(&xacts); err != nil {
 		return 0, 0, 0, err
 	}
+	writersNow := make(map[int]time.Duration, len(p.writers))
+	for pid := range p.writers {
+		if cpu, ok := now[pid]; ok {
+			writersNow[pid] = cpu
+		}
+	}
+	p.writersCPU = cpuGrowth(p.cpu, writersNow)
 	return cpuGrowth(p.cpu, now), xacts - p.xacts, len(now), nil
 }
 
@@ -290,12 +301,26 @@ func cpuGrowth(before, now map[int]time.Duration) time.Duration {
 
 // backendsCPU returns the CPU time so far of each backend connected to the database.
 func (p *backendProbe) backendsCPU(ctx context.Context) (map[int]time.Duration, error) {
-	rows, err := p.h.admin.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = $1`, p.database)
+	rows, err := p.h.admin.Query(ctx, `SELECT pid, application_name = $2 FROM pg_stat_activity WHERE datname = $1`, p.database, writersApplication)
 	if err != nil {
 		return nil, err
 	}
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	if err != nil {
+	var pids []int32
+	for rows.Next() {
+		var (
+			pid    int32
+			writer bool
+		)
+		if err := rows.Scan(&pid, &writer); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		pids = append(pids, pid)
+		if writer {
+			p.writers[int(pid)] = true
+		}
+	}
+	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	out := make(map[int]time.Duration, len(pids))

@@ -614,7 +614,7 @@ func (h *harness) runLive(ctx context.Context, cfg liveConfig) (liveResult, erro
 // separateAppends gives the run's writers a pool of their own, as an application's API
 // process has: the workers' bounded pool then does not slow the appends down.
 func separateAppends(ctx context.Context, f *fixture, w *wiring, writers int) error {
-	pool, err := f.db.newPool(ctx, int32(writers))
+	pool, err := f.db.newNamedPool(ctx, int32(writers), writersApplication)
 	if err != nil {
 		return err
 	}
