@@ -78,32 +78,9 @@ func runFleet(ctx context.Context, e *env, r *result) error {
 		return err
 	}
 	s.measureDB(ctx, fmt.Sprintf("database with %d workers", fleetWorkers), 10*time.Second)
-	if err := s.kill(ctx, 2); err != nil {
-		return err
-	}
-	if err := s.stopGracefully(ctx, 3); err != nil {
-		return err
-	}
-	if err := s.kill(ctx, 1); err != nil {
-		return err
-	}
-	r.FaultKind = fmt.Sprintf("SIGKILLs and %d SIGTERMs, workers %d → %d → %d → %d → %d", 3, fleetWorkers/2, fleetWorkers,
-		fleetWorkers-2, fleetWorkers-5, fleetWorkers-6)
-	e.faultsOver()
-	if err := backoff.Sleep(ctx, 2*time.Second); err != nil {
-		return err
-	}
-	stopMonitor()
-	monitoring.Wait()
-	live, slot, table := s.mon.worst()
-	r.addCheck("no partition without a live owner longer than the bound", live <= scaleUnownedBound,
-		"longest %s (%s), bound %s (TTL %s + renewal %s + 1 s for the polls); without any owner in the table: %s; %d polls, %d failed",
-		round(live), s.mon.slotName(slot), scaleUnownedBound, lease.TTLDefault, lease.RenewDefault, round(table), s.mon.polls, s.mon.failures)
-	r.Notes = append(r.Notes, s.steps...)
-	appended, writing := e.load.ackedCount(), time.Since(loadStarted)
-	r.Notes = append(r.Notes, fmt.Sprintf("writers: %d events appended in %s, %.0f events/s (target %d); the steps took %s",
-		appended, writing.Round(100*time.Millisecond), float64(appended)/writing.Seconds(), fleetRate, time.Since(started).Round(100*time.Millisecond)))
-	return nil
+	return s.faultsThenVerdict(ctx, func() { stopMonitor(); monitoring.Wait() },
+		fmt.Sprintf("workers %d → %d → %d → %d → %d", fleetWorkers/2, fleetWorkers, fleetWorkers-2, fleetWorkers-5, fleetWorkers-6),
+		fleetRate, started, loadStarted)
 }
 
 // dbCounters are cumulative counters of the scenario's database: commits, and rows written

@@ -102,6 +102,15 @@ func runScale(ctx context.Context, e *env, r *result) error {
 			return err
 		}
 	}
+	return s.faultsThenVerdict(ctx, func() { stopMonitor(); monitoring.Wait() }, "workers 1 → 4 → 8 → 6 → 3 → 2", scaleRate, started, loadStarted)
+}
+
+// faultsThenVerdict runs the scale scenarios' faults — two workers SIGKILLed, three of those
+// left stopped with SIGTERM, one more SIGKILLed, each step held until the leases converge —
+// then stops the lease monitor (stop) and records its verdict and the writers' rate (target
+// rate) since loadStarted; steps names the worker counts for the fault's description.
+func (s *scaleRun) faultsThenVerdict(ctx context.Context, stop func(), steps string, rate int, started, loadStarted time.Time) error {
+	e, r := s.e, s.r
 	if err := s.kill(ctx, 2); err != nil {
 		return err
 	}
@@ -111,21 +120,20 @@ func runScale(ctx context.Context, e *env, r *result) error {
 	if err := s.kill(ctx, 1); err != nil {
 		return err
 	}
-	r.FaultKind = fmt.Sprintf("SIGKILLs and %d SIGTERMs, workers 1 → 4 → 8 → 6 → 3 → 2", 3)
+	r.FaultKind = fmt.Sprintf("SIGKILLs and %d SIGTERMs, %s", 3, steps)
 	e.faultsOver()
 	if err := backoff.Sleep(ctx, 2*time.Second); err != nil {
 		return err
 	}
-	stopMonitor()
-	monitoring.Wait()
-	live, partition, table := s.mon.worst()
+	stop()
+	live, slot, table := s.mon.worst()
 	r.addCheck("no partition without a live owner longer than the bound", live <= scaleUnownedBound,
-		"longest %s (partition %d), bound %s (TTL %s + renewal %s + 1 s for the polls); without any owner in the table: %s; %d polls, %d failed",
-		round(live), partition, scaleUnownedBound, lease.TTLDefault, lease.RenewDefault, round(table), s.mon.polls, s.mon.failures)
+		"longest %s (%s), bound %s (TTL %s + renewal %s + 1 s for the polls); without any owner in the table: %s; %d polls, %d failed",
+		round(live), s.mon.slotName(slot), scaleUnownedBound, lease.TTLDefault, lease.RenewDefault, round(table), s.mon.polls, s.mon.failures)
 	r.Notes = append(r.Notes, s.steps...)
 	appended, writing := e.load.ackedCount(), time.Since(loadStarted)
 	r.Notes = append(r.Notes, fmt.Sprintf("writers: %d events appended in %s, %.0f events/s (target %d); the steps took %s",
-		appended, writing.Round(100*time.Millisecond), float64(appended)/writing.Seconds(), scaleRate, time.Since(started).Round(100*time.Millisecond)))
+		appended, writing.Round(100*time.Millisecond), float64(appended)/writing.Seconds(), rate, time.Since(started).Round(100*time.Millisecond)))
 	return nil
 }
 

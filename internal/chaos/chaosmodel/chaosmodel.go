@@ -213,16 +213,7 @@ func (m *Models) exact(cfg Config, onFailure projection.OnFailure) (*projection.
 		pc.ActivateFunc = func(ctx context.Context, _ projection.HookParams) error { return cfg.ActivateFunc(ctx) }
 	}
 	pc.InitFunc = func(ctx context.Context, p projection.HookParams) error {
-		_, err := p.Tx.Exec(ctx, `
-			CREATE TABLE IF NOT EXISTS `+table+` (
-				event_id     uuid PRIMARY KEY,
-				times        integer NOT NULL,
-				projected_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-				stream_id    text NOT NULL,
-				version      bigint NOT NULL,
-				writer       integer NOT NULL,
-				seq          integer NOT NULL,
-				applied      bigserial NOT NULL);
+		_, err := p.Tx.Exec(ctx, exactTableSQL(table)+`;
 			CREATE TABLE IF NOT EXISTS `+ControlTable+` (key text PRIMARY KEY)`)
 		return err
 	}
@@ -236,32 +227,40 @@ func (m *Models) exact(cfg Config, onFailure projection.OnFailure) (*projection.
 				return ErrPoison
 			}
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, times, stream_id, version, writer, seq) VALUES ($1, 1, $2, $3, $4, $5)
-			ON CONFLICT (event_id) DO UPDATE SET times = `+table+`.times + 1`, e.ID, e.StreamID, e.StreamVersion, e.Data.Writer, e.Data.Seq)
-		return err
+		return recordExact(ctx, tx, table, e)
 	}))
+}
+
+// exactTableSQL creates an exactly-once read model's table: one row per event, counting how
+// many times it was applied.
+func exactTableSQL(table string) string {
+	return `CREATE TABLE IF NOT EXISTS ` + table + ` (
+		event_id     uuid PRIMARY KEY,
+		times        integer NOT NULL,
+		projected_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+		stream_id    text NOT NULL,
+		version      bigint NOT NULL,
+		writer       integer NOT NULL,
+		seq          integer NOT NULL,
+		applied      bigserial NOT NULL)`
+}
+
+// recordExact records e in the exactly-once read model table, counting a second application.
+func recordExact(ctx context.Context, tx pgx.Tx, table string, e projection.Event[Payload]) error {
+	_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, times, stream_id, version, writer, seq) VALUES ($1, 1, $2, $3, $4, $5)
+		ON CONFLICT (event_id) DO UPDATE SET times = `+table+`.times + 1`, e.ID, e.StreamID, e.StreamVersion, e.Data.Writer, e.Data.Seq)
+	return err
 }
 
 // fleet defines one fleet projection: ExactProjection's table and handler under another name.
 func fleet(cfg Config, table string) (*projection.Projection, error) {
 	pc := projection.Config{BatchSize: cfg.BatchSize, Partitions: cfg.Partitions}
 	pc.InitFunc = func(ctx context.Context, p projection.HookParams) error {
-		_, err := p.Tx.Exec(ctx, `
-			CREATE TABLE IF NOT EXISTS `+table+` (
-				event_id     uuid PRIMARY KEY,
-				times        integer NOT NULL,
-				projected_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-				stream_id    text NOT NULL,
-				version      bigint NOT NULL,
-				writer       integer NOT NULL,
-				seq          integer NOT NULL,
-				applied      bigserial NOT NULL)`)
+		_, err := p.Tx.Exec(ctx, exactTableSQL(table))
 		return err
 	}
 	return projection.New(table, pc, projection.On(EventType, func(ctx context.Context, tx pgx.Tx, e projection.Event[Payload]) error {
-		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, times, stream_id, version, writer, seq) VALUES ($1, 1, $2, $3, $4, $5)
-			ON CONFLICT (event_id) DO UPDATE SET times = `+table+`.times + 1`, e.ID, e.StreamID, e.StreamVersion, e.Data.Writer, e.Data.Seq)
-		return err
+		return recordExact(ctx, tx, table, e)
 	}))
 }
 
