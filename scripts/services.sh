@@ -83,7 +83,9 @@ else
 	fi
 	if ((!amqp_ok)) && is_local "$AMQP_HOST" && [[ $AMQP_PORT == 5672 ]] && command -v rabbitmq-server >/dev/null 2>&1; then
 		echo "services: starting local RabbitMQ"
-		rabbitmq-server -detached || true
+		# A node holds a file per queue and socket: at the usual 1,024 it stops accepting
+		# connections at about 3,000 queues (docs/operations/pgbouncer-and-sizing.md).
+		(ulimit -Sn 65536 2>/dev/null || ulimit -Sn "$(ulimit -Hn)"; exec rabbitmq-server -detached) || true
 	fi
 fi
 

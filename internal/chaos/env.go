@@ -129,6 +129,9 @@ type scenarioSettings struct {
 	// privateBroker runs the scenario on the suite's own RabbitMQ node instead of the shared
 	// broker.
 	privateBroker bool
+	// queueType is the kind of the scenario's RabbitMQ queues (channel/amqp Config.QueueType,
+	// chaosworker -queue-type); "" is the channel's default.
+	queueType amqpchannel.QueueType
 	// externalRelay runs the relay in a process of its own (chaosrelay) instead of in the
 	// suite's process.
 	externalRelay bool
@@ -260,7 +263,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 		return nil, err
 	}
 	e.channel, err = amqpchannel.New(ctx, amqpchannel.Config{URL: e.broker.url, Prefix: e.prefix, ConnectionName: e.prefix + "publisher",
-		Logger: e.log, StartupTimeout: 10 * time.Second})
+		Logger: e.log, StartupTimeout: 10 * time.Second, QueueType: set.queueType})
 	if err != nil {
 		return nil, err
 	}
@@ -276,7 +279,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 	}
 	ws := workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: e.broker.url, prefix: e.prefix,
 		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet, park: set.park, flipHold: set.flipHold, buildLagTarget: set.buildLagTarget, partitions: set.partitions,
-		leaseTTL: set.leaseTTL, leaseRenew: set.leaseRenew, fleet: max(0, set.fleet-1)}
+		leaseTTL: set.leaseTTL, leaseRenew: set.leaseRenew, fleet: max(0, set.fleet-1), queueType: set.queueType}
 	if set.fleet > 1 {
 		// A broker busy with thousands of channels may take a while to accept a connection.
 		ws.startup = deadline(time.Minute)

@@ -271,7 +271,7 @@ func (s *suite) prepare(ctx context.Context, selected []scenario) error {
 		// Durable and with scram passwords, as production runs: crashes are recovered from
 		// the WAL, and every process authenticates.
 		c, errs[2] = pgcluster.NewWith(ctx, s.log, pgcluster.Options{Durable: true, Password: s.pgPassword,
-			ProgramTimeout: deadline(pgcluster.ProgramTimeoutDefault)})
+			ProgramTimeout: deadline(pgcluster.ProgramTimeoutDefault), MaxConnections: maxConnections(selected)})
 		s.cluster = c
 	})
 	wg.Wait()
@@ -286,6 +286,17 @@ func (s *suite) prepare(ctx context.Context, selected []scenario) error {
 		return err
 	}
 	return nil
+}
+
+// maxConnections is the private cluster's max_connections for the selected scenarios: the
+// default, or what scale-fleet's workers take at most (each holds up to workerConnections)
+// with room for the suite's own pools.
+func maxConnections(selected []scenario) int {
+	n := pgcluster.MaxConnectionsDefault
+	if slices.ContainsFunc(selected, func(sc scenario) bool { return sc.name == "scale-fleet" }) {
+		n = max(n, fleetWorkers*workerConnections+100)
+	}
+	return n
 }
 
 // goBuild builds the package pkg of this module into out.

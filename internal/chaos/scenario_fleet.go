@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
 	"github.com/nudgeworks/nudge/internal/backoff"
 	"github.com/nudgeworks/nudge/lease"
 )
@@ -30,6 +31,12 @@ const (
 	fleetReadyBound = 4 * time.Minute
 )
 
+// workerConnections is the most PostgreSQL connections a chaosworker process opens: its pool
+// (12) and its at-least-once model's (4). Sixteen workers take 256, more than a private
+// cluster's default max_connections: a worker past it waits for a connection and never gets
+// ready.
+const workerConnections = 12 + 4
+
 // fleetWorkers is how many worker processes scale-fleet scales up to (-fleet-workers, at least
 // 8): half of them first, then all; then 2 are SIGKILLed, 3 stopped with SIGTERM, 1 SIGKILLed.
 var fleetWorkers = 16
@@ -52,7 +59,12 @@ func fleetScenario() scenario {
 			"store's content, in stream order",
 			fleetJoinBound, fleetKillBound, leaseMonitorPoll, scaleUnownedBound, fleetProjections),
 		settings: scenarioSettings{safetyNet: safetyNetDefault, partitions: fleetPartitions, exactOnly: true, fleet: fleetProjections,
-			workers: fleetWorkers, writers: fleetWriters, rate: fleetRate, perAppend: fleetPerAppend, keepRate: true, relayInterval: fleetRelayInterval},
+			workers: fleetWorkers, writers: fleetWriters, rate: fleetRate, perAppend: fleetPerAppend, keepRate: true, relayInterval: fleetRelayInterval,
+			// 3,250 queues: the suite's own node, whose limit of open files (rabbitcluster's
+			// default) fits them; a broker started with 1,024 runs out and stops answering.
+			// Quorum queues: a classic durable queue writes and syncs an index of its own, and
+			// 3,250 of them live saturate the broker's pool of file workers (see RELIABILITY.md).
+			privateBroker: true, queueType: amqpchannel.QueueQuorum},
 		run: runFleet,
 	}
 }

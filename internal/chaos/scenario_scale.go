@@ -164,8 +164,16 @@ func (s *scaleRun) owners() []string {
 func (s *scaleRun) join(ctx context.Context, n int) error {
 	began := time.Now()
 	var procs []*workerProc
-	readyCtx, cancel := context.WithTimeout(ctx, deadline(cmp.Or(s.readyBound, 60*time.Second)))
-	defer cancel()
+	// Each process gets ready within the bound from its own start: one by one, the step
+	// takes up to the bound for each.
+	awaitReady := func(p *workerProc) error {
+		readyCtx, cancel := context.WithDeadline(ctx, p.started.Add(deadline(cmp.Or(s.readyBound, 60*time.Second))))
+		defer cancel()
+		if err := p.waitReady(readyCtx); err != nil {
+			return fmt.Errorf("%s: %w (see its log)", p.id, err)
+		}
+		return nil
+	}
 	for _, slot := range s.e.workers.slots[len(s.live):n] {
 		p, err := slot.start()
 		if err != nil {
@@ -174,14 +182,14 @@ func (s *scaleRun) join(ctx context.Context, n int) error {
 		procs = append(procs, p)
 		s.live = append(s.live, slot)
 		if s.oneByOne {
-			if err := p.waitReady(readyCtx); err != nil {
-				return fmt.Errorf("%s: %w (see its log)", p.id, err)
+			if err := awaitReady(p); err != nil {
+				return err
 			}
 		}
 	}
 	for _, p := range procs {
-		if err := p.waitReady(readyCtx); err != nil {
-			return fmt.Errorf("%s: %w (see its log)", p.id, err)
+		if err := awaitReady(p); err != nil {
+			return err
 		}
 	}
 	ready := time.Since(began)

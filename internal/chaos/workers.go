@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	amqpchannel "github.com/nudgeworks/nudge/channel/amqp"
 )
 
 // workerSettings are what every worker process of a scenario shares.
@@ -41,6 +43,9 @@ type workerSettings struct {
 	// (chaosworker -partitions); each incarnation then holds leases under its own id
 	// (<slot>.<incarnation>) as owner. deploy changes it with the version.
 	partitions int
+	// queueType is the kind of the worker's RabbitMQ queues (chaosworker -queue-type); "" is
+	// the channel's default.
+	queueType amqpchannel.QueueType
 	// leaseTTL and leaseRenew replace the lease defaults with partitions (chaosworker
 	// -lease-ttl, -lease-renew); zero keeps them.
 	leaseTTL, leaseRenew time.Duration
@@ -123,6 +128,9 @@ func (s *workerSlot) start() (*workerProc, error) {
 	}
 	if s.set.fleet > 0 {
 		args = append(args, "-fleet", strconv.Itoa(s.set.fleet))
+	}
+	if s.set.queueType != "" {
+		args = append(args, "-queue-type", string(s.set.queueType))
 	}
 	if s.set.startup > 0 {
 		args = append(args, "-startup-timeout", s.set.startup.String())
@@ -207,7 +215,22 @@ func (p *workerProc) waitReady(ctx context.Context) error {
 		}
 		return fmt.Errorf("worker exited before it was ready: %w", p.err)
 	case <-ctx.Done():
-		return ctx.Err()
+		p.dumpGoroutines()
+		return fmt.Errorf("%w (its goroutines are in its log)", ctx.Err())
+	}
+}
+
+// dumpGoroutines sends the process SIGQUIT, on which a Go program writes every goroutine's
+// stack to its standard error (the process's log) and exits, and waits a little for it: what
+// a worker that never got ready waits for.
+func (p *workerProc) dumpGoroutines() {
+	p.signalled.Store(true)
+	if p.cmd.Process.Signal(syscall.SIGQUIT) != nil {
+		return
+	}
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
 	}
 }
 

@@ -6,6 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,8 +20,12 @@ import (
 // TestClusterOfTwoNodes: NewCluster starts two nodes that run as one cluster (each lists both
 // as running), and Remove leaves neither process nor directory behind.
 func TestClusterOfTwoNodes(t *testing.T) {
+	t.Parallel()
 	c := ForTest(t, 2)
 	ctx := testwait.Context(t, 2*time.Minute)
+	var limit syscall.Rlimit
+	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit))
+	want := min(uint64(OpenFilesDefault), limit.Max) // what each node's VM runs with
 	require.Len(t, c.Nodes, 2)
 	require.NotEqual(t, c.Nodes[0].Port(), c.Nodes[1].Port())
 	names := []string{c.Nodes[0].Name(), c.Nodes[1].Name()}
@@ -32,6 +39,7 @@ func TestClusterOfTwoNodes(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(out), &status), out)
 		slices.Sort(status.Running)
 		require.Equal(t, names, status.Running, "the running nodes %s sees", n.Name())
+		require.Equal(t, want, beamOpenFiles(t, n), "the open files limit of %s's VM", n.Name())
 	}
 
 	c.Remove()
@@ -44,6 +52,51 @@ func TestClusterOfTwoNodes(t *testing.T) {
 			t.Fatalf("node %s still runs after Remove", n.Name())
 		}
 	}
+}
+
+// TestNodeOpenFiles: a node runs with the limit of open files Options.OpenFiles asks for,
+// whatever this process's own limit.
+func TestNodeOpenFiles(t *testing.T) {
+	t.Parallel()
+	n, err := Start(testwait.Context(t, 5*time.Minute), Options{OpenFiles: 4099})
+	if err != nil && os.Getenv("CI") != "true" && errors.Is(err, ErrNoServer) {
+		t.Skip(err)
+	}
+	require.NoError(t, err)
+	t.Cleanup(n.Remove)
+	require.Equal(t, uint64(4099), beamOpenFiles(t, n))
+}
+
+// beamOpenFiles returns the soft limit of open files of n's Erlang VM (beam.smp in n's process
+// group), read from /proc.
+func beamOpenFiles(t *testing.T, n *Node) uint64 {
+	t.Helper()
+	stats, err := filepath.Glob("/proc/[0-9]*/stat")
+	require.NoError(t, err)
+	for _, stat := range stats {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			continue // the process ended
+		}
+		// pid (comm) state ppid pgrp …: comm may hold spaces, so split after its ")".
+		comm, rest, ok := strings.Cut(string(b), ") ")
+		fields := strings.Fields(rest)
+		if !ok || !strings.HasSuffix(comm, "(beam.smp") || len(fields) < 3 || fields[2] != strconv.Itoa(n.cmd.Process.Pid) {
+			continue
+		}
+		limits, err := os.ReadFile(filepath.Join(filepath.Dir(stat), "limits"))
+		require.NoError(t, err)
+		for line := range strings.Lines(string(limits)) {
+			if f := strings.Fields(strings.TrimPrefix(line, "Max open files")); len(f) >= 2 && strings.HasPrefix(line, "Max open files") {
+				soft, err := strconv.ParseUint(f[0], 10, 64)
+				require.NoError(t, err, line)
+				return soft
+			}
+		}
+		t.Fatalf("%s has no open files limit", stat)
+	}
+	t.Fatalf("no beam.smp in the process group %d of node %s", n.cmd.Process.Pid, n.Name())
+	return 0
 }
 
 // TestStartFailureLeavesNothing: a server that exits while starting fails Start with the path

@@ -49,6 +49,7 @@ const (
 // options are the worker's flags.
 type options struct {
 	name         string
+	queueType    string
 	prefix       string
 	sink         string
 	safetyNet    time.Duration
@@ -92,6 +93,7 @@ func main() {
 	flag.StringVar(&o.owner, "owner", "", "lease `owner` of this process with -partitions (defaults to -name)")
 	flag.DurationVar(&o.leaseTTL, "lease-ttl", 0, "lease `TTL` with -partitions (0: lease.TTLDefault)")
 	flag.DurationVar(&o.leaseRenew, "lease-renew", 0, "lease renewal `interval` with -partitions (0: lease.RenewDefault)")
+	flag.StringVar(&o.queueType, "queue-type", "", "`kind` of the RabbitMQ queues: classic or quorum (default: the channel's)")
 	flag.IntVar(&o.fleet, "fleet", 0, "run `n` fleet projections (chaosmodel.FleetProjection) besides the -projections, each split as -partitions")
 	flag.Parse()
 
@@ -160,7 +162,7 @@ func run(ctx context.Context, o options, logger *slog.Logger) error {
 	}
 	logger.Info("chaosworker: projections initialised", slog.Int("projections", len(projections)), slog.Duration("took", time.Since(began)))
 	ch, err := amqpchannel.New(ctx, amqpchannel.Config{URL: amqpURL, Prefix: o.prefix, ConnectionName: o.prefix + o.name,
-		Logger: logger, StartupTimeout: o.startup})
+		Logger: logger, StartupTimeout: o.startup, QueueType: amqpchannel.QueueType(o.queueType)})
 	if err != nil {
 		return err
 	}
