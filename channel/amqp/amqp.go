@@ -61,7 +61,9 @@
 // backoff from 500 ms up to Config.ReconnectMaxInterval; subscriptions resume by themselves.
 // While disconnected, Publish fails at once with an error matching ErrDisconnected (nothing is
 // buffered): the caller decides, and the projections' start-up catch-up and safety-net tick
-// cover a trigger that was never sent. Subscribe, too, fails while disconnected. A delivery
+// cover a trigger that was never sent. Subscribe, too, fails while disconnected. Declare and
+// DeclarePartitions wait instead, up to Config.StartupTimeout, and declare once the
+// connection is back: a worker's declarations at its start survive a dropped connection. A delivery
 // that was not acked when the connection broke is redelivered by the broker; a subscription
 // notices the lost connection only once its consumer acks or nacks the message it holds (that
 // ack is lost, hence the redelivery).
@@ -230,7 +232,8 @@ type Config struct {
 	// Defaults to ConnectionNameDefault.
 	ConnectionName string
 	// StartupTimeout is how long New keeps retrying the first connection; it also bounds each
-	// attempt. Defaults to StartupTimeoutDefault.
+	// attempt, and how long Declare and DeclarePartitions wait for a connection lost while
+	// they declare to come back. Defaults to StartupTimeoutDefault.
 	StartupTimeout time.Duration
 	// StartupAttempts, if positive, is the most attempts New makes at the first connection
 	// within StartupTimeout: 1 fails at the first refused connection, as a command-line tool
@@ -612,7 +615,11 @@ func (c *Channel) Declare(ctx context.Context, projections ...string) error {
 }
 
 // declareAll declares the queues of names (projections, or units declared with
-// DeclarePartitions): all at once, else, after a refusal, one by one.
+// DeclarePartitions): all at once, else, after a refusal, one by one. While the connection is
+// down it declares again, with New's backoff, once it is back: up to Config.StartupTimeout
+// from the first loss, or until ctx ends (an error matching ErrDisconnected then). A worker's
+// declarations at its start so survive a broker that drops the connection meanwhile, as New
+// survives one that is not up yet.
 func (c *Channel) declareAll(ctx context.Context, names []string) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -620,6 +627,37 @@ func (c *Channel) declareAll(ctx context.Context, names []string) error {
 	if len(names) == 0 {
 		return nil
 	}
+	var (
+		giveUp time.Time
+		wait   = startupBackoffInitial
+	)
+	for {
+		err := c.declareNames(ctx, names)
+		if !errors.Is(err, ErrDisconnected) {
+			return err
+		}
+		if giveUp.IsZero() {
+			giveUp = time.Now().Add(c.cfg.StartupTimeout)
+		}
+		left := time.Until(giveUp)
+		if left <= 0 {
+			return err
+		}
+		c.log.Warn("amqp: the connection was lost while declaring; declaring again once it is back",
+			slog.Int("queues", len(names)), slog.Duration("retry_in", min(wait, left)), slog.Duration("gives_up_in", left), slog.Any("error", err))
+		t := time.NewTimer(min(wait, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Join(err, ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, startupBackoffMax)
+	}
+}
+
+// declareNames is one attempt of declareAll.
+func (c *Channel) declareNames(ctx context.Context, names []string) error {
 	args := queueArguments(c.cfg.QueueType, c.serverMajor)
 	err := c.declareBatch(names, args)
 	if err == nil {

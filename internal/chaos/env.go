@@ -281,8 +281,10 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet, park: set.park, flipHold: set.flipHold, buildLagTarget: set.buildLagTarget, partitions: set.partitions,
 		leaseTTL: set.leaseTTL, leaseRenew: set.leaseRenew, fleet: max(0, set.fleet-1), queueType: set.queueType}
 	if set.fleet > 1 {
-		// A broker busy with thousands of channels may take a while to accept a connection.
-		ws.startup = deadline(time.Minute)
+		// A broker busy with thousands of channels may take a while to accept a connection:
+		// with 15 workers on a loaded machine, a sixteenth's handshakes timed out for a minute.
+		// Its retries may take most of the worker's ready bound (fleetReadyBound).
+		ws.startup = deadline(3 * time.Minute)
 	}
 	if set.exactOnly {
 		ws.projections = chaosmodel.ExactProjection
