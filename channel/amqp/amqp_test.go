@@ -499,6 +499,27 @@ func TestRecoversFromNetworkOutage(t *testing.T) {
 	require.GreaterOrEqual(t, got.Position.GlobalPosition, int64(100))
 }
 
+// outageChannel is the set-up of the tests whose connection drops again and again, run
+// without the race detector (they are skipped under it: a call overlapping a connection loss
+// reads watermill-amqp v2.1.3's unsynchronised write of ConnectionWrapper.connected, which no
+// caller can avoid): in parallel, a channel through a proxy the test cuts, reconnecting every
+// 200 ms at most, with "alpha" declared, its proxy and its logs.
+func outageChannel(t *testing.T) (*amqp.Channel, *amqptest.Proxy, *logs) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("watermill-amqp v2.1.3 races on ConnectionWrapper.connected when calls overlap a connection loss; run without -race")
+	}
+	t.Parallel()
+	env := amqptest.New(t)
+	proxy := amqptest.NewProxy(t, env.URL, true)
+	l := newLogs(t)
+	cfg := config(t, env)
+	cfg.URL, cfg.Logger, cfg.ReconnectMaxInterval = proxy.URL(), l.logger(), 200*time.Millisecond
+	ch := newChannel(t, cfg)
+	require.NoError(t, ch.Declare(context.Background(), "alpha"))
+	return ch, proxy, l
+}
+
 // logDeclareLost is the line of a Declare that waits for a lost connection to come back.
 const logDeclareLost = `msg="amqp: the connection was lost while declaring; declaring again once it is back"`
 
@@ -510,18 +531,8 @@ const logDeclareLost = `msg="amqp: the connection was lost while declaring; decl
 // Under the race detector it is skipped, as TestPublishersAcrossOutages is: a call during the
 // reconnect reads what watermill-amqp v2.1.3 writes unsynchronised.
 func TestDeclareWaitsForTheConnection(t *testing.T) {
-	if raceEnabled {
-		t.Skip("watermill-amqp v2.1.3 races on ConnectionWrapper.connected when calls overlap a connection loss; run without -race")
-	}
-	t.Parallel()
-	env := amqptest.New(t)
-	proxy := amqptest.NewProxy(t, env.URL, true)
-	l := newLogs(t)
-	cfg := config(t, env)
-	cfg.URL, cfg.Logger, cfg.ReconnectMaxInterval = proxy.URL(), l.logger(), 200*time.Millisecond
-	ch := newChannel(t, cfg)
+	ch, proxy, l := outageChannel(t)
 	ctx := context.Background()
-	require.NoError(t, ch.Declare(ctx, "alpha"))
 
 	proxy.SetUp(false)
 	proxy.Cut()
@@ -573,18 +584,8 @@ func TestDeclareWaitsForTheConnection(t *testing.T) {
 // Under the race detector it is skipped: it reports watermill-amqp v2.1.3's unsynchronised
 // write of ConnectionWrapper.connected (see logs.waitFor), which no caller can avoid.
 func TestPublishersAcrossOutages(t *testing.T) {
-	if raceEnabled {
-		t.Skip("watermill-amqp v2.1.3 races on ConnectionWrapper.connected when publishes overlap a connection loss; run without -race")
-	}
-	t.Parallel()
-	env := amqptest.New(t)
-	proxy := amqptest.NewProxy(t, env.URL, true)
-	l := newLogs(t)
-	cfg := config(t, env)
-	cfg.URL, cfg.Logger, cfg.ReconnectMaxInterval = proxy.URL(), l.logger(), 200*time.Millisecond
-	ch := newChannel(t, cfg)
+	ch, proxy, l := outageChannel(t)
 	ctx := context.Background()
-	require.NoError(t, ch.Declare(ctx, "alpha"))
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

@@ -87,8 +87,8 @@ func beamOpenFiles(t *testing.T, n *Node) uint64 {
 		limits, err := os.ReadFile(filepath.Join(filepath.Dir(stat), "limits"))
 		require.NoError(t, err)
 		for line := range strings.Lines(string(limits)) {
-			if f := strings.Fields(strings.TrimPrefix(line, "Max open files")); len(f) >= 2 && strings.HasPrefix(line, "Max open files") {
-				soft, err := strconv.ParseUint(f[0], 10, 64)
+			if rest, ok := strings.CutPrefix(line, "Max open files"); ok {
+				soft, err := strconv.ParseUint(strings.Fields(rest)[0], 10, 64) // soft, hard, unit
 				require.NoError(t, err, line)
 				return soft
 			}
