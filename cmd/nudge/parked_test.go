@@ -161,13 +161,13 @@ func TestParkedCommands(t *testing.T) {
 	require.Equal(t, 1, res.code)
 	require.Contains(t, res.stderr, "no parked stream")
 
-	res = runCLI(t, f.env, "status", "--json")
+	res = settledStatus(t, f.env, "status", "--json")
 	require.Equal(t, 0, res.code, res.stderr)
 	var st []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(res.stdout), &st))
 	require.InDelta(t, 2, st[0]["parked_streams"], 0)
 	require.NotNil(t, st[0]["oldest_parked_at"])
-	res = runCLI(t, f.env, "status")
+	res = settledStatus(t, f.env, "status")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, "2 parked streams")
 

@@ -52,10 +52,10 @@ func TestPauseResume(t *testing.T) {
 	require.Contains(t, out.stdout, "projection orders was already paused by ann since "+since+": nothing changed")
 	require.Equal(t, "ann", status("orders").StateChangedBy)
 
-	out = runCLI(t, f.env, "status", "orders")
+	out = settledStatus(t, f.env, "status", "orders")
 	require.Equal(t, 0, out.code, out.stderr)
 	require.Contains(t, out.stdout, "paused by ann since "+since+" (nudge resume orders)")
-	out = runCLI(t, f.env, "status", "orders", "--json")
+	out = settledStatus(t, f.env, "status", "orders", "--json")
 	require.Equal(t, 0, out.code, out.stderr)
 	require.Contains(t, out.stdout, `"state_changed_by": "ann"`)
 
@@ -64,7 +64,7 @@ func TestPauseResume(t *testing.T) {
 	require.Equal(t, 0, out.code, out.stderr)
 	require.Contains(t, out.stdout, `paused projection parts (by eve\x1b[2J)`)
 	require.Equal(t, "eve\x1b[2J", status("parts").StateChangedBy)
-	out = runCLI(t, f.env, "status", "parts")
+	out = settledStatus(t, f.env, "status", "parts")
 	require.Equal(t, 0, out.code, out.stderr)
 	require.Contains(t, out.stdout, `paused by eve\x1b[2J since`)
 	require.NotContains(t, out.stdout, "\x1b")

@@ -227,10 +227,10 @@ func TestRebuildNoWait(t *testing.T) {
 	require.Equal(t, int64(1), s.tk.resets.Load())
 	require.Zero(t, st.EventsProcessed)
 
-	res = runCLI(t, s.env, "status", "tickets")
+	res = settledStatus(t, s.env, "status", "tickets")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, fmt.Sprintf("rebuilding: 0/%d events (0%%)", ticketCount))
-	res = runCLI(t, s.env, "status", "tickets", "--json")
+	res = settledStatus(t, s.env, "status", "tickets", "--json")
 	require.Equal(t, 0, res.code, res.stderr)
 	var got []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(res.stdout), &got))

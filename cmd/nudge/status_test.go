@@ -137,7 +137,7 @@ func TestStatusJSON(t *testing.T) {
 	f := newStatusFixture(t)
 	started := time.Now()
 
-	res := runCLI(t, f.env, "status", "--json")
+	res := settledStatus(t, f.env, "status", "--json")
 	require.Equal(t, 0, res.code, res.stderr)
 	var got []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(res.stdout), &got), res.stdout)
@@ -202,7 +202,7 @@ func TestStatusJSON(t *testing.T) {
 	require.InDelta(t, 1, failing["dead_letters"], 0, "the failed one; the resolved one does not count")
 
 	// Names pick projections, in the order given.
-	res = runCLI(t, f.env, "status", "lagging", "caught_up", "--json")
+	res = settledStatus(t, f.env, "status", "lagging", "caught_up", "--json")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.NoError(t, json.Unmarshal([]byte(res.stdout), &got))
 	require.Len(t, got, 2)
@@ -215,7 +215,7 @@ func TestStatusTable(t *testing.T) {
 	t.Parallel()
 	f := newStatusFixture(t)
 
-	res := runCLI(t, f.env, "status")
+	res := settledStatus(t, f.env, "status")
 	require.Equal(t, 0, res.code, res.stderr)
 	lines := strings.Split(strings.TrimRight(res.stdout, "\n"), "\n")
 	require.Len(t, lines, 4, res.stdout)
@@ -227,7 +227,7 @@ func TestStatusTable(t *testing.T) {
 		`\s+1\s+attempt 1: cannot take C$`, lines[2])
 	require.Regexp(t, `^lagging\s+working\s+0/0\s+`+head+`\s+3\s+\d+(\.\d)?(ms|s)\s+-\s+0\s+-$`, lines[3])
 
-	res = runCLI(t, f.env, "status", "nosuch", "lagging", "other")
+	res = settledStatus(t, f.env, "status", "nosuch", "lagging", "other")
 	require.Equal(t, 1, res.code)
 	require.Contains(t, res.stderr, `no projection named "nosuch", "other" in this database; the registered projections are: caught_up, failing, lagging`)
 }
@@ -337,10 +337,10 @@ func TestStatusBadInput(t *testing.T) {
 	require.Contains(t, res.stderr, "check --db and --schema, or run 'nudge migrate'")
 
 	// No projection registered yet.
-	res = runCLI(t, f.env, "status")
+	res = settledStatus(t, f.env, "status")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, "No projections are registered")
-	res = runCLI(t, f.env, "status", "orders")
+	res = settledStatus(t, f.env, "status", "orders")
 	require.Equal(t, 1, res.code)
 	require.Contains(t, res.stderr, `no projection named "orders": no projection is registered in this database`)
 }
@@ -414,12 +414,12 @@ func TestStatusWithoutDeadLetterTable(t *testing.T) {
 	require.NoError(t, runner.Init(ctx))
 	env := map[string]string{envDatabaseURL: db.URL}
 
-	res := runCLI(t, env, "status")
+	res := settledStatus(t, env, "status")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Regexp(t, `(?m)^solo\s+caught_up\s+0/0\s+0/0\s+0\s+0s\s+-\s+\?\s+-$`, res.stdout)
 	require.Equal(t, 1, strings.Count(res.stderr, "no dead-letter table"))
 
-	res = runCLI(t, env, "status", "--json")
+	res = settledStatus(t, env, "status", "--json")
 	require.Equal(t, 0, res.code, res.stderr)
 	var got []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(res.stdout), &got))
@@ -438,12 +438,12 @@ func TestStatusVersions(t *testing.T) {
 	// v1 is active and caught up; v2 is registered beside it and has not run.
 	building := buildBeside(t, backend, v1, v2)
 
-	out := runCLI(t, f.env, "status")
+	out := settledStatus(t, f.env, "status")
 	require.Equal(t, 0, out.code, out.stderr)
 	require.Regexp(t, `(?m)^orders\s.*\s-$`, out.stdout, "the active version 1 needs no note")
 	require.Regexp(t, `(?m)^orders\.v2\s.*v2 building beside v1 \(active\); cuts over once level`, out.stdout)
 
-	out = runCLI(t, f.env, "status", "--json")
+	out = settledStatus(t, f.env, "status", "--json")
 	require.Equal(t, 0, out.code, out.stderr)
 	var got []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out.stdout), &got))
@@ -462,7 +462,7 @@ func TestStatusVersions(t *testing.T) {
 	st, err := building.Status(ctx, v2.Name())
 	require.NoError(t, err)
 	require.Equal(t, projection.VersionActive, st.VersionState, "v2 cut over in its catch-up")
-	out = runCLI(t, f.env, "status")
+	out = settledStatus(t, f.env, "status")
 	require.Equal(t, 0, out.code, out.stderr)
 	require.Regexp(t, `(?m)^orders\s.*v1 retired at \S+, replaced by v2$`, out.stdout)
 	require.Regexp(t, `(?m)^orders\.v2\s.*v2 active$`, out.stdout)
@@ -498,14 +498,16 @@ func TestStatusPartitionedVersions(t *testing.T) {
 
 // settledStatus runs nudge status (args) until no projection waits on an open transaction: a
 // transaction of another database in its commit window holds the read horizon below the newest
-// events for a moment, and the status says so (conservatively: HeldByHorizon) with no holder left
-// to name. It returns the first output without that note.
+// events for a moment, and the status says so (conservatively: HeldByHorizon, with a lower head)
+// with no holder left to name. It returns the first output without that note (table) or flag
+// (--json).
 func settledStatus(t *testing.T, env map[string]string, args ...string) result {
 	t.Helper()
 	deadline := time.Now().Add(waitCLI)
 	for {
 		out := runCLI(t, env, args...)
-		if !strings.Contains(out.stdout, "waiting on an open transaction") || time.Now().After(deadline) {
+		held := strings.Contains(out.stdout, "waiting on an open transaction") || strings.Contains(out.stdout, `"held_by_horizon":true`)
+		if !held || time.Now().After(deadline) {
 			return out
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -607,8 +609,16 @@ func newPartitionedFixture(t *testing.T) *partitionedFixture {
 	require.NoError(t, runner.Init(ctx))
 	_, err = runner.CatchUp(ctx, "orders")
 	require.ErrorIs(t, err, projection.ErrHandler)
-	st, err := runner.Status(ctx, "orders")
-	require.NoError(t, err)
+	// Read it where no other database's commit window held the horizon (see settledStatus), as
+	// the tests' settled CLI reads are.
+	var st projection.Status
+	for deadline := time.Now().Add(waitCLI); ; time.Sleep(10 * time.Millisecond) {
+		st, err = runner.Status(ctx, "orders")
+		require.NoError(t, err)
+		if !st.HeldByHorizon || time.Now().After(deadline) {
+			break
+		}
+	}
 	require.NotEmpty(t, st.FailingPartition)
 	_, err = f.store.Add(ctx, deadletter.Entry{Projection: st.FailingPartition, MessageUUID: "m-part", Payload: []byte(`{}`),
 		Error: "cannot take order-bad", Attempts: 1, At: time.Now()})
@@ -666,14 +676,14 @@ func TestStatusPartitions(t *testing.T) {
 	require.NotNil(t, e)
 	failing := regexp.QuoteMeta(fmt.Sprintf("%s A at %s", e.ID, e.Position))
 
-	res := runCLI(t, f.env, "status")
+	res := settledStatus(t, f.env, "status")
 	require.Equal(t, 0, res.code, res.stderr)
 	lines := strings.Split(strings.TrimRight(res.stdout, "\n"), "\n")
 	require.Len(t, lines, 2, "one line for the 4 partitions: %s", res.stdout)
 	require.Regexp(t, `^orders\s+failing\s+`+regexp.QuoteMeta(st.Position.String())+`\s+`+head+`\s+`+strconv.FormatInt(st.LagEvents, 10)+
 		`\s+\S+\s+`+failing+`\s+3\s+4 partitions, 2 owners, 1 unowned; `+regexp.QuoteMeta(f.bad)+` attempt 1: cannot take order-bad$`, lines[1])
 
-	res = runCLI(t, f.env, "status", "--partitions")
+	res = settledStatus(t, f.env, "status", "--partitions")
 	require.Equal(t, 0, res.code, res.stderr)
 	lines = strings.Split(strings.TrimRight(res.stdout, "\n"), "\n")
 	require.Len(t, lines, 6, res.stdout)
@@ -693,13 +703,13 @@ func TestStatusPartitions(t *testing.T) {
 	}
 
 	// A partition's unit name shows it alone.
-	res = runCLI(t, f.env, "status", "orders.p1")
+	res = settledStatus(t, f.env, "status", "orders.p1")
 	require.Equal(t, 0, res.code, res.stderr)
 	lines = strings.Split(strings.TrimRight(res.stdout, "\n"), "\n")
 	require.Len(t, lines, 2, res.stdout)
 	require.Regexp(t, `^orders\.p1\s.*\s(owner `+f.owners[1]+`|unowned)(; .*)?$`, lines[1])
 
-	res = runCLI(t, f.env, "status", "--json")
+	res = settledStatus(t, f.env, "status", "--json")
 	require.Equal(t, 0, res.code, res.stderr)
 	var got []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(res.stdout), &got), res.stdout)
@@ -738,13 +748,13 @@ func TestStatusPartitionsWithoutLeaseTable(t *testing.T) {
 	_, err := f.db.Pool.Exec(context.Background(), `DROP TABLE nudge_partition_leases`)
 	require.NoError(t, err)
 
-	res := runCLI(t, f.env, "status", "--partitions")
+	res := settledStatus(t, f.env, "status", "--partitions")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Equal(t, 1, strings.Count(res.stderr, "no lease table"), res.stderr)
 	require.Regexp(t, `(?m)^orders\s+failing\s.*\s3\s+4 partitions; `+regexp.QuoteMeta(f.bad)+` attempt 1`, res.stdout)
 	require.Regexp(t, `(?m)^  orders\.p\d\s.*\sowner \?$`, res.stdout)
 
-	res = runCLI(t, f.env, "status", "--json")
+	res = settledStatus(t, f.env, "status", "--json")
 	require.Equal(t, 0, res.code, res.stderr)
 	var got []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(res.stdout), &got), res.stdout)
@@ -783,7 +793,7 @@ func TestStatusNamesParkedStream(t *testing.T) {
 	require.Len(t, parked, 1)
 	ps := parked[0]
 
-	res := runCLI(t, f.env, "status", "tickets")
+	res := settledStatus(t, f.env, "status", "tickets")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, fmt.Sprintf("2 parked streams, the oldest: t-bad since %s, event %s T at %s: value too long \\x1b[2J (nudge parked list tickets)",
 		ps.ParkedAt.UTC().Format(time.RFC3339), ps.Event.ID, ps.Event.Position))

@@ -118,7 +118,7 @@ func TestHostileTextIsEscaped(t *testing.T) {
 	require.Contains(t, shown.Error, hostile, "--json keeps the text exact, escaped by JSON")
 	require.Equal(t, hostile, shown.Metadata["note\r"])
 
-	out = runCLI(t, f.env, "status", "prices", "--json")
+	out = settledStatus(t, f.env, "status", "prices", "--json")
 	require.Equal(t, 0, out.code, out.stderr)
 	require.NotContains(t, out.stdout, "\x1b")
 	var st []struct {
