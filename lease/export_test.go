@@ -2,8 +2,8 @@ package lease
 
 import "time"
 
-// SetTimer replaces the timer that schedules m's rounds (before Run): newTimer returns a
-// channel that receives when the round is due and a stop function.
+// SetTimer replaces the timer that schedules the rounds of m's set (before Run): newTimer
+// returns a channel that receives when the round is due and a stop function.
 func SetTimer(m *Member, newTimer func(d time.Duration) (<-chan time.Time, func() bool)) {
-	m.newTimer = newTimer
+	m.set.newTimer = newTimer
 }

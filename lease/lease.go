@@ -13,6 +13,11 @@
 // their transaction, so even two members that both believe they own a partition (one stalled
 // past its lease) never apply an event twice.
 //
+// A worker that runs several partitioned projections is a member of several groups: a Set keeps
+// them all with one round (a transaction of two to four statements) every Renew instead of a
+// round per group, so a worker's lease traffic and its takeover work do not grow with its
+// number of groups (fifty groups' separate rounds after a death spread over seconds).
+//
 // Times are the database's (now()), so the members' clocks need not agree.
 package lease
 
@@ -102,31 +107,27 @@ func (cfg Config) Validate() error {
 	return postgres.ValidateSchema(cfg.Schema)
 }
 
-// Member is one worker's membership in a group. Run keeps it; Use guards a batch on a partition.
+// Member is one worker's membership in a group. Run (or its Set's Run) keeps it; Use guards a
+// batch on a partition.
 type Member struct {
 	db  postgres.DB
 	cfg Config
 	sql statements
 	log *slog.Logger
+	// set runs the member's rounds (New: a set of this member alone).
+	set *Set
 
 	mu sync.Mutex
 	// parts are the partitions this member holds a lease on.
 	parts map[int]*held
 	// changed is closed and replaced whenever parts changes.
 	changed chan struct{}
-	// wake asks Run for a round now; batchEnded says a batch (Use) ended, for Close.
-	wake, batchEnded chan struct{}
+	// batchEnded says a batch (Use) ended, for Close.
+	batchEnded chan struct{}
 	// closed is set by Close: no new batch, no claim, no heartbeat; left once it left.
 	closed, left bool
-	// newTimer returns a channel that receives after d and its stop function (a time.Timer's);
-	// tests replace it to fire Run's rounds themselves.
-	newTimer func(d time.Duration) (<-chan time.Time, func() bool)
-}
-
-// newTimer is Member.newTimer's default: a time.Timer.
-func newTimer(d time.Duration) (<-chan time.Time, func() bool) {
-	t := time.NewTimer(d)
-	return t.C, t.Stop
+	// seeded is set once the group's lease rows were made (the set's first round).
+	seeded bool
 }
 
 // held is a partition this member holds.
@@ -135,21 +136,14 @@ type held struct {
 	give  bool // to give back once no batch is in flight
 }
 
-// New returns a member of cfg.Group; it joins the group at Run's first round.
+// New returns a member of cfg.Group; it joins the group at Run's first round. A worker of
+// several groups makes their members with NewSet instead.
 func New(db postgres.DB, cfg Config) (*Member, error) {
-	if db == nil {
-		return nil, fmt.Errorf("%w: a database handle is required", ErrInvalidConfig)
-	}
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
+	_, members, err := NewSet(db, cfg)
+	if err != nil {
 		return nil, err
 	}
-	return &Member{
-		db: db, cfg: cfg, sql: newStatements(cfg.Schema),
-		log:   cfg.Logger.With(slog.String("group", cfg.Group), slog.String("owner", cfg.Owner)),
-		parts: map[int]*held{}, changed: make(chan struct{}), wake: make(chan struct{}, 1), batchEnded: make(chan struct{}, 1),
-		newTimer: newTimer,
-	}, nil
+	return members[0], nil
 }
 
 // Owner returns the member's owner id.
@@ -203,50 +197,13 @@ func (m *Member) Use(p int) (done func(), ok bool) {
 	}, true
 }
 
-// poke asks Run for a round now.
-func (m *Member) poke() {
-	select {
-	case m.wake <- struct{}{}:
-	default:
-	}
-}
+// poke asks the set's Run for a round now.
+func (m *Member) poke() { m.set.poke() }
 
-// Run keeps the membership until ctx ends or Close: a round at once, then one every Renew
-// (and after a batch ends on a partition being given back), and one as soon as another
-// member's lease or membership lapses if that comes before the next renewal, so a dead
-// member's partitions are claimed when its leases lapse, not up to Renew later. A failed
-// round is logged and retried at the next; the member's leases then lapse after TTL, as a
-// dead member's would.
-func (m *Member) Run(ctx context.Context) error {
-	for {
-		if m.hasLeft() {
-			return ErrClosed
-		}
-		start := time.Now()
-		lapse, err := m.round(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				break
-			}
-			m.log.WarnContext(ctx, "lease: round failed; retried at the next", slog.Any("error", err))
-		}
-		next, stop := m.newTimer(nextRound(start, m.cfg.Renew, lapse))
-		select {
-		case <-ctx.Done():
-		case <-next:
-			continue
-		case <-m.wake:
-			stop()
-			continue
-		}
-		stop()
-		break
-	}
-	if m.hasLeft() {
-		return ErrClosed
-	}
-	return ctx.Err()
-}
+// Run keeps the membership until ctx ends or Close (see Set.Run): it runs the rounds of the
+// member's set, which for a member of New is the member alone. Run a Set's members with the
+// Set's Run, once.
+func (m *Member) Run(ctx context.Context) error { return m.set.Run(ctx) }
 
 // lapseMargin is how long after another member's lease lapses (database time) the round
 // that claims it starts: the claim needs the lapse strictly past at the round's start.
@@ -268,103 +225,6 @@ func (m *Member) hasLeft() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.left
-}
-
-// round renews the membership and the leases, then gives back the partitions over the fair
-// share (once no batch of them is in flight) and claims free ones up to it, in one
-// transaction. It returns when the next lease or membership of another member lapses (on
-// this process's clock, read from the database's as a duration), zero when none will.
-func (m *Member) round(ctx context.Context) (time.Time, error) {
-	var (
-		gained, lost []int
-		lapse        time.Time
-	)
-	err := pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
-		ttl := m.cfg.TTL.Seconds()
-		share, err := m.share(ctx, tx)
-		if err != nil {
-			return err
-		}
-		// Renew what this member holds; a lease lost meanwhile (expired and claimed) is dropped.
-		rows, err := tx.Query(ctx, m.sql.renew, m.cfg.Group, m.cfg.Owner, ttl, m.cfg.Partitions)
-		if err != nil {
-			return fmt.Errorf("lease: renew: %w", err)
-		}
-		renewed, err := pgx.CollectRows(rows, pgx.RowTo[int])
-		if err != nil {
-			return fmt.Errorf("lease: renew: %w", err)
-		}
-		m.mu.Lock()
-		give := m.planGiveBack(renewed, share)
-		m.mu.Unlock()
-		if len(give) > 0 {
-			if _, err := tx.Exec(ctx, m.sql.release, m.cfg.Group, m.cfg.Owner, give); err != nil {
-				return fmt.Errorf("lease: give back: %w", err)
-			}
-		}
-		keep := len(renewed) - len(give)
-		claimed, err := m.claim(ctx, tx, share-keep)
-		if err != nil {
-			return err
-		}
-		gained, lost = m.plan(renewed, give, claimed)
-		lapse, err = m.nextLapse(ctx, tx)
-		return err
-	})
-	if err != nil {
-		return time.Time{}, err
-	}
-	m.apply(gained, lost)
-	if len(gained) > 0 || len(lost) > 0 {
-		m.log.InfoContext(ctx, "lease: partitions moved", slog.Any("claimed", gained), slog.Any("lost", lost), slog.Any("owned", m.Owned()))
-	}
-	return lapse, nil
-}
-
-// nextLapse returns when the next lease or membership of another member lapses, zero when
-// none will. The database says how far ahead it is, on its own clock; the local time is
-// taken after its answer, so the lapse it returns is never earlier than the database's.
-func (m *Member) nextLapse(ctx context.Context, tx pgx.Tx) (time.Time, error) {
-	var secs *float64
-	if err := tx.QueryRow(ctx, m.sql.lapse, m.cfg.Group, m.cfg.Owner).Scan(&secs); err != nil {
-		return time.Time{}, fmt.Errorf("lease: next lapse: %w", err)
-	}
-	if secs == nil {
-		return time.Time{}, nil
-	}
-	return time.Now().Add(time.Duration(*secs * float64(time.Second))), nil
-}
-
-// share renews the membership (a heartbeat that also forgets dead members) and returns this
-// member's fair share; 0 once Close was called (no heartbeat then).
-func (m *Member) share(ctx context.Context, tx pgx.Tx) (int, error) {
-	m.mu.Lock()
-	closed := m.closed
-	m.mu.Unlock()
-	if closed {
-		return 0, nil // leaving: give everything back as its batches end
-	}
-	var members, rank int
-	if err := tx.QueryRow(ctx, m.sql.heartbeat, m.cfg.Group, m.cfg.Owner, m.cfg.TTL.Seconds(), m.cfg.Partitions).Scan(&members, &rank); err != nil {
-		return 0, fmt.Errorf("lease: heartbeat: %w", err)
-	}
-	return fairShare(m.cfg.Partitions, members, rank), nil
-}
-
-// claim claims up to want free partitions and returns them.
-func (m *Member) claim(ctx context.Context, tx pgx.Tx, want int) ([]int, error) {
-	if want <= 0 {
-		return nil, nil
-	}
-	rows, err := tx.Query(ctx, m.sql.claim, m.cfg.Group, m.cfg.Owner, m.cfg.TTL.Seconds(), m.cfg.Partitions, want)
-	if err != nil {
-		return nil, fmt.Errorf("lease: claim: %w", err)
-	}
-	claimed, err := pgx.CollectRows(rows, pgx.RowTo[int])
-	if err != nil {
-		return nil, fmt.Errorf("lease: claim: %w", err)
-	}
-	return claimed, nil
 }
 
 // planGiveBack marks, of the renewed partitions, those over share to give back, highest

@@ -211,23 +211,62 @@ func (w *Worker) runPartitions(ctx context.Context) {
 	if len(w.parts) == 0 {
 		return
 	}
-	var db postgres.DB
+	var membership sync.WaitGroup
 	if w.cfg.Leases != nil {
-		var closeDB func()
-		db, closeDB = w.leaseDB(ctx)
+		db, closeDB := w.leaseDB(ctx)
 		defer closeDB()
+		set, err := w.joinGroups(db)
+		if err != nil { // the configs were checked in New
+			w.logger.ErrorContext(ctx, "partition leases", slog.Any("error", err))
+			return
+		}
+		if set != nil {
+			defer membership.Wait()
+			membership.Go(func() {
+				if err := set.Run(ctx); err != nil && !errors.Is(err, lease.ErrClosed) && ctx.Err() == nil {
+					w.logger.ErrorContext(ctx, "partition leases stopped", slog.Any("error", err))
+				}
+			})
+		}
 	}
 	var wg sync.WaitGroup
 	for _, name := range w.names {
 		if ps, ok := w.parts[name]; ok {
-			wg.Go(func() { w.runPartitionSet(ctx, ps, db) })
+			wg.Go(func() { w.runPartitionSet(ctx, ps) })
 		}
 	}
 	wg.Wait()
 }
 
+// joinGroups makes the lease members of the leased partitioned projections, one set on db: a
+// round every Renew renews, gives back and claims in all of them in one transaction, so the
+// worker's lease traffic and its takeover after another worker's death do not grow with the
+// number of projections. Nil when none is leased.
+func (w *Worker) joinGroups(db postgres.DB) (*lease.Set, error) {
+	var (
+		cfgs []lease.Config
+		sets []*partitionSet
+	)
+	for _, name := range w.names {
+		if ps, ok := w.parts[name]; ok && ps.leases != nil {
+			cfgs, sets = append(cfgs, *ps.leases), append(sets, ps)
+		}
+	}
+	if len(cfgs) == 0 {
+		return nil, nil
+	}
+	set, members, err := lease.NewSet(db, cfgs...)
+	if err != nil {
+		return nil, err
+	}
+	for i, ps := range sets {
+		ps.member.Store(members[i])
+	}
+	return set, nil
+}
+
 // leaseDB returns the database handle of the lease rounds and its close function. Given a
-// pool (Leases.DB is a *pgxpool.Pool), it is a pool of its own (leasePoolSize connections),
+// pool (Leases.DB is a *pgxpool.Pool), it is a pool of its own (leasePoolConns connections),
 // with the same settings: renewals must never wait for a connection behind the partitions'
 // batches, which would let the leases lapse while their owner works (16 partitions' batches on
 // a pool of 4 did). Otherwise Leases.DB itself.
@@ -237,7 +276,7 @@ func (w *Worker) leaseDB(ctx context.Context) (postgres.DB, func()) {
 		return w.cfg.Leases.DB, func() {}
 	}
 	cfg := pool.Config()
-	cfg.MaxConns, cfg.MinConns = leasePoolSize(len(w.parts)), 0
+	cfg.MaxConns, cfg.MinConns = leasePoolConns, 0
 	own, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		w.logger.WarnContext(ctx, "partition leases: no pool of their own; renewing on Leases.DB", slog.Any("error", err))
@@ -246,38 +285,17 @@ func (w *Worker) leaseDB(ctx context.Context) (postgres.DB, func()) {
 	return own, own.Close
 }
 
-// leasePoolSize is the size of the lease rounds' own pool for a worker of groups leased
-// projections: a connection per 8 of them, at least 2 and at most 8. Each projection is a group
-// with a round (a transaction) of its own, and when a dead worker's leases lapse, every group's
-// round falls due at once: with fifty groups on two connections the last claims came 4.4 s
-// after the first on a loaded machine (the chaos scenario scale-fleet), past the takeover's
-// bound of TTL + Renew.
-func leasePoolSize(groups int) int32 {
-	return int32(min(max(2, (groups+7)/8), 8))
-}
+// leasePoolConns is the size of the lease rounds' own pool: one connection for the rounds
+// (one transaction for every group) and one for a projection's Close (leaving its group)
+// while a round runs.
+const leasePoolConns = 2
 
-// runPartitionSet runs ps until ctx ends: its lease membership on db (when leased) and a
-// consumer per owned partition, started and stopped as ownership changes; then it stops the
-// consumers, gives the leases back and closes the partitions' subscribers.
-func (w *Worker) runPartitionSet(ctx context.Context, ps *partitionSet, db postgres.DB) {
+// runPartitionSet runs ps until ctx ends: a consumer per owned partition, started and stopped
+// as its lease membership's ownership changes (every partition when not leased); then it stops
+// the consumers, gives the leases back and closes the partitions' subscribers.
+func (w *Worker) runPartitionSet(ctx context.Context, ps *partitionSet) {
 	log := w.logger.With(slog.String("projection", ps.name))
-	var (
-		membership sync.WaitGroup
-		member     *lease.Member
-	)
-	if ps.leases != nil {
-		var err error
-		if member, err = lease.New(db, *ps.leases); err != nil { // the config was checked in New
-			log.ErrorContext(ctx, "partition leases", slog.Any("error", err))
-			return
-		}
-		ps.member.Store(member)
-		membership.Go(func() {
-			if err := member.Run(ctx); err != nil && !errors.Is(err, lease.ErrClosed) && ctx.Err() == nil {
-				log.ErrorContext(ctx, "partition leases stopped", slog.Any("error", err))
-			}
-		})
-	}
+	member := ps.member.Load()
 	for {
 		var changed <-chan struct{}
 		if member != nil {
@@ -308,7 +326,6 @@ func (w *Worker) runPartitionSet(ctx context.Context, ps *partitionSet, db postg
 			log.WarnContext(ctx, "could not give the partition leases back; they lapse after their TTL", slog.Any("error", err))
 		}
 		cancel()
-		membership.Wait()
 	}
 	ps.subsMu.Lock()
 	defer ps.subsMu.Unlock()

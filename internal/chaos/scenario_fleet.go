@@ -32,10 +32,10 @@ const (
 )
 
 // workerConnections is the most PostgreSQL connections a chaosworker process of scale-fleet
-// opens: its pool (12), its at-least-once model's (4) and the worker's lease pool (7 for 50
-// leased projections, worker.Leases). Sixteen workers take 368, more than a private cluster's
-// default max_connections: a worker past it waits for a connection and never gets ready.
-const workerConnections = 12 + 4 + 7
+// opens: its pool (12), its at-least-once model's (4) and the worker's lease pool (2,
+// worker.Leases). Sixteen workers take 288, more than a private cluster's default
+// max_connections: a worker past it waits for a connection and never gets ready.
+const workerConnections = 12 + 4 + 2
 
 // fleetWorkers is how many worker processes scale-fleet scales up to (-fleet-workers, at least
 // 8): half of them first, then all; then 2 are SIGKILLed, 3 stopped with SIGTERM, 1 SIGKILLed.
