@@ -309,14 +309,17 @@ func (w *Worker) runPartitionSet(ctx context.Context, ps *partitionSet) {
 		}
 		break
 	}
-	// Stop consuming, then give the leases back at once (not after TTL) so the other workers
-	// take the partitions over at their next round.
+	// Stop consuming (every partition at once: a partition's run may wait for the broker, its
+	// subscription still opening), then give the leases back at once (not after TTL) so the
+	// other workers take the partitions over at their next round.
 	ps.mu.Lock()
 	runs := ps.runs
 	ps.runs = map[int]*partitionRun{}
 	ps.mu.Unlock()
 	for _, r := range runs {
 		r.cancel()
+	}
+	for _, r := range runs {
 		<-r.done
 		w.stats[ps.name].givenBack.Add(1)
 	}
@@ -327,13 +330,20 @@ func (w *Worker) runPartitionSet(ctx context.Context, ps *partitionSet) {
 		}
 		cancel()
 	}
+	// Close the subscribers together: each close is a round trip to the broker (an AMQP
+	// channel's), and a worker of fifty projections may own hundreds of partitions; one at a
+	// time, 300 of them on a loaded broker outlasted a 10 s stop.
 	ps.subsMu.Lock()
 	defer ps.subsMu.Unlock()
+	var closing sync.WaitGroup
 	for k, s := range ps.subs {
-		if err := s.sub.Close(); err != nil {
-			log.WarnContext(ctx, "closing a partition's subscriber failed", slog.String("unit", ps.units[k]), slog.Any("error", err))
-		}
+		closing.Go(func() {
+			if err := s.sub.Close(); err != nil {
+				log.WarnContext(ctx, "closing a partition's subscriber failed", slog.String("unit", ps.units[k]), slog.Any("error", err))
+			}
+		})
 	}
+	closing.Wait()
 }
 
 // syncPartitions starts a consumer for each newly owned partition and stops those of the

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
@@ -409,4 +411,61 @@ func TestClaimedPartitionCatchUpRetried(t *testing.T) {
 		return n == streams
 	}, eventually, 10*time.Millisecond, "the backlog applied, once (the primary key refuses a second)")
 	require.GreaterOrEqual(t, stalled.Load(), int32(streams+4), "the stalled batches ran again")
+}
+
+// barrierChannel's partition subscribers (units named <projection>.p<k>) close only once all
+// units of them are closing at the same time; a close that waits longer than eventually goes on
+// and is counted as late (and the closes after it do not wait).
+type barrierChannel struct {
+	channel.Channel
+	units   int32
+	made    atomic.Int32
+	closing atomic.Int32
+	late    atomic.Int32
+	all     chan struct{}
+}
+
+type barrierSubscriber struct {
+	message.Subscriber
+	c *barrierChannel
+}
+
+func (c *barrierChannel) Subscriber(unit string) (message.Subscriber, string, error) {
+	sub, topic, err := c.Channel.Subscriber(unit)
+	if err != nil || !strings.Contains(unit, ".p") {
+		return sub, topic, err
+	}
+	c.made.Add(1)
+	return barrierSubscriber{Subscriber: sub, c: c}, topic, nil
+}
+
+func (b barrierSubscriber) Close() error {
+	if b.c.closing.Add(1) == b.c.units {
+		close(b.c.all)
+	}
+	if b.c.late.Load() > 0 {
+		return b.Subscriber.Close() // one waited in vain already
+	}
+	select {
+	case <-b.c.all:
+	case <-time.After(eventually):
+		b.c.late.Add(1)
+	}
+	return b.Subscriber.Close()
+}
+
+// TestStopClosesPartitionsTogether: a stopping worker closes its partitions' subscribers at
+// the same time, not one after the other (each close is a round trip to the broker, and a
+// worker may own hundreds of partitions): here no close ends before all have begun.
+func TestStopClosesPartitionsTogether(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	const name, parts = "closing", 8
+	ch := &barrierChannel{Channel: s.newChannel(t, channels["gochannel"]), units: parts, all: make(chan struct{})}
+	w, stop := s.startStoppable(t, ch, worker.Config{SafetyNetInterval: -1}, s.streamModel(t, name, parts, nil))
+	require.Eventually(t, func() bool { return w.Stats(name).Partitions == parts && ch.made.Load() == parts }, eventually, 10*time.Millisecond,
+		"every partition has its subscriber")
+	stop()
+	require.Equal(t, int32(parts), ch.closing.Load(), "every partition's subscriber closed")
+	require.Zero(t, ch.late.Load(), "closes that waited for the others in vain: the subscribers were closed one by one")
 }
