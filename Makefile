@@ -18,7 +18,7 @@ CHAOS_TIMEOUT_SCALE    ?= 1
 CHAOS_LOADED_SCALE     ?= 3
 
 # OUTAGE_TESTS run a second time without -race (see test).
-OUTAGE_TESTS           := TestPublishersAcrossOutages|TestBrokerOutageWhileRunning|TestDeclareWaitsForTheConnection
+OUTAGE_TESTS           := TestPublishersAcrossOutages|TestBrokerOutageWhileRunning|TestDeclareWaitsForTheConnection|TestNewAfterALostConnection
 
 .DEFAULT_GOAL := help
 .PHONY: help up tools down test test-loaded lint chaos chaos-fleet chaos-loaded bench bench-go demo docs

@@ -309,19 +309,33 @@ func New(ctx context.Context, cfg Config) (*Channel, error) {
 	if err := c.connect(ctx); err != nil {
 		return nil, err
 	}
+	if afterConnect != nil {
+		afterConnect(cfg.ConnectionName)
+	}
 	c.pubConfig = c.publisherConfig()
 	c.slots = make(chan *amqp.Publisher, cfg.PublishChannels)
 	c.pubs = map[*amqp.Publisher]struct{}{}
+	lost := false
 	for range cfg.PublishChannels {
-		pub, err := c.newPublisher()
-		if err != nil {
-			_ = c.Close()
-			return nil, err
+		var pub *amqp.Publisher
+		if !lost {
+			if pub, err = c.newPublisher(); err != nil {
+				// The connection was lost since it was made (a loaded broker resets
+				// connections): the slots stay empty, and each opens its publisher at its
+				// first use once the connection is back (acquire), as after a failed publish.
+				lost = true
+				c.log.Warn("amqp: the connection was lost before the publishing channels opened; each opens at its first publish",
+					slog.Any("error", err))
+			}
 		}
 		c.slots <- pub
 	}
 	return c, nil
 }
+
+// afterConnect, when set (by tests), is called by New with the connection's name once its
+// connection is made, before the publishing channels open.
+var afterConnect func(connectionName string)
 
 // WithDefaults returns cfg with every zero field that has a default set to it.
 func (cfg Config) WithDefaults() Config {

@@ -578,6 +578,43 @@ func TestDeclareWaitsForTheConnection(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 }
 
+// TestNewAfterALostConnection: a connection lost between New's connect and its publishing
+// channels (a loaded broker resetting a joining worker's connection) does not fail New: the
+// channel reconnects, and its first publishes open the publishing channels.
+//
+// Under the race detector it is skipped, as the other outage tests are.
+func TestNewAfterALostConnection(t *testing.T) {
+	if raceEnabled {
+		t.Skip("watermill-amqp v2.1.3 races on ConnectionWrapper.connected when calls overlap a connection loss; run without -race")
+	}
+	env := amqptest.New(t)
+	proxy := amqptest.NewProxy(t, env.URL, true)
+	l := newLogs(t)
+	cfg := config(t, env)
+	cfg.URL, cfg.Logger, cfg.ReconnectMaxInterval = proxy.URL(), l.logger(), 200*time.Millisecond
+	amqp.SetAfterConnect(func(name string) {
+		if name == cfg.ConnectionName {
+			proxy.SetUp(false)
+			proxy.Cut()
+			l.waitFor(t, logLost, 1)
+		}
+	})
+	t.Cleanup(func() { amqp.SetAfterConnect(nil) })
+	ch := newChannel(t, cfg)
+	require.Equal(t, 1, l.count(`msg="amqp: the connection was lost before the publishing channels opened; each opens at its first publish"`))
+	proxy.SetUp(true)
+
+	ctx := context.Background()
+	require.NoError(t, ch.Declare(ctx, "alpha"))
+	msgs := channeltest.Consume(t, ch, "alpha")
+	require.Eventually(t, func() bool {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		return ch.Publish(pctx, channeltest.Trigger(7)) == nil
+	}, eventually, 50*time.Millisecond, "a publish once the connection is back")
+	require.Equal(t, channeltest.Trigger(7).Position, channeltest.Next(t, msgs).Position)
+}
+
 // TestPublishersAcrossOutages publishes from several goroutines while the connection drops
 // again and again: no Publish may hang, and publishing works after the last outage.
 //
