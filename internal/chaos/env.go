@@ -129,6 +129,10 @@ type scenarioSettings struct {
 	// privateBroker runs the scenario on the suite's own RabbitMQ node instead of the shared
 	// broker.
 	privateBroker bool
+	// slowHandshakes gives the clients' AMQP handshakes brokerHandshakeTimeout (the private
+	// node's own): scale-fleet's node, with thousands of queues on a loaded machine, took
+	// longer than the default 10 s to answer a joining worker's, again and again.
+	slowHandshakes bool
 	// queueType is the kind of the scenario's RabbitMQ queues (channel/amqp Config.QueueType,
 	// chaosworker -queue-type); "" is the channel's default.
 	queueType amqpchannel.QueueType
@@ -209,6 +213,9 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 	}
 	if set.privateBroker {
 		e.broker = &broker{url: s.rabbit.URL()}
+		if set.slowHandshakes {
+			e.broker.url += fmt.Sprintf("?connection_timeout=%d", brokerHandshakeTimeout.Milliseconds())
+		}
 	}
 	defer func() {
 		if err != nil {

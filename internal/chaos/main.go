@@ -261,7 +261,8 @@ func (s *suite) prepare(ctx context.Context, selected []scenario) error {
 	wg.Go(func() { errs[4] = goBuild(ctx, s.relayBin, "./internal/chaos/chaosrelay") })
 	if slices.ContainsFunc(selected, func(sc scenario) bool { return sc.settings.privateBroker }) {
 		wg.Go(func() {
-			s.rabbit, errs[3] = rabbitcluster.Start(ctx, rabbitcluster.Options{Name: "nudge-chaos-" + s.runID, Logger: s.log})
+			s.rabbit, errs[3] = rabbitcluster.Start(ctx, rabbitcluster.Options{Name: "nudge-chaos-" + s.runID, Logger: s.log,
+				HandshakeTimeout: brokerHandshakeTimeout})
 		})
 	}
 	wg.Go(func() { errs[0] = goBuild(ctx, s.workerBin, "./internal/chaos/chaosworker") })

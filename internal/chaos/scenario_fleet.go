@@ -31,6 +31,10 @@ const (
 	fleetReadyBound = 4 * time.Minute
 )
 
+// brokerHandshakeTimeout is the private RabbitMQ node's handshake timeout, and that of the
+// clients of a scenario with slowHandshakes (scale-fleet).
+const brokerHandshakeTimeout = time.Minute
+
 // workerConnections is the most PostgreSQL connections a chaosworker process of scale-fleet
 // opens: its pool (12), its at-least-once model's (4) and the worker's lease pool (2,
 // worker.Leases). Sixteen workers take 288, more than a private cluster's default
@@ -64,7 +68,7 @@ func fleetScenario() scenario {
 			// default) fits them; a broker started with 1,024 runs out and stops answering.
 			// Quorum queues: a classic durable queue writes and syncs an index of its own, and
 			// 3,250 of them live saturate the broker's pool of file workers (see RELIABILITY.md).
-			privateBroker: true, queueType: amqpchannel.QueueQuorum},
+			privateBroker: true, slowHandshakes: true, queueType: amqpchannel.QueueQuorum},
 		run: runFleet,
 	}
 }

@@ -66,6 +66,11 @@ type Options struct {
 	// answers no declaration, so one with thousands of queues needs far more than the 1,024
 	// a login shell often starts with.
 	OpenFiles int
+	// HandshakeTimeout is how long the node waits for a client's AMQP handshake (RabbitMQ's
+	// handshake_timeout). Defaults to RabbitMQ's 10 s. A node starved of CPU (thousands of
+	// queues on two loaded cores) can itself take longer than that to answer: raise it there,
+	// with the clients' connection_timeout.
+	HandshakeTimeout time.Duration
 }
 
 // OpenFilesDefault is a private node's limit of open files unless Options.OpenFiles says
@@ -81,8 +86,10 @@ type Node struct {
 	distPort int
 	server   string // rabbitmq-server script
 	files    int    // the soft limit of open files asked for (Options.OpenFiles)
-	bin      string // directory of RabbitMQ's scripts
-	log      *slog.Logger
+	// handshakeTimeout is Options.HandshakeTimeout (0: RabbitMQ's default).
+	handshakeTimeout time.Duration
+	bin              string // directory of RabbitMQ's scripts
+	log              *slog.Logger
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed once cmd has been waited for
@@ -119,13 +126,14 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{
-		dir:    dir,
-		name:   cmp.Or(opts.Name, dirPrefix+randomHex(4)) + "@localhost",
-		cookie: cmp.Or(opts.Cookie, randomHex(16)),
-		server: filepath.Join(bin, "rabbitmq-server"),
-		files:  cmp.Or(opts.OpenFiles, OpenFilesDefault),
-		bin:    bin,
-		log:    log,
+		dir:              dir,
+		name:             cmp.Or(opts.Name, dirPrefix+randomHex(4)) + "@localhost",
+		cookie:           cmp.Or(opts.Cookie, randomHex(16)),
+		server:           filepath.Join(bin, "rabbitmq-server"),
+		files:            cmp.Or(opts.OpenFiles, OpenFilesDefault),
+		handshakeTimeout: opts.HandshakeTimeout,
+		bin:              bin,
+		log:              log,
 	}
 	if err := n.prepare(); err != nil {
 		n.Remove()
@@ -140,8 +148,12 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 
 // prepare writes the node's files and picks its ports.
 func (n *Node) prepare() error {
+	conf := "log.file.level = info\n"
+	if n.handshakeTimeout > 0 {
+		conf += fmt.Sprintf("handshake_timeout = %d\n", n.handshakeTimeout.Milliseconds())
+	}
 	files := map[string]string{
-		"rabbitmq.conf":   "log.file.level = info\n",
+		"rabbitmq.conf":   conf,
 		"enabled_plugins": "[].\n", // no management plugin: a faster boot
 		"env.conf":        "",      // not the machine's rabbitmq-env.conf, which names the shared node
 		".erlang.cookie":  n.cookie,

@@ -54,17 +54,21 @@ func TestClusterOfTwoNodes(t *testing.T) {
 	}
 }
 
-// TestNodeOpenFiles: a node runs with the limit of open files Options.OpenFiles asks for,
-// whatever this process's own limit.
-func TestNodeOpenFiles(t *testing.T) {
+// TestNodeLimits: a node runs with the limit of open files Options.OpenFiles asks for,
+// whatever this process's own limit, and with Options.HandshakeTimeout.
+func TestNodeLimits(t *testing.T) {
 	t.Parallel()
-	n, err := Start(testwait.Context(t, 5*time.Minute), Options{OpenFiles: 4099})
+	ctx := testwait.Context(t, 5*time.Minute)
+	n, err := Start(ctx, Options{OpenFiles: 4099, HandshakeTimeout: 45 * time.Second})
 	if err != nil && os.Getenv("CI") != "true" && errors.Is(err, ErrNoServer) {
 		t.Skip(err)
 	}
 	require.NoError(t, err)
 	t.Cleanup(n.Remove)
 	require.Equal(t, uint64(4099), beamOpenFiles(t, n))
+	out, err := n.Ctl(ctx, "eval", "application:get_env(rabbit, handshake_timeout).")
+	require.NoError(t, err)
+	require.Equal(t, "{ok,45000}", strings.TrimSpace(out))
 }
 
 // beamOpenFiles returns the soft limit of open files of n's Erlang VM (beam.smp in n's process
