@@ -66,7 +66,7 @@ lint: $(GOLANGCI_LINT) ## Check formatting, go vet and golangci-lint.
 chaos: up tools ## Inject faults (kills, outages, poison, bad input) and verify every read model (RELIABILITY.md).
 	$(GO) run ./internal/chaos -timeout-scale $(CHAOS_TIMEOUT_SCALE) $(CHAOS_FLAGS)
 
-chaos-fleet: up tools ## The scale-fleet chaos scenario alone: 50 projections × 64 partitions on 16 workers, kills (minutes; RELIABILITY.md).
+chaos-fleet: up tools ## The scale-fleet chaos scenario alone: 50 projections, 8 of them × 64 partitions, on 16 workers, kills (minutes; RELIABILITY.md).
 	$(GO) run ./internal/chaos -scenario scale-fleet -budget 20m -timeout-scale $(CHAOS_TIMEOUT_SCALE) $(CHAOS_FLAGS)
 
 chaos-loaded: ## Run make chaos while every core is kept busy (scripts/cpuhog.sh), its deadlines ×3.

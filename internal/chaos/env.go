@@ -161,9 +161,10 @@ type scenarioSettings struct {
 	workers, writers, rate, perAppend int
 	// keepRate makes the writers keep the rate when appends slow down (load.keepRate).
 	keepRate bool
-	// fleet, when above 1, runs that many exactly-once projections, each split into
-	// partitions: chaos_exact and chaosmodel.FleetProjection 1 to fleet-1 (with exactOnly).
-	fleet int
+	// fleet, when above 1, runs that many exactly-once projections: chaos_exact and
+	// chaosmodel.FleetProjection 1 to fleet-1 (with exactOnly), the first fleetSplit of them
+	// (chaos_exact first) split into partitions, the others unpartitioned.
+	fleet, fleetSplit int
 	// relayInterval is the relay's MinInterval (its MaxInterval five times it); defaults to
 	// 10 ms. A longer one coalesces more appends into each trigger.
 	relayInterval time.Duration
@@ -176,6 +177,19 @@ func (set scenarioSettings) partitionsOf(version int) int {
 		return set.nextPartitions
 	}
 	return set.partitions
+}
+
+// splitNames are the models split into partitions: the lease groups (with fleet, the first
+// fleetSplit of modelNames; otherwise the exactly-once projection when partitioned).
+func (set scenarioSettings) splitNames() []string {
+	if set.partitions <= 1 {
+		return nil
+	}
+	names := set.modelNames()
+	if set.fleet > 1 {
+		return names[:min(len(names), max(1, set.fleetSplit))]
+	}
+	return names[:1]
 }
 
 // modelNames are the read models the scenario's workers run and verify compares, in the order
@@ -286,7 +300,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 	}
 	ws := workerSettings{binary: s.workerBin, dbURL: e.dbURL, amqpURL: e.broker.url, prefix: e.prefix,
 		sinkDir: e.sinkDir, logDir: e.logDir, safetyNet: set.safetyNet, park: set.park, flipHold: set.flipHold, buildLagTarget: set.buildLagTarget, partitions: set.partitions,
-		leaseTTL: set.leaseTTL, leaseRenew: set.leaseRenew, fleet: max(0, set.fleet-1), queueType: set.queueType}
+		leaseTTL: set.leaseTTL, leaseRenew: set.leaseRenew, fleet: max(0, set.fleet-1), fleetSplit: set.fleetSplit - 1, queueType: set.queueType}
 	if set.fleet > 1 {
 		// A broker busy with thousands of channels may take a while to accept a connection:
 		// with 15 workers on a loaded machine, a sixteenth's handshakes timed out for a minute.
@@ -312,7 +326,7 @@ func (s *suite) newEnv(ctx context.Context, name string, set scenarioSettings) (
 // their file sinks stay empty.
 func (e *env) newStatusRunner() error {
 	cfg := chaosmodel.Config{DB: e.pool, SinkPath: filepath.Join(e.logDir, "status-only.sink"), Partitions: e.settings.partitions,
-		Fleet: max(0, e.settings.fleet-1)}
+		Fleet: max(0, e.settings.fleet-1), FleetPartitioned: e.settings.fleetSplit - 1}
 	if e.settings.rebuild {
 		cfg.ExactVersion = 1
 	}

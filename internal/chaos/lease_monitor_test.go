@@ -92,6 +92,12 @@ func TestUnitsCaughtUpTo(t *testing.T) {
 func TestModelNames(t *testing.T) {
 	require.Equal(t, []string{chaosmodel.ExactProjection}, scenarioSettings{exactOnly: true}.modelNames())
 	require.ElementsMatch(t, chaosmodel.Names(), scenarioSettings{}.modelNames())
+	// The lease groups: the split models only.
+	require.Nil(t, scenarioSettings{exactOnly: true}.splitNames())
+	require.Equal(t, []string{chaosmodel.ExactProjection}, scenarioSettings{exactOnly: true, partitions: 16}.splitNames())
+	require.Equal(t, []string{chaosmodel.ExactProjection, chaosmodel.FleetProjection(1), chaosmodel.FleetProjection(2)},
+		scenarioSettings{exactOnly: true, partitions: 64, fleet: 50, fleetSplit: 3}.splitNames())
+	require.Len(t, scenarioSettings{exactOnly: true, partitions: 64, fleet: 50, fleetSplit: 50}.splitNames(), 50)
 }
 
 // TestLeaseMonitorOfSeveralGroups: with several groups the spread is fair only when every

@@ -75,8 +75,10 @@ func run() int {
 		list    = flag.Bool("list", false, "list the scenarios and exit")
 	)
 	flag.IntVar(&fleetWorkers, "fleet-workers", fleetWorkers, "worker processes scale-fleet scales up to (at least 8)")
+	flag.IntVar(&fleetSplit, "fleet-split", fleetSplit, "how many of scale-fleet's 50 projections are split into 64 partitions (1 to 50)")
 	flag.Parse()
 	fleetWorkers = max(fleetWorkers, 8)
+	fleetSplit = min(max(fleetSplit, 1), fleetProjections)
 	all := scenarios()
 	if *list {
 		for _, sc := range all {

@@ -51,8 +51,9 @@ type workerSettings struct {
 	leaseTTL, leaseRenew time.Duration
 	// projections are the projections the workers run (chaosworker -projections); "" for all.
 	projections string
-	// fleet adds that many fleet projections to the ones run (chaosworker -fleet).
-	fleet int
+	// fleet adds that many fleet projections to the ones run (chaosworker -fleet), the first
+	// fleetSplit of them partitioned (-fleet-partitioned).
+	fleet, fleetSplit int
 	// startup replaces chaosworker's -startup-timeout (how long it retries its first
 	// connections) when set.
 	startup time.Duration
@@ -127,7 +128,7 @@ func (s *workerSlot) start() (*workerProc, error) {
 		args = append(args, "-projections", s.set.projections)
 	}
 	if s.set.fleet > 0 {
-		args = append(args, "-fleet", strconv.Itoa(s.set.fleet))
+		args = append(args, "-fleet", strconv.Itoa(s.set.fleet), "-fleet-partitioned", strconv.Itoa(s.set.fleetSplit))
 	}
 	if s.set.queueType != "" {
 		args = append(args, "-queue-type", string(s.set.queueType))

@@ -103,9 +103,12 @@ type Config struct {
 	// version 2). The other projections stay unpartitioned.
 	Partitions int
 	// Fleet, when positive, adds that many more exactly-once projections (FleetProjection),
-	// each like ExactProjection (unversioned, split into Partitions) with a table of its own
-	// named as it is: the scale-fleet scenario's many partitioned projections.
+	// each like ExactProjection (unversioned) with a table of its own named as it is: the
+	// scale-fleet scenario's many projections.
 	Fleet int
+	// FleetPartitioned is how many of the fleet projections, from the first, are split into
+	// Partitions as ExactProjection is; the others are unpartitioned. Negative: all of them.
+	FleetPartitioned int
 }
 
 // FleetProjection is the name (and table) of the i-th fleet projection (Config.Fleet), from 1.
@@ -191,7 +194,11 @@ func New(cfg Config) (*Models, error) {
 	}
 	m.Projections = []*projection.Projection{exact, idem, file}
 	for i := 1; i <= cfg.Fleet; i++ {
-		p, err := fleet(cfg, FleetProjection(i))
+		partitions := cfg.Partitions
+		if cfg.FleetPartitioned >= 0 && i > cfg.FleetPartitioned {
+			partitions = 0
+		}
+		p, err := fleet(cfg, FleetProjection(i), partitions)
 		if err != nil {
 			return nil, errors.Join(err, sink.Close())
 		}
@@ -252,9 +259,10 @@ func recordExact(ctx context.Context, tx pgx.Tx, table string, e projection.Even
 	return err
 }
 
-// fleet defines one fleet projection: ExactProjection's table and handler under another name.
-func fleet(cfg Config, table string) (*projection.Projection, error) {
-	pc := projection.Config{BatchSize: cfg.BatchSize, Partitions: cfg.Partitions}
+// fleet defines one fleet projection: ExactProjection's table and handler under another name,
+// split into partitions (0 or 1: unpartitioned).
+func fleet(cfg Config, table string, partitions int) (*projection.Projection, error) {
+	pc := projection.Config{BatchSize: cfg.BatchSize, Partitions: partitions}
 	pc.InitFunc = func(ctx context.Context, p projection.HookParams) error {
 		_, err := p.Tx.Exec(ctx, exactTableSQL(table))
 		return err

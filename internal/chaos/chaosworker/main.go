@@ -69,6 +69,7 @@ type options struct {
 	leaseTTL       time.Duration
 	leaseRenew     time.Duration
 	fleet          int
+	fleetSplit     int
 }
 
 func main() {
@@ -94,7 +95,8 @@ func main() {
 	flag.DurationVar(&o.leaseTTL, "lease-ttl", 0, "lease `TTL` with -partitions (0: lease.TTLDefault)")
 	flag.DurationVar(&o.leaseRenew, "lease-renew", 0, "lease renewal `interval` with -partitions (0: lease.RenewDefault)")
 	flag.StringVar(&o.queueType, "queue-type", "", "`kind` of the RabbitMQ queues: classic or quorum (default: the channel's)")
-	flag.IntVar(&o.fleet, "fleet", 0, "run `n` fleet projections (chaosmodel.FleetProjection) besides the -projections, each split as -partitions")
+	flag.IntVar(&o.fleet, "fleet", 0, "run `n` fleet projections (chaosmodel.FleetProjection) besides the -projections")
+	flag.IntVar(&o.fleetSplit, "fleet-partitioned", -1, "split the first `k` fleet projections as -partitions, the others not (negative: all)")
 	flag.Parse()
 
 	level := slog.LevelInfo
@@ -142,7 +144,7 @@ func run(ctx context.Context, o options, logger *slog.Logger) error {
 	defer idemPool.Close()
 	models, err := chaosmodel.New(chaosmodel.Config{DB: idemPool, SinkPath: o.sink, BatchSize: o.batchSize, ParkAfter: parkAfter(o),
 		ExactVersion: o.exactVersion, ActivateFunc: flipHold(o.flipHold), Partitions: o.partitions,
-		BuildLagTarget: o.buildLagTarget, Fleet: o.fleet})
+		BuildLagTarget: o.buildLagTarget, Fleet: o.fleet, FleetPartitioned: o.fleetSplit})
 	if err != nil {
 		return err
 	}
