@@ -18,8 +18,10 @@ const (
 	fleetWriters     = 4
 	// fleetRate is low: every event is applied by the 50 projections, mostly each in a
 	// transaction of its own (an event's partition rarely has another event in the same
-	// trigger), so the database commits about fleetRate × 50 batches a second.
-	fleetRate      = 40
+	// trigger), so the database commits up to fleetRate × 50 batches a second. At 40 events/s
+	// the 2-core machine fell ever further behind (about 420 commits/s with 8 workers, load
+	// average 50–60), and joining workers took minutes to start their handlers.
+	fleetRate      = 10
 	fleetPerAppend = 3
 	// fleetRelayInterval coalesces the appends of a quarter second into one trigger.
 	fleetRelayInterval = 250 * time.Millisecond
