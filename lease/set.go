@@ -161,7 +161,6 @@ func (s *Set) round(ctx context.Context) (time.Time, error) {
 		changes []change
 	)
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		changes, lapse = nil, time.Time{}
 		groups, partitions, active := make([]string, len(ms)), make([]int, len(ms)), make([]bool, len(ms))
 		for i, m := range ms {
 			m.mu.Lock()
@@ -172,45 +171,20 @@ func (s *Set) round(ctx context.Context) (time.Time, error) {
 		if err != nil {
 			return err
 		}
-		answered := time.Now() // after the database's answer: a lapse is never earlier than its
-		var (
-			giveGroups, claimGroups []string
-			givePartitions          []int
-			claimCount, claimWant   []int
-		)
-		given := make([][]int, len(ms))
-		for i, m := range ms {
-			r := got[m.cfg.Group]
-			share := 0
-			if active[i] {
-				share = fairShare(m.cfg.Partitions, r.members, r.rank)
-			}
-			m.mu.Lock()
-			given[i] = m.planGiveBack(r.renewed, share)
-			m.mu.Unlock()
-			for _, p := range given[i] {
-				giveGroups, givePartitions = append(giveGroups, m.cfg.Group), append(givePartitions, p)
-			}
-			if want := share - (len(r.renewed) - len(given[i])); want > 0 {
-				claimGroups, claimCount, claimWant = append(claimGroups, m.cfg.Group), append(claimCount, m.cfg.Partitions), append(claimWant, want)
-			}
-			if r.lapse != nil {
-				if at := answered.Add(time.Duration(*r.lapse * float64(time.Second))); lapse.IsZero() || at.Before(lapse) {
-					lapse = at
-				}
-			}
-		}
-		if len(giveGroups) > 0 {
-			if _, err := tx.Exec(ctx, s.sql.release, s.owner, giveGroups, givePartitions); err != nil {
+		pl := planRound(ms, active, got, time.Now()) // after the database's answer: a lapse is never earlier than its
+		lapse = pl.lapse
+		if len(pl.giveGroups) > 0 {
+			if _, err := tx.Exec(ctx, s.sql.release, s.owner, pl.giveGroups, pl.givePartitions); err != nil {
 				return fmt.Errorf("lease: give back: %w", err)
 			}
 		}
-		claimed, err := s.claim(ctx, tx, claimGroups, claimCount, claimWant)
+		claimed, err := s.claim(ctx, tx, pl.claimGroups, pl.claimCount, pl.claimWant)
 		if err != nil {
 			return err
 		}
+		changes = changes[:0]
 		for i, m := range ms {
-			gained, lost := m.plan(got[m.cfg.Group].renewed, given[i], claimed[m.cfg.Group])
+			gained, lost := m.plan(got[m.cfg.Group].renewed, pl.given[i], claimed[m.cfg.Group])
 			changes = append(changes, change{m: m, gained: gained, lost: lost})
 		}
 		return nil
@@ -225,6 +199,46 @@ func (s *Set) round(ctx context.Context) (time.Time, error) {
 		}
 	}
 	return lapse, nil
+}
+
+// roundPlan is what a round gives back and claims, as the statements take them, and the next
+// lapse of another member's lease or membership in any group.
+type roundPlan struct {
+	giveGroups, claimGroups []string
+	givePartitions          []int
+	claimCount, claimWant   []int
+	// given are the partitions each member (ms's order) gives back now.
+	given [][]int
+	lapse time.Time
+}
+
+// planRound plans a round of ms (active: which keep their membership) from what its first
+// statement returned (got), answered at answered: each member gives back the partitions over
+// its fair share that no batch uses (planGiveBack) and claims up to its share.
+func planRound(ms []*Member, active []bool, got map[string]renewal, answered time.Time) roundPlan {
+	pl := roundPlan{given: make([][]int, len(ms))}
+	for i, m := range ms {
+		r := got[m.cfg.Group]
+		share := 0
+		if active[i] {
+			share = fairShare(m.cfg.Partitions, r.members, r.rank)
+		}
+		m.mu.Lock()
+		pl.given[i] = m.planGiveBack(r.renewed, share)
+		m.mu.Unlock()
+		for _, p := range pl.given[i] {
+			pl.giveGroups, pl.givePartitions = append(pl.giveGroups, m.cfg.Group), append(pl.givePartitions, p)
+		}
+		if want := share - (len(r.renewed) - len(pl.given[i])); want > 0 {
+			pl.claimGroups, pl.claimCount, pl.claimWant = append(pl.claimGroups, m.cfg.Group), append(pl.claimCount, m.cfg.Partitions), append(pl.claimWant, want)
+		}
+		if r.lapse != nil {
+			if at := answered.Add(time.Duration(*r.lapse * float64(time.Second))); pl.lapse.IsZero() || at.Before(pl.lapse) {
+				pl.lapse = at
+			}
+		}
+	}
+	return pl
 }
 
 // seed makes the lease rows of the groups of ms not seeded yet (a member's first round), in
