@@ -7,3 +7,7 @@ import "time"
 func SetTimer(m *Member, newTimer func(d time.Duration) (<-chan time.Time, func() bool)) {
 	m.set.newTimer = newTimer
 }
+
+// SetBeforeClaim sets the function the rounds of m's set call inside their transaction, after
+// renewing and before giving back and claiming (nil: none; before Run).
+func SetBeforeClaim(m *Member, f func()) { m.set.beforeClaim = f }

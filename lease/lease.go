@@ -322,15 +322,25 @@ func (m *Member) Close(ctx context.Context) error {
 		case <-m.batchEnded:
 		}
 	}
-	_, err := m.db.Exec(ctx, m.sql.leave, m.cfg.Group, m.cfg.Owner)
-	if err != nil {
+	if err := m.leave(ctx); err != nil {
+		return err
+	}
+	m.apply(nil, m.Owned())
+	m.poke() // Run returns ErrClosed
+	return nil
+}
+
+// leave removes the membership and gives every lease back, between two rounds of the set: a
+// round in flight may still have renewed the membership or be about to claim for it.
+func (m *Member) leave(ctx context.Context) error {
+	m.set.rounding.Lock()
+	defer m.set.rounding.Unlock()
+	if _, err := m.db.Exec(ctx, m.sql.leave, m.cfg.Group, m.cfg.Owner); err != nil {
 		return fmt.Errorf("lease: leave: %w", err)
 	}
 	m.mu.Lock()
 	m.left = true
 	m.mu.Unlock()
-	m.apply(nil, m.Owned())
-	m.poke() // Run returns ErrClosed
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,9 +27,14 @@ type Set struct {
 	sql        statements
 	// wake asks Run for a round now.
 	wake chan struct{}
+	// rounding is held through a round and through a member's leaving (Close), so a round
+	// never claims for a member that has left its group, nor renews its membership again.
+	rounding sync.Mutex
 	// newTimer returns a channel that receives after d and its stop function (a time.Timer's);
 	// tests replace it to fire Run's rounds themselves.
 	newTimer func(d time.Duration) (<-chan time.Time, func() bool)
+	// beforeClaim, when set (by tests), is called in a round's transaction after its renewals.
+	beforeClaim func()
 }
 
 // newTimer is Set.newTimer's default: a time.Timer.
@@ -152,6 +158,8 @@ type change struct {
 // member lapses in any group (on this process's clock, read from the database's as a
 // duration), zero when none will.
 func (s *Set) round(ctx context.Context) (time.Time, error) {
+	s.rounding.Lock()
+	defer s.rounding.Unlock()
 	ms := s.live()
 	if err := s.seed(ctx, ms); err != nil {
 		return time.Time{}, err
@@ -170,6 +178,9 @@ func (s *Set) round(ctx context.Context) (time.Time, error) {
 		got, err := s.renew(ctx, tx, groups, partitions, active)
 		if err != nil {
 			return err
+		}
+		if s.beforeClaim != nil {
+			s.beforeClaim()
 		}
 		pl := planRound(ms, active, got, time.Now()) // after the database's answer: a lapse is never earlier than its
 		lapse = pl.lapse

@@ -192,3 +192,48 @@ func TestSetRoundCoversEveryGroup(t *testing.T) {
 	}
 	require.Equal(t, map[string]int{"b": 2}, f.owners()["g07"])
 }
+
+// TestCloseDuringARound: a member that closes while a round of its set is in flight (here held
+// after its renewals, about to claim) leaves nothing behind: the round cannot claim for it after
+// it left its group, or its partitions would stay with an owner that no longer renews them
+// until their lease lapsed.
+func TestCloseDuringARound(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.groups = map[string]int{"orders": 2}
+	held, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	set, ms, err := lease.NewSet(f.db.Pool, lease.Config{Group: "orders", Partitions: 2, Owner: "a", TTL: time.Minute})
+	require.NoError(t, err)
+	mt := newManualTimer()
+	lease.SetTimer(ms[0], mt.newTimer)
+	lease.SetBeforeClaim(ms[0], func() {
+		if first.CompareAndSwap(false, true) {
+			close(held)
+			<-release
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- set.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	<-held // the first round renewed (nothing yet) and is about to claim both partitions
+	closed := make(chan error, 1)
+	go func() { closed <- ms[0].Close(context.Background()) }()
+	// Let Close run as far as it can before the round goes on: at most a couple of seconds
+	// (a Close that waits for the round never returns here; one that does not returns at once).
+	select {
+	case err := <-closed:
+		closed <- err
+	case <-time.After(2 * time.Second):
+	}
+	close(release)
+	require.NoError(t, <-closed)
+	mt.next(t) // the held round has ended
+	require.Empty(t, ms[0].Owned())
+	require.Equal(t, map[string]int{"": 2}, f.owners()["orders"], "nothing claimed for a member that left")
+	var members int
+	require.NoError(t, f.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM nudge_partition_members`).Scan(&members))
+	require.Zero(t, members, "no membership left behind")
+}
