@@ -179,9 +179,6 @@ func (s *Set) round(ctx context.Context) (time.Time, error) {
 		if err != nil {
 			return err
 		}
-		if s.beforeClaim != nil {
-			s.beforeClaim()
-		}
 		pl := planRound(ms, active, got, time.Now()) // after the database's answer: a lapse is never earlier than its
 		lapse = pl.lapse
 		if len(pl.giveGroups) > 0 {
@@ -303,6 +300,9 @@ func (s *Set) renew(ctx context.Context, tx pgx.Tx, groups []string, partitions 
 	})
 	if err != nil {
 		return nil, fmt.Errorf("lease: renew: %w", err)
+	}
+	if s.beforeClaim != nil {
+		s.beforeClaim()
 	}
 	return got, nil
 }

@@ -216,7 +216,10 @@ func TestCloseDuringARound(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- set.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		require.ErrorIs(t, <-done, lease.ErrClosed, "its only member left")
+	})
 
 	<-held // the first round renewed (nothing yet) and is about to claim both partitions
 	closed := make(chan error, 1)
