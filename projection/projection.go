@@ -66,6 +66,19 @@ type Config struct {
 	// postgres.ErrExempt. With it, each batch holds back every reader of the store from its
 	// first write to its commit, like any writing transaction.
 	AppendsEvents bool
+	// SynchronousCommit makes each batch wait, at its commit, until the commit is on disk.
+	// Without it the PostgreSQL backend commits the batches of a projection that does not
+	// append events with synchronous_commit = off: the commit is visible at once and reaches
+	// disk within about three times the server's wal_writer_delay, and the batch skips the WAL
+	// flush that is most of what a small batch costs the server. A server crash in that window
+	// loses the batches' read-model writes and their positions together, so the projection
+	// reads those events again (exactly once still, from its committed position) at its next
+	// trigger, safety-net tick or start; a trigger already acknowledged for them is not
+	// needed. Set it when something outside the database acts on a batch's commit and must
+	// not see it undone. A projection with AppendsEvents always commits synchronously: the
+	// events it appends may leave the database (a relay, a broker) at once. The in-memory
+	// backend ignores it.
+	SynchronousCommit bool
 
 	// OnFailure says what the projection does once a handler keeps failing on an event:
 	// OnFailureStop (stop before it) or OnFailurePark (park its stream and go on). Defaults to

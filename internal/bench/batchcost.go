@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -57,6 +58,9 @@ type batchCostFigures struct {
 	// event (read, one upsert, the position's advance, commit), and one that finds nothing.
 	OneEventUS float64 `json:"one_event_us"`
 	EmptyUS    float64 `json:"empty_us"`
+	// OneEventSyncUS is OneEventUS with projection.Config.SynchronousCommit: the commit waits
+	// for its WAL flush (a library without the field commits every batch so).
+	OneEventSyncUS float64 `json:"one_event_sync_us"`
 	// The live run: the server backends' CPU per event × projection (µs), and per batch
 	// without the writers' backends, the appends/s reached, the cores busy (the backends' and this process's CPU over the
 	// window), the live p99 (ms) and the batches per second.
@@ -79,6 +83,7 @@ type batchCostFigure struct {
 
 var batchCostFigureList = []batchCostFigure{
 	{"pg_cpu_us_per_batch_one_event", "µs", func(f batchCostFigures) float64 { return f.OneEventUS }},
+	{"pg_cpu_us_per_batch_one_event_synchronous_commit", "µs", func(f batchCostFigures) float64 { return f.OneEventSyncUS }},
 	{"pg_cpu_us_per_empty_batch", "µs", func(f batchCostFigures) float64 { return f.EmptyUS }},
 	{"live_pg_cpu_us_per_event_projection", "µs", func(f batchCostFigures) float64 { return f.LivePerEventProjectionUS }},
 	{"live_pg_cpu_us_per_event_projection_without_appends", "µs", func(f batchCostFigures) float64 { return f.LiveProjectionsUS }},
@@ -152,7 +157,7 @@ func runBatchCost(ctx context.Context, h *harness, sec *Section) error {
 		}
 	}
 	sec.Note("each figure the median of %d rounds; a round runs this tree's build, then the baseline's (the order alternates), each in a process and databases of its own; the baseline is the library at %s built with this tree's bench harness", sz.batchCostRounds, h.opts.batchCostBaseline)
-	sec.Note("per batch: one backend's CPU (/proc/<pid>/stat) over %d catch-ups of one projection (OnQueued, one upsert per event), each after one append, and over %d catch-ups that find nothing", spec.Batches, spec.Batches)
+	sec.Note("per batch: one backend's CPU (/proc/<pid>/stat) over %d catch-ups of one projection (OnQueued, one upsert per event), each after one append, and over %d catch-ups that find nothing; the same with projection.Config.SynchronousCommit, whose commit waits for the WAL flush (the baseline has no such setting: its batches always commit so)", spec.Batches, spec.Batches)
 	sec.Note("live: %d projections (the fleet scenario's) at %d appends/s on RabbitMQ, one worker, %.0f s measured: the server backends' CPU per event × projection, all of them and without the writers' (application_name %s: the appends), and per committed batch (without the writers'); cores: the backends' CPU and this process's over the window", spec.Projections, spec.LiveRate, spec.LiveSeconds, writersApplication)
 	return nil
 }
@@ -305,8 +310,11 @@ func runBatchCostMeasure(raw string) int {
 func (h *harness) measureBatchCost(ctx context.Context, spec batchCostSpec) (batchCostFigures, error) {
 	var figs batchCostFigures
 	var err error
-	if figs.OneEventUS, figs.EmptyUS, err = h.perBatchCPU(ctx, spec.Batches); err != nil {
+	if figs.OneEventUS, figs.EmptyUS, err = h.perBatchCPU(ctx, spec.Batches, false); err != nil {
 		return figs, fmt.Errorf("per batch: %w", err)
+	}
+	if figs.OneEventSyncUS, _, err = h.perBatchCPU(ctx, spec.Batches, true); err != nil {
+		return figs, fmt.Errorf("per batch, synchronous commit: %w", err)
 	}
 	h.sizes.fleetRate, h.sizes.fleetDuration = spec.LiveRate, time.Duration(spec.LiveSeconds*float64(time.Second))
 	fig, err := h.fleetRun(ctx, fleetCase{channel: chAMQP, projections: spec.Projections, workers: 1})
@@ -324,8 +332,9 @@ func (h *harness) measureBatchCost(ctx context.Context, spec batchCostSpec) (bat
 }
 
 // perBatchCPU returns one server backend's CPU per batch (µs) over n catch-ups of one event
-// each, then over n catch-ups that find nothing.
-func (h *harness) perBatchCPU(ctx context.Context, n int) (oneEvent, empty float64, err error) {
+// each, then over n catch-ups that find nothing; with synchronous, the projection's batches
+// wait for their commit's WAL flush (setSynchronousCommit).
+func (h *harness) perBatchCPU(ctx context.Context, n int, synchronous bool) (oneEvent, empty float64, err error) {
 	f, err := h.newFixture(ctx, 1) // the runner's store and backend: one connection, one backend
 	if err != nil {
 		return 0, 0, err
@@ -339,12 +348,16 @@ func (h *harness) perBatchCPU(ctx context.Context, n int) (oneEvent, empty float
 	if err != nil {
 		return 0, 0, err
 	}
-	p, err := projection.New("batchcost", projection.Config{
+	cfg := projection.Config{
 		InitFunc: func(ctx context.Context, p projection.HookParams) error {
 			_, err := p.Tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS batchcost (stream_id text PRIMARY KEY, version bigint NOT NULL)`)
 			return err
 		},
-	}, projection.OnQueued(batchCostEventType, func(_ context.Context, q *projection.Queue, e projection.Event[json.RawMessage]) error {
+	}
+	if synchronous {
+		setSynchronousCommit(&cfg)
+	}
+	p, err := projection.New("batchcost", cfg, projection.OnQueued(batchCostEventType, func(_ context.Context, q *projection.Queue, e projection.Event[json.RawMessage]) error {
 		q.Queue(`INSERT INTO batchcost (stream_id, version) VALUES ($1, $2) ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version`,
 			e.StreamID, e.StreamVersion)
 		return nil
@@ -397,6 +410,15 @@ func (h *harness) perBatchCPU(ctx context.Context, n int) (oneEvent, empty float
 	}
 	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(n) }
 	return per(mid - before), per(after - mid), nil
+}
+
+// setSynchronousCommit sets cfg.SynchronousCommit where the library built has the field: the
+// harness is built with the baseline's library too, whose batches always commit
+// synchronously.
+func setSynchronousCommit(cfg *projection.Config) {
+	if f := reflect.ValueOf(cfg).Elem().FieldByName("SynchronousCommit"); f.IsValid() {
+		f.SetBool(true)
+	}
 }
 
 // batchCostStreams are the streams perBatchCPU appends to, in turn; batchCostEventType their

@@ -157,7 +157,7 @@ func (b *Backend) lockWith(ctx context.Context, tx pgx.Tx, name string, parked m
 		batch pgx.Batch
 		st    projection.Status
 	)
-	read := b.queueLock(&batch, name, &st, parked, ver, ahead)
+	read := b.queueLock(&batch, name, false, &st, parked, ver, ahead)
 	if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
 		return st, err
 	}
@@ -173,16 +173,21 @@ type lockRead struct {
 }
 
 // queueLock queues on batch the statements of lockWith, which read the status into st when
-// batch is sent; the caller then calls finish on what it returns.
+// batch is sent; the caller then calls finish on what it returns. With async, the lock's
+// statement also makes the transaction's commit asynchronous (batchMode).
 //
 // With a version record to read, the status comes from selectBatchStatus, which also says
 // whether that record needs more than the state and the retirement it already holds: a
 // projection with no other version building or waiting for its drop — nearly every batch —
 // reads no more. When it does, finish reads the rest in a second round trip, still under the
 // lock.
-func (b *Backend) queueLock(batch *pgx.Batch, name string, st *projection.Status, parked map[string]projection.ParkedStream, ver *versionRead, ahead *readAhead) *lockRead {
+func (b *Backend) queueLock(batch *pgx.Batch, name string, async bool, st *projection.Status, parked map[string]projection.ParkedStream, ver *versionRead, ahead *readAhead) *lockRead {
 	read := &lockRead{b: b, ver: ver}
-	batch.Queue(b.sql.lock, name)
+	lock := b.sql.lock
+	if async {
+		lock = b.sql.lockAsync
+	}
+	batch.Queue(lock, name)
 	if parked != nil {
 		batch.Queue(b.sql.selectParkedOf, name).Query(func(rows pgx.Rows) error {
 			list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (projection.ParkedStream, error) { return scanParked(row) })
@@ -328,8 +333,11 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, want *
 	)
 	var statements *projection.Statements // the handlers' statements left to the commit
 	var read *lockRead
-	queue := func(batch *pgx.Batch) { read = b.queueLock(batch, p.Name(), &st, parked, versionOf(p, &ver), ahead) }
-	err := b.inLockedTx(ctx, batchExempt(p), queue, func(tx pgx.Tx) (*pgx.Batch, error) {
+	mode := batchModeOf(p)
+	queue := func(batch *pgx.Batch) {
+		read = b.queueLock(batch, p.Name(), mode.async, &st, parked, versionOf(p, &ver), ahead)
+	}
+	err := b.inLockedTx(ctx, mode, queue, func(tx pgx.Tx) (*pgx.Batch, error) {
 		if err := read.finish(ctx, tx); err != nil {
 			return nil, err
 		}
@@ -357,14 +365,30 @@ func (b *Backend) RunBatch(ctx context.Context, p *projection.Projection, want *
 	return statements.Failed(err)
 }
 
-// inLockedTx runs fn in a READ COMMITTED transaction, exempt from the store's horizon when
-// exempt: its first round trip sends the statements queue queued, its last the statements
-// fn returned (nil: none). On a pool a connection of the pool runs the transaction, BEGIN goes
-// in the first round trip and COMMIT in the last, and fn's transaction is closed before the
-// COMMIT is sent (see batchTx); elsewhere BEGIN and COMMIT take round trips of their own.
-func (b *Backend) inLockedTx(ctx context.Context, exempt bool, queue func(*pgx.Batch), fn func(pgx.Tx) (*pgx.Batch, error)) error {
+// batchMode says how a batch's transaction runs.
+type batchMode struct {
+	exempt bool // exempt from the store's horizon (batchExempt)
+	// async: committed with synchronous_commit = off (projection.Config.SynchronousCommit),
+	// which the statement of the batch's lock sets (queueLock): the commit returns before its
+	// WAL is flushed, which the WAL writer does within about three wal_writer_delay.
+	async bool
+}
+
+// batchModeOf is the mode of p's batches: exempt unless p appends events, and committed
+// asynchronously unless p appends events or asks for synchronous commits.
+func batchModeOf(p *projection.Projection) batchMode {
+	exempt := batchExempt(p)
+	return batchMode{exempt: exempt, async: exempt && !p.Config().SynchronousCommit}
+}
+
+// inLockedTx runs fn in a READ COMMITTED transaction of mode: its first round trip sends the
+// statements queue queued, its last the statements fn returned (nil: none). On a pool a
+// connection of the pool runs the transaction, BEGIN goes in the first round trip and COMMIT
+// in the last, and fn's transaction is closed before the COMMIT is sent (see batchTx);
+// elsewhere BEGIN and COMMIT take round trips of their own.
+func (b *Backend) inLockedTx(ctx context.Context, mode batchMode, queue func(*pgx.Batch), fn func(pgx.Tx) (*pgx.Batch, error)) error {
 	if b.pool == nil {
-		return b.inLockedTxOnDB(ctx, exempt, queue, fn)
+		return b.inLockedTxOnDB(ctx, mode, queue, fn)
 	}
 	pc, err := b.pool.Acquire(ctx)
 	if err != nil {
@@ -372,7 +396,7 @@ func (b *Backend) inLockedTx(ctx context.Context, exempt bool, queue func(*pgx.B
 	}
 	defer pc.Release() // a connection left inside a transaction is closed, not reused
 	var batch pgx.Batch
-	if exempt {
+	if mode.exempt {
 		b.store.BeginExemptBatch(&batch, readCommitted)
 	} else {
 		batch.BeginTx(readCommitted)
@@ -416,9 +440,9 @@ func commitWith(ctx context.Context, tx pgx.Tx, last *pgx.Batch) error {
 
 // inLockedTxOnDB is inLockedTx on a database that is not a pool (a connection, say): BEGIN and
 // COMMIT take round trips of their own.
-func (b *Backend) inLockedTxOnDB(ctx context.Context, exempt bool, queue func(*pgx.Batch), fn func(pgx.Tx) (*pgx.Batch, error)) error {
+func (b *Backend) inLockedTxOnDB(ctx context.Context, mode batchMode, queue func(*pgx.Batch), fn func(pgx.Tx) (*pgx.Batch, error)) error {
 	opts := readCommitted
-	if exempt {
+	if mode.exempt {
 		opts = b.store.ExemptTxOptions(opts)
 	}
 	return b.inTxWith(ctx, opts, func(tx pgx.Tx) error {

@@ -12,6 +12,9 @@ import (
 )
 
 type statements struct {
+	// lockAsync is lock for a batch committed asynchronously (batchMode): it also sets
+	// synchronous_commit to off for the rest of the transaction, in the same statement.
+	lockAsync                                                                                         string
 	lock, register, selectStatus, recordFailure, reset, setState, setStateBy, delete, lag, recordSkip string
 	// unitsOf names the status rows of a projection by name: its own, or its partitions'.
 	unitsOf string
@@ -118,6 +121,7 @@ func (s *statements) addMigrationSQL(r *strings.Replacer) {
 // and compute its lag.
 func (s *statements) addStatusSQL(r *strings.Replacer) {
 	s.lock = r.Replace(`SELECT pg_advisory_xact_lock({class}, hashtext('{schema}.' || $1))`)
+	s.lockAsync = r.Replace(`SELECT pg_advisory_xact_lock({class}, hashtext('{schema}.' || $1)), set_config('synchronous_commit', 'off', true)`)
 	s.register = r.Replace(`INSERT INTO {projections} AS p (name, event_types) VALUES ($1, $2)
 		ON CONFLICT (name) DO UPDATE SET event_types = EXCLUDED.event_types
 		WHERE p.event_types IS DISTINCT FROM EXCLUDED.event_types`)
