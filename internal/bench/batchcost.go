@@ -58,6 +58,10 @@ type batchCostFigures struct {
 	// event (read, one upsert, the position's advance, commit), and one that finds nothing.
 	OneEventUS float64 `json:"one_event_us"`
 	EmptyUS    float64 `json:"empty_us"`
+	// BackToBackUS is the backend's CPU per batch of one event when the batches follow each
+	// other at once (a catch-up with BatchSize 1 over the events appended before it): without
+	// the backend's idle wait before each batch.
+	BackToBackUS float64 `json:"back_to_back_us"`
 	// OneEventSyncUS is OneEventUS with projection.Config.SynchronousCommit: the commit waits
 	// for its WAL flush (a library without the field commits every batch so).
 	OneEventSyncUS float64 `json:"one_event_sync_us"`
@@ -85,6 +89,7 @@ var batchCostFigureList = []batchCostFigure{
 	{"pg_cpu_us_per_batch_one_event", "µs", func(f batchCostFigures) float64 { return f.OneEventUS }},
 	{"pg_cpu_us_per_batch_one_event_synchronous_commit", "µs", func(f batchCostFigures) float64 { return f.OneEventSyncUS }},
 	{"pg_cpu_us_per_empty_batch", "µs", func(f batchCostFigures) float64 { return f.EmptyUS }},
+	{"pg_cpu_us_per_batch_one_event_back_to_back", "µs", func(f batchCostFigures) float64 { return f.BackToBackUS }},
 	{"live_pg_cpu_us_per_event_projection", "µs", func(f batchCostFigures) float64 { return f.LivePerEventProjectionUS }},
 	{"live_pg_cpu_us_per_event_projection_without_appends", "µs", func(f batchCostFigures) float64 { return f.LiveProjectionsUS }},
 	{"live_pg_cpu_us_per_batch", "µs", func(f batchCostFigures) float64 { return f.LivePerBatchUS }},
@@ -157,7 +162,7 @@ func runBatchCost(ctx context.Context, h *harness, sec *Section) error {
 		}
 	}
 	sec.Note("each figure the median of %d rounds; a round runs this tree's build, then the baseline's (the order alternates), each in a process and databases of its own; the baseline is the library at %s built with this tree's bench harness", sz.batchCostRounds, h.opts.batchCostBaseline)
-	sec.Note("per batch: one backend's CPU (/proc/<pid>/stat) over %d catch-ups of one projection (OnQueued, one upsert per event), each after one append, and over %d catch-ups that find nothing; the same with projection.Config.SynchronousCommit, whose commit waits for the WAL flush (the baseline has no such setting: its batches always commit so)", spec.Batches, spec.Batches)
+	sec.Note("per batch: one backend's CPU (/proc/<pid>/stat) over %d catch-ups of one projection (OnQueued, one upsert per event), each after one append, and over %d catch-ups that find nothing; back to back: a catch-up in batches of one event (BatchSize 1) over every event appended so far, the backend never idle between batches; the same with projection.Config.SynchronousCommit, whose commit waits for the WAL flush (the baseline has no such setting: its batches always commit so)", spec.Batches, spec.Batches)
 	sec.Note("live: %d projections (the fleet scenario's) at %d appends/s on RabbitMQ, one worker, %.0f s measured: the server backends' CPU per event × projection, all of them and without the writers' (application_name %s: the appends), and per committed batch (without the writers'); cores: the backends' CPU and this process's over the window", spec.Projections, spec.LiveRate, spec.LiveSeconds, writersApplication)
 	return nil
 }
@@ -310,10 +315,10 @@ func runBatchCostMeasure(raw string) int {
 func (h *harness) measureBatchCost(ctx context.Context, spec batchCostSpec) (batchCostFigures, error) {
 	var figs batchCostFigures
 	var err error
-	if figs.OneEventUS, figs.EmptyUS, err = h.perBatchCPU(ctx, spec.Batches, false); err != nil {
+	if figs.OneEventUS, figs.EmptyUS, figs.BackToBackUS, err = h.perBatchCPU(ctx, spec.Batches, false); err != nil {
 		return figs, fmt.Errorf("per batch: %w", err)
 	}
-	if figs.OneEventSyncUS, _, err = h.perBatchCPU(ctx, spec.Batches, true); err != nil {
+	if figs.OneEventSyncUS, _, _, err = h.perBatchCPU(ctx, spec.Batches, true); err != nil {
 		return figs, fmt.Errorf("per batch, synchronous commit: %w", err)
 	}
 	h.sizes.fleetRate, h.sizes.fleetDuration = spec.LiveRate, time.Duration(spec.LiveSeconds*float64(time.Second))
@@ -332,21 +337,22 @@ func (h *harness) measureBatchCost(ctx context.Context, spec batchCostSpec) (bat
 }
 
 // perBatchCPU returns one server backend's CPU per batch (µs) over n catch-ups of one event
-// each, then over n catch-ups that find nothing; with synchronous, the projection's batches
-// wait for their commit's WAL flush (setSynchronousCommit).
-func (h *harness) perBatchCPU(ctx context.Context, n int, synchronous bool) (oneEvent, empty float64, err error) {
+// each, each after an append; then over n catch-ups that find nothing; then per batch of a
+// catch-up of every event so far in batches of one (backToBack). With synchronous, the
+// projections' batches wait for their commit's WAL flush (setSynchronousCommit).
+func (h *harness) perBatchCPU(ctx context.Context, n int, synchronous bool) (oneEvent, empty, backToBack float64, err error) {
 	f, err := h.newFixture(ctx, 1) // the runner's store and backend: one connection, one backend
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer f.close()
 	appends, err := f.db.newPool(ctx, 2)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	writer, err := espg.New(appends, espg.Config{})
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	cfg := projection.Config{
 		InitFunc: func(ctx context.Context, p projection.HookParams) error {
@@ -357,59 +363,80 @@ func (h *harness) perBatchCPU(ctx context.Context, n int, synchronous bool) (one
 	if synchronous {
 		setSynchronousCommit(&cfg)
 	}
-	p, err := projection.New("batchcost", cfg, projection.OnQueued(batchCostEventType, func(_ context.Context, q *projection.Queue, e projection.Event[json.RawMessage]) error {
+	upsert := projection.OnQueued(batchCostEventType, func(_ context.Context, q *projection.Queue, e projection.Event[json.RawMessage]) error {
 		q.Queue(`INSERT INTO batchcost (stream_id, version) VALUES ($1, $2) ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version`,
 			e.StreamID, e.StreamVersion)
 		return nil
-	}))
+	})
+	p, err := projection.New("batchcost", cfg, upsert)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	runner, err := projection.NewRunner(f.backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, p)
+	cfg.BatchSize = 1
+	ones, err := projection.New("batchcost_ones", cfg, upsert)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
+	}
+	runner, err := projection.NewRunner(f.backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, p, ones)
+	if err != nil {
+		return 0, 0, 0, err
 	}
 	if err := runner.Init(ctx); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	cpu := func() (time.Duration, error) { return poolBackendCPU(ctx, f.db.pool) }
 	// Warm up: the statements prepared, the plans cached.
 	for i := range 50 {
 		if err := appendAndCatchUp(ctx, writer, runner, i); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 	}
 	before, err := cpu()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	for i := range n {
 		if err := appendAndCatchUp(ctx, writer, runner, i); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 	}
 	mid, err := cpu()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	for range n {
 		if _, err := runner.CatchUp(ctx, p.Name()); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 	}
 	after, err := cpu()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
+	}
+	batches, events := 0, 0
+	for events < n+50 { // every event so far, one a batch, the batches back to back
+		res, err := runner.CatchUp(ctx, ones.Name())
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		if res.Events == 0 {
+			return 0, 0, 0, fmt.Errorf("the back-to-back catch-up stopped at %d of %d events", events, n+50)
+		}
+		batches, events = batches+res.Batches, events+res.Events
+	}
+	last, err := cpu()
+	if err != nil {
+		return 0, 0, 0, err
 	}
 	var rows int
 	if err := f.db.pool.QueryRow(ctx, `SELECT count(*) FROM batchcost`).Scan(&rows); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	if rows != batchCostStreams {
-		return 0, 0, fmt.Errorf("the read model holds %d streams, want %d", rows, batchCostStreams)
+		return 0, 0, 0, fmt.Errorf("the read model holds %d streams, want %d", rows, batchCostStreams)
 	}
 	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(n) }
-	return per(mid - before), per(after - mid), nil
+	return per(mid - before), per(after - mid), Ratio(float64((last - after).Microseconds()), float64(batches)), nil
 }
 
 // setSynchronousCommit sets cfg.SynchronousCommit where the library built has the field: the
