@@ -39,7 +39,7 @@ const batchCostBaselineDefault = "2d4988e"
 var (
 	targetBatchCost = Target{Name: "PostgreSQL CPU per batch of one event over the baseline tree's", Op: AtMost, Threshold: 0.34, Unit: "×"}
 	targetBatchLive = Target{Name: "PostgreSQL CPU per event × projection (without the appends) at 10 projections, 1,000 appends/s, over the baseline tree's", Op: AtMost, Threshold: 0.34, Unit: "×"}
-	targetLiveCores = Target{Name: "cores busy (server backends and the process) at 10 projections, 1,000 appends/s", Op: AtMost, Threshold: 1.6, Unit: "cores"}
+	targetLiveCores = Target{Name: "cores busy on the whole machine (/proc/stat: PostgreSQL, RabbitMQ, the process, anything else) at 10 projections, 1,000 appends/s", Op: AtMost, Threshold: 1.6, Unit: "cores"}
 )
 
 // batchCostSpec is what a batchcost child measures.
@@ -75,8 +75,11 @@ type batchCostFigures struct {
 	LivePerBatchUS    float64 `json:"live_per_batch_us"`
 	LiveAppendsPerS   float64 `json:"live_appends_per_s"`
 	LiveCores         float64 `json:"live_cores"`
-	LiveP99Ms         float64 `json:"live_p99_ms"`
-	LiveBatchesPerS   float64 `json:"live_batches_per_s"`
+	// LiveMachineCores is the whole machine's busy cores over the live window (/proc/stat): the
+	// broker's and everything else's included.
+	LiveMachineCores float64 `json:"live_machine_cores"`
+	LiveP99Ms        float64 `json:"live_p99_ms"`
+	LiveBatchesPerS  float64 `json:"live_batches_per_s"`
 }
 
 // batchCostFigure names one figure of batchCostFigures for the page.
@@ -94,6 +97,7 @@ var batchCostFigureList = []batchCostFigure{
 	{"live_pg_cpu_us_per_event_projection_without_appends", "µs", func(f batchCostFigures) float64 { return f.LiveProjectionsUS }},
 	{"live_pg_cpu_us_per_batch", "µs", func(f batchCostFigures) float64 { return f.LivePerBatchUS }},
 	{"live_cores", "cores", func(f batchCostFigures) float64 { return f.LiveCores }},
+	{"live_machine_cores", "cores", func(f batchCostFigures) float64 { return f.LiveMachineCores }},
 	{"live_appends_per_s", "appends/s", func(f batchCostFigures) float64 { return f.LiveAppendsPerS }},
 	{"live_p99_ms", "ms", func(f batchCostFigures) float64 { return f.LiveP99Ms }},
 	{"live_batches_per_s", "batches/s", func(f batchCostFigures) float64 { return f.LiveBatchesPerS }},
@@ -157,13 +161,13 @@ func runBatchCost(ctx context.Context, h *harness, sec *Section) error {
 			sec.AddCheck(targetBatchCost, "this tree", m.Ratio)
 		case "live_pg_cpu_us_per_event_projection_without_appends":
 			sec.AddCheck(targetBatchLive, "this tree", m.Ratio)
-		case "live_cores":
+		case "live_machine_cores":
 			sec.AddCheck(targetLiveCores, "this tree", now)
 		}
 	}
 	sec.Note("each figure the median of %d rounds; a round runs this tree's build, then the baseline's (the order alternates), each in a process and databases of its own; the baseline is the library at %s built with this tree's bench harness", sz.batchCostRounds, h.opts.batchCostBaseline)
 	sec.Note("per batch: one backend's CPU (/proc/<pid>/stat) over %d catch-ups of one projection (OnQueued, one upsert per event), each after one append, and over %d catch-ups that find nothing; back to back: a catch-up in batches of one event (BatchSize 1) over every event appended so far, the backend never idle between batches; the same with projection.Config.SynchronousCommit, whose commit waits for the WAL flush (the baseline has no such setting: its batches always commit so)", spec.Batches, spec.Batches)
-	sec.Note("live: %d projections (the fleet scenario's) at %d appends/s on RabbitMQ, one worker, %.0f s measured: the server backends' CPU per event × projection, all of them and without the writers' (application_name %s: the appends), and per committed batch (without the writers'); cores: the backends' CPU and this process's over the window", spec.Projections, spec.LiveRate, spec.LiveSeconds, writersApplication)
+	sec.Note("live: %d projections (the fleet scenario's) at %d appends/s on RabbitMQ, one worker, %.0f s measured: the server backends' CPU per event × projection, all of them and without the writers' (application_name %s: the appends), and per committed batch (without the writers'); cores: the backends' CPU and this process's over the window; machine cores: every core's busy time over the window (/proc/stat), the broker's and any other work on the machine included", spec.Projections, spec.LiveRate, spec.LiveSeconds, writersApplication)
 	return nil
 }
 
@@ -331,6 +335,7 @@ func (h *harness) measureBatchCost(ctx context.Context, spec batchCostSpec) (bat
 	figs.LivePerBatchUS = Ratio(float64((fig.pgCPU - fig.writersCPU).Microseconds()), float64(fig.batches))
 	figs.LiveAppendsPerS = fig.appendsPerS
 	figs.LiveCores = Ratio((fig.pgCPU + fig.processCPU).Seconds(), fig.seconds)
+	figs.LiveMachineCores = Ratio(fig.machineBusy.Seconds(), fig.seconds)
 	figs.LiveP99Ms = Ms(fig.latency.P99)
 	figs.LiveBatchesPerS = Ratio(float64(fig.batches), fig.seconds)
 	return figs, nil

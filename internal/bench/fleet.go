@@ -75,6 +75,7 @@ type fleetFigures struct {
 	seconds            float64 // from the first measured append until every event was visible
 	pgCPU              time.Duration
 	processCPU         time.Duration // this process's CPU over the window
+	machineBusy        time.Duration // the whole machine's busy CPU over the window (MachineBusy)
 	writersCPU         time.Duration // the writers' backends' part of pgCPU (the appends)
 	transactions       int64
 	batches, catchUps  int64
@@ -138,6 +139,7 @@ func runFleet(ctx context.Context, h *harness, sec *Section) error {
 		m.Extra["pg_cpu_s"], m.Extra["tx_per_append"] = fig.pgCPU.Seconds(), Ratio(float64(fig.transactions), float64(fig.appended))
 		m.Extra["triggers_per_s"], m.Extra["batches_per_s"] = Ratio(float64(fig.catchUps), fig.seconds), Ratio(float64(fig.batches), fig.seconds)
 		m.Extra["connections"], m.Extra["broker_queues"] = float64(fig.connections), float64(fig.queue)
+		m.Extra["machine_cores"] = Ratio(fig.machineBusy.Seconds(), fig.seconds)
 		ratio := ""
 		if base, ok := byCase[c.base()]; ok && c.projections != fleetBase {
 			m = m.WithBaseline(c.base().label(), base)
@@ -223,10 +225,11 @@ func (h *harness) fleetRun(ctx context.Context, c fleetCase) (fleetFigures, erro
 			if probe, err = h.startProbe(ctx, f.db.name); err != nil {
 				return nil, err
 			}
-			proc := ProcessCPU()
+			proc, machine := ProcessCPU(), MachineBusy()
 			return func() error {
 				fig.pgCPU, fig.transactions, fig.connections, err = probe.end(ctx)
 				fig.processCPU, fig.writersCPU = ProcessCPU()-proc, probe.writersCPU
+				fig.machineBusy = MachineBusy() - machine
 				return err
 			}, nil
 		}}

@@ -62,3 +62,20 @@ func TestFleetMarginalCostPerAddedProjection(t *testing.T) {
 	require.InDelta(t, 100.0, marginal(1500, 11400, 100), 1e-9)
 	require.Zero(t, marginal(1500, 1500, 1))
 }
+
+// TestMachineBusy: the machine's busy CPU grows while this process burns CPU, by at least what
+// the process itself used.
+func TestMachineBusy(t *testing.T) {
+	start, proc := MachineBusy(), ProcessCPU()
+	require.Positive(t, start, "/proc/stat's cpu line")
+	x := 0
+	for ProcessCPU()-proc < 100*time.Millisecond {
+		for i := range 1_000_000 {
+			x += i
+		}
+	}
+	used := ProcessCPU() - proc
+	grew := MachineBusy() - start
+	// /proc/stat counts in ticks of 10 ms: allow one per core for the rounding.
+	require.GreaterOrEqual(t, grew, used-20*time.Millisecond, "busy %s while this process used %s (x=%d)", grew, used, x)
+}
