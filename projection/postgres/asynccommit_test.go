@@ -126,8 +126,8 @@ func TestAsyncCommitLostInACrash(t *testing.T) {
 
 	require.NoError(t, syscall.Kill(walWriter, syscall.SIGSTOP))
 	appendAndCatchUp(6, 10) // the appends commit synchronously, the async projection's batch not
-	require.Equal(t, 10, rowsOf(ctx, t, pool, "async"), "an asynchronous commit is visible at once")
-	require.Equal(t, 10, rowsOf(ctx, t, pool, "durable"))
+	require.Equal(t, 10, benchCount(t, pool, "async"), "an asynchronous commit is visible at once")
+	require.Equal(t, 10, benchCount(t, pool, "durable"))
 	require.NoError(t, syscall.Kill(walWriter, syscall.SIGKILL))
 	pool.Close()
 
@@ -142,8 +142,8 @@ func TestAsyncCommitLostInACrash(t *testing.T) {
 	}, testwait.For(2*time.Minute), 50*time.Millisecond, "the server recovers from the crash")
 
 	pool, _, r = open()
-	require.Equal(t, 10, rowsOf(ctx, t, pool, "durable"), "a synchronous commit survives the crash")
-	require.Equal(t, 5, rowsOf(ctx, t, pool, "async"), "the crash lost the asynchronous batch: its rows")
+	require.Equal(t, 10, benchCount(t, pool, "durable"), "a synchronous commit survives the crash")
+	require.Equal(t, 5, benchCount(t, pool, "async"), "the crash lost the asynchronous batch: its rows")
 	st, err := r.Status(ctx, "async")
 	require.NoError(t, err)
 	require.EqualValues(t, 5, st.EventsProcessed, "the crash lost the asynchronous batch: its position")
@@ -151,7 +151,7 @@ func TestAsyncCommitLostInACrash(t *testing.T) {
 	res, err := r.CatchUp(ctx, "async")
 	require.NoError(t, err)
 	require.Equal(t, 5, res.Events, "the lost batch's events are read again")
-	require.Equal(t, 10, rowsOf(ctx, t, pool, "async"))
+	require.Equal(t, 10, benchCount(t, pool, "async"))
 	var twice int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM async WHERE times <> 1`).Scan(&twice))
 	require.Zero(t, twice, "every event once in the read model")
@@ -173,12 +173,4 @@ func countedProjection(t *testing.T, name string, synchronous bool) *projection.
 	}))
 	require.NoError(t, err)
 	return p
-}
-
-// rowsOf counts the rows of table.
-func rowsOf(ctx context.Context, t *testing.T, pool *pgxpool.Pool, table string) int {
-	t.Helper()
-	var n int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n))
-	return n
 }

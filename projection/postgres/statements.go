@@ -121,7 +121,7 @@ func (s *statements) addMigrationSQL(r *strings.Replacer) {
 // and compute its lag.
 func (s *statements) addStatusSQL(r *strings.Replacer) {
 	s.lock = r.Replace(`SELECT pg_advisory_xact_lock({class}, hashtext('{schema}.' || $1))`)
-	s.lockAsync = r.Replace(`SELECT pg_advisory_xact_lock({class}, hashtext('{schema}.' || $1)), set_config('synchronous_commit', 'off', true)`)
+	s.lockAsync = s.lock + `, set_config('synchronous_commit', 'off', true)`
 	s.register = r.Replace(`INSERT INTO {projections} AS p (name, event_types) VALUES ($1, $2)
 		ON CONFLICT (name) DO UPDATE SET event_types = EXCLUDED.event_types
 		WHERE p.event_types IS DISTINCT FROM EXCLUDED.event_types`)

@@ -56,16 +56,15 @@ func TestStatusOfWithoutDefinition(t *testing.T) {
 	storetest.Settle(t, e.store, res.Last())
 
 	for name, lag := range map[string]int64{"typed": 2, "every": 4} {
-		// Another test's transaction anywhere in the cluster may hold the horizon a moment,
-		// and either read with it: compare two reads that no transaction held.
-		var want, got projection.Status
-		require.Eventually(t, func() bool {
-			want, err = r.Status(ctx, name)
-			require.NoError(t, err)
-			got, err = e.backend.StatusOf(ctx, name)
-			require.NoError(t, err)
-			return !want.HeldByHorizon && !got.HeldByHorizon
-		}, testwait.For(time.Minute), 10*time.Millisecond, "%s: a status no transaction held", name)
+		both := unheld(t, func() ([]projection.Status, error) {
+			want, err := r.Status(ctx, name)
+			if err != nil {
+				return nil, err
+			}
+			got, err := e.backend.StatusOf(ctx, name)
+			return []projection.Status{want, got}, err
+		})
+		want, got := both[0], both[1]
 		require.Equal(t, lag, got.LagEvents, name)
 		require.Equal(t, want.LagEvents, got.LagEvents, name)
 		require.Equal(t, want.Head, got.Head, name)
@@ -74,12 +73,7 @@ func TestStatusOfWithoutDefinition(t *testing.T) {
 		require.Positive(t, got.LagTime, name)
 	}
 
-	var all []projection.Status
-	require.Eventually(t, func() bool {
-		all, err = e.backend.Statuses(ctx)
-		require.NoError(t, err)
-		return !slices.ContainsFunc(all, func(st projection.Status) bool { return st.HeldByHorizon })
-	}, testwait.For(time.Minute), 10*time.Millisecond, "statuses no transaction held")
+	all := unheld(t, func() ([]projection.Status, error) { return e.backend.Statuses(ctx) })
 	require.Len(t, all, 2)
 	require.Equal(t, "every", all[0].Name, "sorted by name")
 	require.Equal(t, int64(4), all[0].LagEvents)
@@ -98,11 +92,10 @@ func TestStatusOfWithoutDefinition(t *testing.T) {
 	// A row from before the types were recorded counts every type until the next Init.
 	_, err = e.db.Pool.Exec(ctx, `UPDATE nudge_projections SET event_types = NULL WHERE name = 'typed'`)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		st, err = e.backend.StatusOf(ctx, "typed")
-		require.NoError(t, err)
-		return !st.HeldByHorizon
-	}, testwait.For(time.Minute), 10*time.Millisecond, "a status no transaction held")
+	st = unheld(t, func() ([]projection.Status, error) {
+		st, err := e.backend.StatusOf(ctx, "typed")
+		return []projection.Status{st}, err
+	})[0]
 	require.Equal(t, int64(1), st.LagEvents, "the C after the position counts while the types are unknown")
 	require.NoError(t, r.Init(ctx))
 	require.Equal(t, []string{"A", "B"}, e.storedTypes(t, "typed"))
@@ -118,6 +111,21 @@ func TestStatusOfWithoutDefinition(t *testing.T) {
 
 	_, err = e.backend.StatusOf(ctx, "nosuch")
 	require.ErrorIs(t, err, projection.ErrNotRegistered)
+}
+
+// unheld reads statuses with read until none is held by the horizon: another test's
+// transaction anywhere in the cluster may hold it a moment, and a held status counts fewer
+// events in its lag.
+func unheld(t *testing.T, read func() ([]projection.Status, error)) []projection.Status {
+	t.Helper()
+	var sts []projection.Status
+	require.Eventually(t, func() bool {
+		var err error
+		sts, err = read()
+		require.NoError(t, err)
+		return !slices.ContainsFunc(sts, func(st projection.Status) bool { return st.HeldByHorizon })
+	}, testwait.For(time.Minute), 10*time.Millisecond, "statuses no transaction of the cluster held")
+	return sts
 }
 
 // TestStatusesEmpty: no status rows is an empty list, not an error.
