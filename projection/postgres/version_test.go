@@ -662,3 +662,56 @@ func TestBlueGreenCutOverAllOrNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 25, got)
 }
+
+// TestCutOverPastItsBatchTimeout: a cut-over that its BatchTimeout ends (here its ActivateFunc
+// waits for the deadline) rolls back and returns an error matching ErrBatchTimeout, as a batch
+// does: not a failure of the projection (a worker nacks the trigger, which comes back). The
+// next catch-up cuts over.
+func TestCutOverPastItsBatchTimeout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := testwait.Context(t, 2*time.Minute)
+	var stall, stalled atomic.Bool
+	stall.Store(true)
+	cfg := projection.Config{BatchTimeout: time.Second, MaxBatchDuration: time.Second / 2, ActivateFunc: func(ctx context.Context, _ projection.HookParams) error {
+		if stall.Load() {
+			stalled.Store(true)
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}}
+	v1 := lastV1(t, projection.Config{})
+	v2 := lastV2(t, cfg, nil)
+	r := runner(t, e.backend, v1, v2)
+	appendSettled(ctx, t, e, 1, 20, false)
+	_, err := r.CatchUp(ctx, v1.Name())
+	require.NoError(t, err)
+
+	for !stalled.Load() { // a batch of version 2 slowed past its second by a busy machine is retried
+		res, err := r.CatchUp(ctx, v2.Name())
+		if stalled.Load() {
+			require.ErrorIs(t, err, projection.ErrBatchTimeout, "the cut-over's deadline")
+			require.ErrorContains(t, err, "cut-over to version 2")
+			require.False(t, res.Activated)
+			break
+		}
+		if !errors.Is(err, projection.ErrBatchTimeout) {
+			require.NoError(t, err)
+		}
+		require.NoError(t, ctx.Err())
+	}
+	st, err := r.Status(ctx, v2.Name())
+	require.NoError(t, err)
+	require.Equal(t, projection.VersionBuilding, st.VersionState)
+	require.NotEqual(t, projection.StateFailing, st.State, "a deadline is not the projection's failure")
+
+	stall.Store(false)
+	require.Eventually(t, func() bool {
+		res, err := r.CatchUp(ctx, v2.Name())
+		if !errors.Is(err, projection.ErrBatchTimeout) {
+			require.NoError(t, err)
+		}
+		return res.Activated
+	}, testwait.For(time.Minute), time.Millisecond, "version 2 cuts over")
+}
