@@ -52,11 +52,6 @@ func (r *Runner) activateIn(ctx context.Context, p, caller *Projection, res *Res
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
-		if unitCtx.Err() != nil {
-			// The cut-over's own deadline ended it, as a batch's does (batch.runUnit): not an
-			// event's fault, whatever a handler or the hook made of it.
-			return false, fmt.Errorf("projection %s: cut-over to version %d: %w (%s): %v", p.name, p.cfg.Version, ErrBatchTimeout, p.cfg.BatchTimeout, err) //nolint:errorlint // as in runUnit.
-		}
 		if failed != nil && failed.failed != nil && errors.Is(err, ErrHandler) {
 			return false, failed.recordFailure(ctx, res)
 		}
