@@ -52,6 +52,15 @@ func (r *Runner) activateIn(ctx context.Context, p, caller *Projection, res *Res
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
+		if unitCtx.Err() != nil {
+			// The cut-over's own deadline ended it, as a batch's does (batch.runUnit): not an
+			// event's fault, whatever a handler or the hook made of it, so nothing is recorded.
+			// The error keeps the cause's text, not its *HandlerError, and matches
+			// context.DeadlineExceeded too: a worker nacks the trigger at once, as it always
+			// has for a cut-over past its deadline, rather than retrying it in the handler.
+			return false, fmt.Errorf("projection %s: cut-over to version %d: %w (%s): %w: %v",
+				p.name, p.cfg.Version, ErrBatchTimeout, p.cfg.BatchTimeout, context.DeadlineExceeded, err) //nolint:errorlint // the cause's text only, as in runUnit.
+		}
 		if failed != nil && failed.failed != nil && errors.Is(err, ErrHandler) {
 			return false, failed.recordFailure(ctx, res)
 		}

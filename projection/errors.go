@@ -48,7 +48,7 @@ var (
 	// tracking instead of waiting.
 	ErrAttemptNotRecorded = errors.New("projection: the batch's start could not be recorded in time")
 
-	// ErrBatchTimeout reports a batch (or the write recording a failure) that did not finish
+	// ErrBatchTimeout reports a batch (a cut-over, or the write recording a failure) that did not finish
 	// within Config.BatchTimeout: the database stalled or a lock was held. The batch rolled
 	// back; nothing was recorded as the projection's failure. Retry later.
 	ErrBatchTimeout = errors.New("projection: the batch did not finish within BatchTimeout (is the database reachable, or a lock held?); it rolled back")

@@ -41,9 +41,11 @@ type Config struct {
 	// flush hook and commit — and the write that records a failure. When it passes, the batch's
 	// context ends: the batch rolls back and CatchUp returns an error matching ErrBatchTimeout,
 	// which is not a handler failure (nothing is recorded or dead-lettered; a worker nacks the
-	// trigger, which comes back). It is what stops a catch-up from waiting forever on a database
-	// that stalls (a partition) or on a lock. It must exceed MaxBatchDuration. Defaults to
-	// BatchTimeoutDefault, or to twice MaxBatchDuration when that is longer.
+	// trigger, which comes back). A new version's cut-over is bounded the same way: one past it
+	// rolls back whole and returns an error matching ErrBatchTimeout and context.DeadlineExceeded.
+	// It is what stops a catch-up from waiting forever on a database that stalls (a partition) or
+	// on a lock. It must exceed MaxBatchDuration. Defaults to BatchTimeoutDefault, or to twice
+	// MaxBatchDuration when that is longer.
 	BatchTimeout time.Duration
 	// CrashLoopLimit is how many times batches may start at one position without finishing —
 	// the process died during them, where no recover or retry can see it — before the runner

@@ -57,8 +57,9 @@ func lastV1(t *testing.T, cfg projection.Config) *projection.Projection {
 	return p
 }
 
-// lastV2 is version 2 of the model; fail, when set, decides which events its handler fails on.
-func lastV2(t *testing.T, cfg projection.Config, fail func(e projection.Event[appended]) bool) *projection.Projection {
+// lastV2 is version 2 of the model; fail, when set, runs first for each event, and the handler
+// fails with what it returns.
+func lastV2(t *testing.T, cfg projection.Config, fail func(ctx context.Context, e projection.Event[appended]) error) *projection.Projection {
 	t.Helper()
 	var p *projection.Projection
 	cfg.Version = 2
@@ -68,8 +69,10 @@ func lastV2(t *testing.T, cfg projection.Config, fail func(e projection.Event[ap
 		return err
 	}
 	p, err := projection.New("stream_last", cfg, projection.On("Appended", func(ctx context.Context, tx pgx.Tx, e projection.Event[appended]) error {
-		if fail != nil && fail(e) {
-			return errors.New("version 2 refuses this event")
+		if fail != nil {
+			if err := fail(ctx, e); err != nil {
+				return err
+			}
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO `+p.Table(lastTable)+` (stream_id, label, version) VALUES ($1, $2, $3)
 			ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version, label = EXCLUDED.label`,
@@ -489,7 +492,12 @@ func TestBlueGreenFlipOnlyWhenReady(t *testing.T) {
 			return errors.New("not now")
 		}
 		return nil
-	}}, func(ev projection.Event[appended]) bool { return ev.Data.Poison && refuse.Load() })
+	}}, func(_ context.Context, ev projection.Event[appended]) error {
+		if ev.Data.Poison && refuse.Load() {
+			return errors.New("version 2 refuses this event")
+		}
+		return nil
+	})
 	r := runner(t, e.backend, v1, v2)
 	appendSettled(ctx, t, e, 1, 30, false)
 	_, err := r.CatchUp(ctx, v1.Name())
@@ -661,4 +669,68 @@ func TestBlueGreenCutOverAllOrNothing(t *testing.T) {
 	got, err := readModel(ctx, e.db.Pool)
 	require.NoError(t, err)
 	require.Equal(t, 25, got)
+}
+
+// TestCutOverPastItsBatchTimeout: a cut-over that its BatchTimeout ends while a handler runs
+// (the handler returns the deadline's error) rolls back and returns an error matching
+// ErrBatchTimeout, as a batch does, and context.DeadlineExceeded: it is not the event's fault,
+// so nothing is recorded as the projection's failure. The next catch-up cuts over.
+//
+// The event the cut-over handles is appended, and handled by version 1, right after version
+// 2's last batch of history commits (RunnerConfig.OnBatch), before the cut-over reads: only the
+// cut-over, holding both versions' locks, handles it.
+func TestCutOverPastItsBatchTimeout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := testwait.Context(t, 2*time.Minute)
+	const timeout = 2 * time.Second
+	var stall atomic.Bool
+	stall.Store(true)
+	v1 := lastV1(t, projection.Config{})
+	v2 := lastV2(t, projection.Config{BatchTimeout: timeout, MaxBatchDuration: timeout / 2}, func(ctx context.Context, ev projection.Event[appended]) error {
+		if ev.Data.K == 21 && stall.Load() {
+			<-ctx.Done() // the cut-over's deadline
+			return ctx.Err()
+		}
+		return nil
+	})
+	old := runner(t, e.backend, v1)
+	appendSettled(ctx, t, e, 1, 20, false)
+	_, err := old.CatchUp(ctx, v1.Name())
+	require.NoError(t, err)
+
+	var appended atomic.Bool
+	neu, err := projection.NewRunner(e.backend, projection.RunnerConfig{Logger: testlog.New(t), OnBatch: func(b projection.BatchReport) {
+		if b.Projection != v2.Name() || b.Err != nil || appended.Load() {
+			return
+		}
+		appended.Store(true)
+		appendSettled(ctx, t, e, 21, 21, false)
+		_, err := old.CatchUp(ctx, v1.Name())
+		require.NoError(t, err)
+	}}, v2)
+	require.NoError(t, err)
+	require.NoError(t, neu.Init(ctx))
+
+	res, err := neu.CatchUp(ctx, v2.Name())
+	require.True(t, appended.Load(), "version 2 built its history in a batch")
+	require.ErrorIs(t, err, projection.ErrBatchTimeout, "the cut-over's deadline")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NotErrorIs(t, err, projection.ErrHandler, "a deadline is not the event's fault")
+	require.ErrorContains(t, err, "cut-over to version 2")
+	require.False(t, res.Activated)
+	st, err := neu.Status(ctx, v2.Name())
+	require.NoError(t, err)
+	require.Equal(t, projection.VersionBuilding, st.VersionState)
+	require.Equal(t, projection.StateRunning, st.State, "a deadline is not the projection's failure")
+	require.Zero(t, st.Attempts)
+	require.Empty(t, st.LastError)
+
+	stall.Store(false)
+	res, err = neu.CatchUp(ctx, v2.Name())
+	require.NoError(t, err)
+	require.True(t, res.Activated)
+	got, err := readModel(ctx, e.db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, 21, got)
 }
