@@ -333,7 +333,12 @@ func (m *Member) Close(ctx context.Context) error {
 // leave removes the membership and gives every lease back, between two rounds of the set: a
 // round in flight may still have renewed the membership or be about to claim for it.
 func (m *Member) leave(ctx context.Context) error {
-	m.set.rounding.Lock()
+	if !m.set.rounding.TryLock() {
+		if m.set.leaveWaits != nil {
+			m.set.leaveWaits()
+		}
+		m.set.rounding.Lock()
+	}
 	defer m.set.rounding.Unlock()
 	if _, err := m.db.Exec(ctx, m.sql.leave, m.cfg.Group, m.cfg.Owner); err != nil {
 		return fmt.Errorf("lease: leave: %w", err)

@@ -35,6 +35,9 @@ type Set struct {
 	newTimer func(d time.Duration) (<-chan time.Time, func() bool)
 	// beforeClaim, when set (by tests), is called in a round's transaction after its renewals.
 	beforeClaim func()
+	// leaveWaits, when set (by tests), is called by a leaving member that finds a round in
+	// flight, before it waits for the round to end.
+	leaveWaits func()
 }
 
 // newTimer is Set.newTimer's default: a time.Timer.

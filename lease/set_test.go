@@ -213,6 +213,8 @@ func TestCloseDuringARound(t *testing.T) {
 			<-release
 		}
 	})
+	waiting := make(chan struct{})
+	lease.SetLeaveWaits(ms[0], func() { close(waiting) })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- set.Run(ctx) }()
@@ -224,12 +226,13 @@ func TestCloseDuringARound(t *testing.T) {
 	<-held // the first round renewed (nothing yet) and is about to claim both partitions
 	closed := make(chan error, 1)
 	go func() { closed <- ms[0].Close(context.Background()) }()
-	// Let Close run as far as it can before the round goes on: at most a couple of seconds
-	// (a Close that waits for the round never returns here; one that does not returns at once).
+	// Close either waits for the held round (it says so) or leaves during it and returns.
 	select {
+	case <-waiting:
 	case err := <-closed:
-		closed <- err
-	case <-time.After(2 * time.Second):
+		require.NoError(t, err)
+		close(release)
+		require.Fail(t, "Close left the group while a round was in flight")
 	}
 	close(release)
 	require.NoError(t, <-closed)
