@@ -594,7 +594,8 @@ func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, 
 	if len(opts.Types) == 0 {
 		rows, err = q.Query(ctx, s.sql.read[omit(opts)], after.TransactionID, after.GlobalPosition, limit, s.floor.get())
 	} else {
-		rows, err = q.Query(ctx, s.sql.readTypes[omit(opts)], after.TransactionID, after.GlobalPosition, limit, opts.Types, s.floor.get())
+		sql, types := s.readTypes(opts)
+		rows, err = q.Query(ctx, sql, after.TransactionID, after.GlobalPosition, limit, types, s.floor.get())
 	}
 	if err != nil {
 		return nil, s.translate(err)
@@ -619,7 +620,8 @@ func (s *Store) QueueReadTx(batch *pgx.Batch, after eventstore.Position, opts ev
 	if len(opts.Types) == 0 {
 		q = batch.Queue(s.sql.read[omit(opts)], after.TransactionID, after.GlobalPosition, limit, s.floor.get())
 	} else {
-		q = batch.Queue(s.sql.readTypes[omit(opts)], after.TransactionID, after.GlobalPosition, limit, opts.Types, s.floor.get())
+		sql, types := s.readTypes(opts)
+		q = batch.Queue(sql, after.TransactionID, after.GlobalPosition, limit, types, s.floor.get())
 	}
 	q.Query(func(rows pgx.Rows) error {
 		events, err := collectEvents(rows, limit)

@@ -24,7 +24,8 @@ import (
 type readCounter struct{ reads atomic.Int64 }
 
 func (c *readCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if strings.HasPrefix(data.SQL, "SELECT global_position, transaction_id, event_id") && strings.Contains(data.SQL, "transaction_id, global_position) > (") {
+	read := strings.HasPrefix(data.SQL, "SELECT global_position, transaction_id, event_id") || strings.Contains(data.SQL, "pick AS MATERIALIZED") // a read of some types
+	if read && strings.Contains(data.SQL, "global_position) > (") {
 		c.reads.Add(1)
 	}
 	return ctx
