@@ -125,7 +125,13 @@ func (s *Store) readPartition(ctx context.Context, q querier, after eventstore.P
 	if len(opts.Types) > 0 {
 		sql, args = st.readTypes[omit(opts)], append(args, opts.Types)
 	}
-	args = append(args, s.floor.get())
+	events, err := s.readSortless(ctx, q, sql, append(args, s.floor.get()), limit)
+	return events, s.translate(err)
+}
+
+// readSortless runs the read sql with args and sorting off for it alone (sortOff): in tx when q
+// is one, else in a read-only transaction of its own.
+func (s *Store) readSortless(ctx context.Context, q querier, sql string, args []any, limit int) ([]eventstore.Event, error) {
 	var events []eventstore.Event
 	run := func(tx pgx.Tx) error {
 		var batch pgx.Batch
@@ -139,13 +145,10 @@ func (s *Store) readPartition(ctx context.Context, q querier, after eventstore.P
 		batch.Queue(sortRestore)
 		return tx.SendBatch(ctx, &batch).Close()
 	}
-	var err error
 	if tx, ok := q.(pgx.Tx); ok {
-		err = run(tx)
-	} else {
-		err = pgx.BeginTxFunc(ctx, s.db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, run)
+		return events, run(tx)
 	}
-	return events, s.translate(err)
+	return events, pgx.BeginTxFunc(ctx, s.db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, run)
 }
 
 // HeadPartition is Head for one partition of the log: the position of the newest event of

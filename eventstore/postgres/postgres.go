@@ -594,8 +594,13 @@ func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, 
 	if len(opts.Types) == 0 {
 		rows, err = q.Query(ctx, s.sql.read[omit(opts)], after.TransactionID, after.GlobalPosition, limit, s.floor.get())
 	} else {
-		sql, types := s.readTypes(opts)
-		rows, err = q.Query(ctx, sql, after.TransactionID, after.GlobalPosition, limit, types, s.floor.get())
+		sql, types, sortless := s.readTypes(opts)
+		args := []any{after.TransactionID, after.GlobalPosition, limit, types, s.floor.get()}
+		if sortless {
+			events, err := s.readSortless(ctx, q, sql, args, limit)
+			return events, s.translate(err)
+		}
+		rows, err = q.Query(ctx, sql, args...)
 	}
 	if err != nil {
 		return nil, s.translate(err)
@@ -608,22 +613,25 @@ func (s *Store) read(ctx context.Context, q querier, after eventstore.Position, 
 // QueueReadTx queues on batch the read ReadTx(ctx, tx, after, opts) would run, for a caller
 // that sends batch in its transaction — after the statements that take its locks, say, so the
 // read costs no round trip of its own. When batch is sent, done receives the events the read
-// returned; a read that fails fails the batch instead. A read QueueReadTx cannot queue (invalid
-// options, or a partition's, which takes several statements) is not queued: it returns false,
-// and done is not called.
+// returned; a read that fails fails the batch instead. A read of several types queues the
+// statements that turn sorting off for it and back (readTypesSQL). A read QueueReadTx cannot
+// queue (invalid options, or a partition's, which may need a transaction of its own) is not
+// queued: it returns false, and done is not called.
 func (s *Store) QueueReadTx(batch *pgx.Batch, after eventstore.Position, opts eventstore.ReadOptions, done func([]eventstore.Event)) bool {
 	limit, err := storecheck.ReadOptions(opts)
 	if err != nil || opts.Partition.Partitioned() {
 		return false
 	}
-	var q *pgx.QueuedQuery
-	if len(opts.Types) == 0 {
-		q = batch.Queue(s.sql.read[omit(opts)], after.TransactionID, after.GlobalPosition, limit, s.floor.get())
-	} else {
-		sql, types := s.readTypes(opts)
-		q = batch.Queue(sql, after.TransactionID, after.GlobalPosition, limit, types, s.floor.get())
+	sql, args, sortless := s.sql.read[omit(opts)], []any{after.TransactionID, after.GlobalPosition, limit, s.floor.get()}, false
+	if len(opts.Types) > 0 {
+		var types any
+		sql, types, sortless = s.readTypes(opts)
+		args = []any{after.TransactionID, after.GlobalPosition, limit, types, s.floor.get()}
 	}
-	q.Query(func(rows pgx.Rows) error {
+	if sortless {
+		batch.Queue(sortOff)
+	}
+	batch.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 		events, err := collectEvents(rows, limit)
 		if err != nil {
 			return s.translate(err)
@@ -632,6 +640,9 @@ func (s *Store) QueueReadTx(batch *pgx.Batch, after eventstore.Position, opts ev
 		done(events)
 		return nil
 	})
+	if sortless {
+		batch.Queue(sortRestore)
+	}
 	return true
 }
 

@@ -6,13 +6,13 @@ import (
 	"github.com/nudgeworks/nudge/eventstore"
 )
 
-// readTypes returns the statement that reads opts.Types (see readTypeSQL) and its types
-// argument: the type alone when there is one, else the types sorted, each once (a type named
-// twice would be read twice).
-func (s *Store) readTypes(opts eventstore.ReadOptions) (string, any) {
-	types := slices.Compact(slices.Sorted(slices.Values(opts.Types)))
-	if len(types) == 1 {
-		return s.sql.readType[omit(opts)], types[0]
+// readTypes returns the statement that reads opts.Types (see readTypeSQL), its types argument
+// (the type alone when there is one, else the types sorted, each once) and whether it runs
+// with sorting off (readTypesSQL).
+func (s *Store) readTypes(opts eventstore.ReadOptions) (sql string, types any, sortless bool) {
+	distinct := slices.Compact(slices.Sorted(slices.Values(opts.Types)))
+	if len(distinct) == 1 {
+		return s.sql.readType[omit(opts)], distinct[0], false
 	}
-	return s.sql.readTypes[omit(opts)], types
+	return s.sql.readTypes[omit(opts)], distinct, true
 }
