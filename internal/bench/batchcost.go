@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/nudgeworks/nudge/eventstore"
@@ -65,6 +66,9 @@ type batchCostFigures struct {
 	// OneEventSyncUS is OneEventUS with projection.Config.SynchronousCommit: the commit waits
 	// for its WAL flush (a library without the field commits every batch so).
 	OneEventSyncUS float64 `json:"one_event_sync_us"`
+	// ByHandUS is BackToBackUS for a batch written by hand (byHandBatches): the same work
+	// without the library — the floor of what a batch can cost this server.
+	ByHandUS float64 `json:"by_hand_us"`
 	// The live run: the server backends' CPU per event × projection (µs), and per batch
 	// without the writers' backends, the appends/s reached, the cores busy (the backends' and this process's CPU over the
 	// window), the live p99 (ms) and the batches per second.
@@ -93,6 +97,8 @@ var batchCostFigureList = []batchCostFigure{
 	{"pg_cpu_us_per_batch_one_event_synchronous_commit", "µs", func(f batchCostFigures) float64 { return f.OneEventSyncUS }},
 	{"pg_cpu_us_per_empty_batch", "µs", func(f batchCostFigures) float64 { return f.EmptyUS }},
 	{"pg_cpu_us_per_batch_one_event_back_to_back", "µs", func(f batchCostFigures) float64 { return f.BackToBackUS }},
+	{"pg_cpu_us_per_batch_one_event_by_hand", "µs", func(f batchCostFigures) float64 { return f.ByHandUS }},
+	{"pg_cpu_batch_back_to_back_over_by_hand", "×", func(f batchCostFigures) float64 { return Ratio(f.BackToBackUS, f.ByHandUS) }},
 	{"live_pg_cpu_us_per_event_projection", "µs", func(f batchCostFigures) float64 { return f.LivePerEventProjectionUS }},
 	{"live_pg_cpu_us_per_event_projection_without_appends", "µs", func(f batchCostFigures) float64 { return f.LiveProjectionsUS }},
 	{"live_pg_cpu_us_per_batch", "µs", func(f batchCostFigures) float64 { return f.LivePerBatchUS }},
@@ -166,7 +172,7 @@ func runBatchCost(ctx context.Context, h *harness, sec *Section) error {
 		}
 	}
 	sec.Note("each figure the median of %d rounds; a round runs this tree's build, then the baseline's (the order alternates), each in a process and databases of its own; the baseline is the library at %s built with this tree's bench harness", sz.batchCostRounds, h.opts.batchCostBaseline)
-	sec.Note("per batch: one backend's CPU (/proc/<pid>/stat) over %d catch-ups of one projection (OnQueued, one upsert per event), each after one append, and over %d catch-ups that find nothing; back to back: a catch-up in batches of one event (BatchSize 1) over every event appended so far, the backend never idle between batches; the same with projection.Config.SynchronousCommit, whose commit waits for the WAL flush (the baseline has no such setting: its batches always commit so)", spec.Batches, spec.Batches)
+	sec.Note("per batch: one backend's CPU (/proc/<pid>/stat) over %d catch-ups of one projection (OnQueued, one upsert per event), each after one append, and over %d catch-ups that find nothing; back to back: a catch-up in batches of one event (BatchSize 1) over every event appended so far, the backend never idle between batches; by hand: the same batches written without the library (BEGIN, an advisory lock, the position's row and the next event bounded by the snapshot's xmin in one round trip; the upsert, the position's update and COMMIT in a second; asynchronous commit) on the same connection, the floor of a batch's cost on this server, run by each tree's child alike; the same with projection.Config.SynchronousCommit, whose commit waits for the WAL flush (the baseline has no such setting: its batches always commit so)", spec.Batches, spec.Batches)
 	sec.Note("live: %d projections (the fleet scenario's) at %d appends/s on RabbitMQ, one worker, %.0f s measured: the server backends' CPU per event × projection, all of them and without the writers' (application_name %s: the appends), and per committed batch (without the writers'); cores: the backends' CPU and this process's over the window; machine cores: every core's busy time over the window (/proc/stat), the broker's and any other work on the machine included", spec.Projections, spec.LiveRate, spec.LiveSeconds, writersApplication)
 	return nil
 }
@@ -319,12 +325,15 @@ func runBatchCostMeasure(raw string) int {
 func (h *harness) measureBatchCost(ctx context.Context, spec batchCostSpec) (batchCostFigures, error) {
 	var figs batchCostFigures
 	var err error
-	if figs.OneEventUS, figs.EmptyUS, figs.BackToBackUS, err = h.perBatchCPU(ctx, spec.Batches, false); err != nil {
+	var per batchCPU
+	if per, err = h.perBatchCPU(ctx, spec.Batches, false); err != nil {
 		return figs, fmt.Errorf("per batch: %w", err)
 	}
-	if figs.OneEventSyncUS, _, _, err = h.perBatchCPU(ctx, spec.Batches, true); err != nil {
+	figs.OneEventUS, figs.EmptyUS, figs.BackToBackUS, figs.ByHandUS = per.oneEvent, per.empty, per.backToBack, per.byHand
+	if per, err = h.perBatchCPU(ctx, spec.Batches, true); err != nil {
 		return figs, fmt.Errorf("per batch, synchronous commit: %w", err)
 	}
+	figs.OneEventSyncUS = per.oneEvent
 	h.sizes.fleetRate, h.sizes.fleetDuration = spec.LiveRate, time.Duration(spec.LiveSeconds*float64(time.Second))
 	fig, err := h.fleetRun(ctx, fleetCase{channel: chAMQP, projections: spec.Projections, workers: 1})
 	if err != nil {
@@ -341,23 +350,30 @@ func (h *harness) measureBatchCost(ctx context.Context, spec batchCostSpec) (bat
 	return figs, nil
 }
 
+// batchCPU is one server backend's CPU per batch, in µs (perBatchCPU).
+type batchCPU struct {
+	oneEvent, empty, backToBack, byHand float64
+}
+
 // perBatchCPU returns one server backend's CPU per batch (µs) over n catch-ups of one event
 // each, each after an append; then over n catch-ups that find nothing; then per batch of a
-// catch-up of every event so far in batches of one (backToBack). With synchronous, the
-// projections' batches wait for their commit's WAL flush (setSynchronousCommit).
-func (h *harness) perBatchCPU(ctx context.Context, n int, synchronous bool) (oneEvent, empty, backToBack float64, err error) {
+// catch-up of every event so far in batches of one (backToBack); then per batch of the same
+// written by hand (byHandBatches). With synchronous, the projections' batches wait for their
+// commit's WAL flush (setSynchronousCommit).
+func (h *harness) perBatchCPU(ctx context.Context, n int, synchronous bool) (batchCPU, error) {
+	var out batchCPU
 	f, err := h.newFixture(ctx, 1) // the runner's store and backend: one connection, one backend
 	if err != nil {
-		return 0, 0, 0, err
+		return out, err
 	}
 	defer f.close()
 	appends, err := f.db.newPool(ctx, 2)
 	if err != nil {
-		return 0, 0, 0, err
+		return out, err
 	}
 	writer, err := espg.New(appends, espg.Config{})
 	if err != nil {
-		return 0, 0, 0, err
+		return out, err
 	}
 	cfg := projection.Config{
 		InitFunc: func(ctx context.Context, p projection.HookParams) error {
@@ -375,73 +391,78 @@ func (h *harness) perBatchCPU(ctx context.Context, n int, synchronous bool) (one
 	})
 	p, err := projection.New("batchcost", cfg, upsert)
 	if err != nil {
-		return 0, 0, 0, err
+		return out, err
 	}
 	cfg.BatchSize = 1
 	ones, err := projection.New("batchcost_ones", cfg, upsert)
 	if err != nil {
-		return 0, 0, 0, err
+		return out, err
 	}
 	runner, err := projection.NewRunner(f.backend, projection.RunnerConfig{Logger: slog.New(slog.DiscardHandler)}, p, ones)
 	if err != nil {
-		return 0, 0, 0, err
+		return out, err
 	}
 	if err := runner.Init(ctx); err != nil {
-		return 0, 0, 0, err
+		return out, err
 	}
 	cpu := func() (time.Duration, error) { return poolBackendCPU(ctx, f.db.pool) }
 	// Warm up: the statements prepared, the plans cached.
 	for i := range 50 {
 		if err := appendAndCatchUp(ctx, writer, runner, i); err != nil {
-			return 0, 0, 0, err
+			return out, err
 		}
 	}
 	before, err := cpu()
 	if err != nil {
-		return 0, 0, 0, err
+		return out, err
 	}
 	for i := range n {
 		if err := appendAndCatchUp(ctx, writer, runner, i); err != nil {
-			return 0, 0, 0, err
+			return out, err
 		}
 	}
 	mid, err := cpu()
 	if err != nil {
-		return 0, 0, 0, err
+		return out, err
 	}
 	for range n {
 		if _, err := runner.CatchUp(ctx, p.Name()); err != nil {
-			return 0, 0, 0, err
+			return out, err
 		}
 	}
 	after, err := cpu()
 	if err != nil {
-		return 0, 0, 0, err
+		return out, err
 	}
 	batches, events := 0, 0
 	for events < n+50 { // every event so far, one a batch, the batches back to back
 		res, err := runner.CatchUp(ctx, ones.Name())
 		if err != nil {
-			return 0, 0, 0, err
+			return out, err
 		}
 		if res.Events == 0 {
-			return 0, 0, 0, fmt.Errorf("the back-to-back catch-up stopped at %d of %d events", events, n+50)
+			return out, fmt.Errorf("the back-to-back catch-up stopped at %d of %d events", events, n+50)
 		}
 		batches, events = batches+res.Batches, events+res.Events
 	}
 	last, err := cpu()
 	if err != nil {
-		return 0, 0, 0, err
+		return out, err
 	}
 	var rows int
 	if err := f.db.pool.QueryRow(ctx, `SELECT count(*) FROM batchcost`).Scan(&rows); err != nil {
-		return 0, 0, 0, err
+		return out, err
 	}
 	if rows != batchCostStreams {
-		return 0, 0, 0, fmt.Errorf("the read model holds %d streams, want %d", rows, batchCostStreams)
+		return out, fmt.Errorf("the read model holds %d streams, want %d", rows, batchCostStreams)
+	}
+	if out.byHand, err = byHandBatches(ctx, f.db.pool, n+50, !synchronous); err != nil {
+		return out, fmt.Errorf("by hand: %w", err)
 	}
 	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(n) }
-	return per(mid - before), per(after - mid), Ratio(float64((last - after).Microseconds()), float64(batches)), nil
+	out.oneEvent, out.empty = per(mid-before), per(after-mid)
+	out.backToBack = Ratio(float64((last - after).Microseconds()), float64(batches))
+	return out, nil
 }
 
 // setSynchronousCommit sets cfg.SynchronousCommit where the library built has the field: the
@@ -516,4 +537,97 @@ func poolBackendCPU(ctx context.Context, pool *pgxpool.Pool) (time.Duration, err
 		return 0, err
 	}
 	return parseStatCPU(data)
+}
+
+// byHandBatches runs batches of one event written by hand, back to back, on the one
+// connection of pool, and returns its backend's CPU per batch (µs) over all but the first 50 of
+// events batches: the work of a batch without the library — in one round trip BEGIN, an
+// advisory lock, the position's row and the next event (bounded by the snapshot's xmin; of any
+// type: the store holds only the projection's); in a
+// second the read model's upsert, the position's update and COMMIT. With async, the lock's
+// statement makes the commit asynchronous, as the library's batches do (batchMode). The
+// position and the read model are tables of its own, so it measures the same work beside any
+// tree's library.
+func byHandBatches(ctx context.Context, pool *pgxpool.Pool, events int, async bool) (float64, error) {
+	const warmUp = 50
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS batchcost_hand (stream_id text PRIMARY KEY, version bigint NOT NULL);
+		CREATE TABLE IF NOT EXISTS batchcost_hand_position (name text PRIMARY KEY, transaction_id xid8 NOT NULL, global_position bigint NOT NULL,
+			events_processed bigint NOT NULL, updated_at timestamptz NOT NULL);
+		INSERT INTO batchcost_hand_position VALUES ('hand', '0', 0, 0, now()) ON CONFLICT (name) DO NOTHING`); err != nil {
+		return 0, err
+	}
+	var pid int32
+	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		return 0, err
+	}
+	cpu := func() (time.Duration, error) {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return 0, err
+		}
+		return parseStatCPU(data)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Release()
+	lock := `SELECT pg_advisory_xact_lock(1, hashtext($1))`
+	if async {
+		lock += `, set_config('synchronous_commit', 'off', true)`
+	}
+	var (
+		tx        uint64
+		pos       int64
+		start     time.Duration
+		stream    string
+		version   int64
+		processed int64
+	)
+	for i := range events {
+		if i == warmUp {
+			if start, err = cpu(); err != nil {
+				return 0, err
+			}
+		}
+		found := false
+		var read pgx.Batch
+		read.Queue(`BEGIN ISOLATION LEVEL READ COMMITTED`)
+		read.Queue(lock, "hand")
+		read.Queue(`SELECT events_processed FROM batchcost_hand_position WHERE name = $1`, "hand").QueryRow(func(row pgx.Row) error {
+			return row.Scan(&processed)
+		})
+		read.Queue(`SELECT global_position, transaction_id, stream_id, stream_version, payload FROM nudge_events
+			WHERE (transaction_id, global_position) > ($1::xid8, $2::bigint) AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+			ORDER BY transaction_id, global_position LIMIT 1`, tx, pos).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var payload []byte
+				if err := rows.Scan(&pos, &tx, &stream, &version, &payload); err != nil {
+					return err
+				}
+				found = true
+			}
+			return rows.Err()
+		})
+		if err := conn.SendBatch(ctx, &read).Close(); err != nil {
+			return 0, err
+		}
+		if !found {
+			_, _ = conn.Exec(ctx, `ROLLBACK`)
+			return 0, fmt.Errorf("batch %d of %d found no event", i+1, events)
+		}
+		var write pgx.Batch
+		write.Queue(`INSERT INTO batchcost_hand (stream_id, version) VALUES ($1, $2) ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version`, stream, version)
+		write.Queue(`UPDATE batchcost_hand_position SET transaction_id = $2, global_position = $3, events_processed = events_processed + 1, updated_at = now() WHERE name = $1`,
+			"hand", tx, pos)
+		write.Queue(`COMMIT`)
+		if err := conn.SendBatch(ctx, &write).Close(); err != nil {
+			return 0, err
+		}
+	}
+	end, err := cpu()
+	if err != nil {
+		return 0, err
+	}
+	return Ratio(float64((end - start).Microseconds()), float64(events-warmUp)), nil
 }
