@@ -43,8 +43,9 @@ const (
 type ReadOptions struct {
 	// Limit is the most events to return. Defaults to ReadLimitDefault; at most ReadLimitMax.
 	Limit int
-	// Types, when not empty, returns only events of these types; the filter runs in the store,
-	// so events of other types are never fetched.
+	// Types, when not empty, returns only events of these types, each event once (a type named
+	// twice counts once); the filter runs in the store, so events of other types never reach
+	// the caller.
 	Types []string
 	// OmitPayload returns the events without Payload and Metadata (both nil), for readers that
 	// need only positions, types and streams.

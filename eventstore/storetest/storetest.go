@@ -259,6 +259,8 @@ func testTypeFilter(t *testing.T, s eventstore.Store) {
 			require.True(t, got[i-1].Position.Less(e.Position))
 		}
 	}
+	twice := ReadAll(t, s, eventstore.ReadOptions{Types: []string{"C", "A", "C"}, Limit: 4})
+	require.Equal(t, got, twice, "a type named twice counts once")
 	none, err := s.Read(ctx, eventstore.Position{}, eventstore.ReadOptions{Types: []string{"Unknown"}})
 	require.NoError(t, err)
 	require.Empty(t, none)
