@@ -127,13 +127,8 @@ func TestPartitionReadWork(t *testing.T) {
 	require.NoError(t, err)
 	storetest.Settle(t, reader, last) // other tests' transactions may hold the horizon a while
 	counters := func() (fetched, readOrder, partition int64) {
-		_, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`) // reported when the backend goes idle
-		require.NoError(t, err)
-		require.NoError(t, pool.QueryRow(ctx, `SELECT t.idx_tup_fetch,
-				(SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'nudge_events_read_order_idx'),
-				(SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'nudge_events_partition_16_idx')
-			FROM pg_stat_user_tables t WHERE t.relname = 'nudge_events'`).Scan(&fetched, &readOrder, &partition))
-		return fetched, readOrder, partition
+		fetched, read := eventsCounters(ctx, t, pool)
+		return fetched, read["nudge_events_read_order_idx"], read["nudge_events_partition_16_idx"]
 	}
 	fetched0, readOrder0, partition0 := counters()
 	total, statements := 0, 0

@@ -1,10 +1,13 @@
 package postgres
 
 import (
+	"context"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nudgeworks/nudge/eventstore"
@@ -19,10 +22,10 @@ import (
 // and one more entry per read) or to the log (several types: the log once), never the rest of
 // the backlog for each page, whatever the types' share of the log and the table's statistics:
 // here one type is rare, and the statistics have not seen the last half of the log, all of a
-// new type (the log grew after its last ANALYZE, as a busy store's does between autovacuum's). The server's own counters of
-// the reading connection say so. With one condition event_type = ANY(types), left to its
-// estimates, the planner fetched and sorted every event of the types after the position for
-// each page: tens of times the events returned here.
+// new type (the log grew after its last ANALYZE, as a busy store's does between autovacuum's).
+// The server's own counters of the reading connection say so. With one condition
+// event_type = ANY(types), left to its estimates, the planner fetched and sorted every event of
+// the types after the position for each page: tens of times the events returned here.
 func TestTypedReadWork(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -64,10 +67,10 @@ func TestTypedReadWork(t *testing.T) {
 	require.NoError(t, err)
 	storetest.Settle(t, reader, last) // other tests' transactions may hold the horizon a while
 	counters := func() (read, fetched int64) {
-		_, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`) // reported when the backend goes idle
-		require.NoError(t, err)
-		require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relname = 'nudge_events'),
-			(SELECT idx_tup_fetch FROM pg_stat_user_tables WHERE relname = 'nudge_events')`).Scan(&read, &fetched))
+		fetched, byIndex := eventsCounters(ctx, t, pool)
+		for _, n := range byIndex {
+			read += n
+		}
 		return read, fetched
 	}
 	for _, c := range []struct {
@@ -117,4 +120,23 @@ func TestTypedReadWork(t *testing.T) {
 		require.LessOrEqual(t, fetched-fetched0, bound, "%v: heap tuples fetched for %d events in %d reads", c.types, total, reads)
 		t.Logf("%v: %d events in %d reads: %d index entries read, %d tuples fetched", c.types, total, reads, read-read0, fetched-fetched0)
 	}
+}
+
+// eventsCounters returns the events table's counters as pool's one backend reported them: the
+// heap tuples its index scans fetched, and the entries read from each of its indexes, by name.
+func eventsCounters(ctx context.Context, t *testing.T, pool *pgxpool.Pool) (fetched int64, read map[string]int64) {
+	t.Helper()
+	_, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`) // reported when the backend goes idle
+	require.NoError(t, err)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT idx_tup_fetch FROM pg_stat_user_tables WHERE relname = 'nudge_events'`).Scan(&fetched))
+	rows, err := pool.Query(ctx, `SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'nudge_events'`)
+	require.NoError(t, err)
+	read = make(map[string]int64)
+	var (
+		name string
+		n    int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error { read[name] = n; return nil })
+	require.NoError(t, err)
+	return fetched, read
 }

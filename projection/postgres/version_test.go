@@ -712,8 +712,12 @@ func TestCutOverPastItsBatchTimeout(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, neu.Init(ctx))
 
-	res, err := neu.CatchUp(ctx, v2.Name())
-	require.True(t, appended.Load(), "version 2 built its history in a batch")
+	var res projection.Result
+	for !appended.Load() { // a batch of history slowed past its BatchTimeout by a busy machine is retried
+		res, err = neu.CatchUp(ctx, v2.Name())
+		require.True(t, appended.Load() || errors.Is(err, projection.ErrBatchTimeout), "%v", err)
+		require.NoError(t, ctx.Err())
+	}
 	require.ErrorIs(t, err, projection.ErrBatchTimeout, "the cut-over's deadline")
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.NotErrorIs(t, err, projection.ErrHandler, "a deadline is not the event's fault")
@@ -727,9 +731,13 @@ func TestCutOverPastItsBatchTimeout(t *testing.T) {
 	require.Empty(t, st.LastError)
 
 	stall.Store(false)
-	res, err = neu.CatchUp(ctx, v2.Name())
-	require.NoError(t, err)
-	require.True(t, res.Activated)
+	for !res.Activated { // as above: a cut-over slowed past its deadline is retried
+		res, err = neu.CatchUp(ctx, v2.Name())
+		if !errors.Is(err, projection.ErrBatchTimeout) {
+			require.NoError(t, err)
+		}
+		require.NoError(t, ctx.Err())
+	}
 	got, err := readModel(ctx, e.db.Pool)
 	require.NoError(t, err)
 	require.Equal(t, 21, got)
